@@ -1,0 +1,5 @@
+import sys
+
+from mpirl.cli import main
+
+sys.exit(main())

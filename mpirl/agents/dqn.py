@@ -1,0 +1,122 @@
+"""Dueling double DQN with n-step targets and prioritized-replay importance weights.
+
+The transition spec below is what actors send, buffers store and the learner
+trains on. ``reward`` is the n-step discounted return, ``discount`` the factor
+gamma**m for the m rewards it sums, ``done`` cuts the bootstrap (termination,
+not a time limit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mpirl.agents.networks import build_network
+
+
+def transition_spec(obs_shape: tuple[int, ...], obs_dtype) -> dict:
+    """Field name -> (per-record shape, dtype); observations keep their native dtype."""
+    return {
+        "obs": (tuple(obs_shape), np.dtype(obs_dtype)),
+        "action": ((), np.dtype(np.int64)),
+        "reward": ((), np.dtype(np.float32)),
+        "next_obs": (tuple(obs_shape), np.dtype(obs_dtype)),
+        "done": ((), np.dtype(np.bool_)),
+        "discount": ((), np.dtype(np.float32)),
+    }
+
+
+def apex_epsilon(index: int, actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X exploration of actor ``index`` of ``actors``: base ** (1 + alpha * i / (N - 1))."""
+    if actors <= 1:
+        return base
+    return base ** (1.0 + alpha * index / (actors - 1))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Numpy views -> tensors on ``device`` (zero-copy on the CPU)."""
+    return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def td_errors(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """|TD| of each transition with the double-DQN target; ``target`` may be ``online``."""
+    q = online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
+    return (n_step_target(online, target, b) - q).abs()
+
+
+@torch.no_grad()
+def n_step_target(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """y = R + gamma^m * (1 - done) * Q_target(s', argmax_a Q_online(s', a))."""
+    next_action = online(b["next_obs"]).argmax(dim=1, keepdim=True)
+    next_q = target(b["next_obs"]).gather(1, next_action).squeeze(1)
+    return b["reward"] + b["discount"] * (~b["done"]).float() * next_q
+
+
+class DQNLearner:
+    """The learner's networks, optimizer and one train step."""
+
+    def __init__(self, obs_shape, n_actions: int, agent_cfg, device: torch.device, seed: int = 0):
+        torch.manual_seed(seed)
+        self.device = device
+        self.online = build_network(obs_shape, n_actions, agent_cfg.hidden).to(device)
+        self.target = build_network(obs_shape, n_actions, agent_cfg.hidden).to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
+        self.grad_clip = agent_cfg.grad_clip
+        self.target_update = agent_cfg.target_update
+        self.steps = 0
+        self.n_params = sum(p.numel() for p in self.online.parameters())
+
+    def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
+        """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy)."""
+        b = to_tensors(batch, self.device)
+        w = torch.as_tensor(weights, device=self.device)
+        y = n_step_target(self.online, self.target, b)
+        q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
+        loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        if self.steps % self.target_update == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        return float(loss.detach()), (y - q.detach()).abs().cpu().numpy()
+
+    def flat_params(self) -> np.ndarray:
+        """The online network's parameters as one float32 numpy vector (on the CPU)."""
+        return torch.nn.utils.parameters_to_vector(self.online.parameters()).detach().cpu().numpy()
+
+
+class ActingPolicy:
+    """An actor's local copy of the network: epsilon-greedy actions and initial priorities."""
+
+    def __init__(self, obs_shape, n_actions: int, agent_cfg):
+        self.net = build_network(obs_shape, n_actions, agent_cfg.hidden)
+        self.net.requires_grad_(False)
+        self.n_actions = n_actions
+        self.n_params = sum(p.numel() for p in self.net.parameters())
+
+    def load_flat(self, params: np.ndarray) -> None:
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+        """Actions for a batch of observations ``(k, *obs_shape)``."""
+        greedy = self.net(torch.as_tensor(obs)).argmax(dim=1).numpy()
+        explore = rng.random(len(greedy)) < epsilon
+        return np.where(explore, rng.integers(self.n_actions, size=len(greedy)), greedy)
+
+    def priorities(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """Initial priorities |TD| from the local network (Ape-X: computed by the actor)."""
+        b = to_tensors(batch, torch.device("cpu"))
+        return td_errors(self.net, self.net, b).numpy()

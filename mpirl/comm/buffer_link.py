@@ -1,0 +1,75 @@
+"""The learner's line to one buffer: requests out, replies back in order.
+
+A reply receive is posted *before* its request is sent, so replies never wait
+in MPI's unexpected queue; because messages between two ranks on one tag do not
+overtake each other, the k-th posted receive holds the k-th reply. ``depth``
+reply buffers bound how many requests can be outstanding (prefetch + 1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.comm.backoff import wait_until
+from mpirl.comm.layout import Layout
+from mpirl.comm.messages import BYE, TAG_REPLY, TAG_REQUEST
+from mpirl.comm.pools import SendRing
+
+
+class BufferLink:
+    def __init__(self, comm: MPI.Comm, dest: int, request: Layout, reply: Layout, depth: int):
+        self.comm, self.dest = comm, dest
+        self.req, self.reply = request, reply
+        self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1)
+        self.buffers = [reply.buffer() for _ in range(depth)]
+        self.free = list(range(depth))
+        # [slot, request, bytes received or None] in the order the requests were sent
+        self.outstanding: deque = deque()
+        self.held: int | None = None
+        self.status = MPI.Status()
+        self.seq = 0
+
+    def request(self, kind: int, want: int, consumed: int, ids=None, versions=None, priority=None) -> None:
+        """Send a request; SAMPLE and DUMP also post the receive for their reply."""
+        if kind != BYE:
+            if not self.free:
+                raise RuntimeError("more requests outstanding than reply buffers (prefetch + 1)")
+            slot = self.free.pop()
+            req = self.comm.Irecv([self.buffers[slot], MPI.BYTE], self.dest, TAG_REPLY)
+            self.outstanding.append([slot, req, None])
+        records = {} if ids is None else {"ids": ids, "versions": versions, "priority": priority}
+        s, buf = self.sends.acquire()
+        nbytes = self.req.pack(buf, records, kind=kind, seq=self.seq, want=want, consumed=consumed)
+        self.sends.send(s, nbytes)
+        self.seq += 1
+
+    def ready(self) -> bool:
+        """True when the oldest outstanding reply has arrived."""
+        if not self.outstanding:
+            return False
+        head = self.outstanding[0]
+        if head[2] is None and head[1].Test(self.status):
+            head[2] = self.status.Get_count(MPI.BYTE)
+        return head[2] is not None
+
+    def take(self) -> tuple[np.ndarray, int]:
+        """The oldest reply (after ``ready()``): its buffer and size. Hold it until ``release()``."""
+        slot, _, nbytes = self.outstanding.popleft()
+        self.held = slot
+        return self.buffers[slot], nbytes
+
+    def release(self) -> None:
+        """The held reply is no longer read: its buffer may receive again."""
+        self.free.append(self.held)
+        self.held = None
+
+    def close(self) -> None:
+        """Wait (polling) for every outstanding reply and request to complete."""
+        while self.outstanding:
+            wait_until(self.ready)
+            self.take()
+            self.release()
+        self.sends.close()

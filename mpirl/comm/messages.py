@@ -1,0 +1,59 @@
+"""The messages of the job, as layouts over the algorithm's transition spec.
+
+* experience (actor -> buffer, ``TAG_EXPERIENCE``): a batch of transitions with the
+  actor's initial priorities; the header carries the actor's counters and the
+  episodes it finished since its last message; ``final=1`` is its last message.
+* request (learner -> buffer, ``TAG_REQUEST``): ``kind`` SAMPLE/DUMP/BYE, how many
+  samples it wants, and the priorities of an earlier batch from this buffer
+  (ids, versions, |TD|).
+* sample (buffer -> learner, ``TAG_REPLY``): a prioritized batch with ids, slot
+  versions, sampling probabilities and raw priorities; the header carries the
+  shard's size and total priority and the group's counters and finished episodes.
+* dump (buffer -> learner, ``TAG_REPLY``, baseline): every stored experience with
+  the priority its actor gave it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mpirl.comm.layout import Layout
+
+TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY = 11, 12, 13
+SAMPLE, DUMP, BYE = 1, 2, 3
+
+# Finished episodes reported per message; more wait for the next message.
+EPISODE_SLOTS = 32
+
+F32, F64, I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+
+
+def experience_layout(spec: dict, send_batch: int) -> Layout:
+    header = {"actor": 1, "env_steps": 1, "param_version": 1, "epsilon": 1, "steps_per_s": 1,
+              "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
+    return Layout(header, {**spec, "priority": ((), F32)}, send_batch)
+
+
+def request_layout(max_share: int) -> Layout:
+    header = {"kind": 1, "seq": 1, "want": 1, "consumed": 1}
+    fields = {"ids": ((), I64), "versions": ((), I64), "priority": ((), F32)}
+    return Layout(header, fields, max_share)
+
+
+_REPLY_HEADER = {"kind": 1, "seq": 1, "shard_size": 1, "shard_total": 1, "env_steps": 1,
+                 "inserted": 1, "episodes": 1, "ep_return": EPISODE_SLOTS}
+
+
+def sample_layout(spec: dict, max_share: int) -> Layout:
+    fields = {"ids": ((), I64), "versions": ((), I64), "probs": ((), F64), "priority": ((), F32), **spec}
+    return Layout(_REPLY_HEADER, fields, max_share)
+
+
+def dump_layout(spec: dict, capacity: int) -> Layout:
+    return Layout(_REPLY_HEADER, {**spec, "priority": ((), F32)}, capacity)
+
+
+def batch_shares(batch_size: int, buffers: int) -> list[int]:
+    """N/R samples per buffer (the first N mod R buffers take one more)."""
+    base, extra = divmod(batch_size, buffers)
+    return [base + (i < extra) for i in range(buffers)]

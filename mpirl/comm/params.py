@@ -1,0 +1,85 @@
+"""Versioned parameter broadcast with the stop flag inside it.
+
+One message: ``int64[2]`` header (version, stop) followed by the flat float32
+parameters. The root starts an ``Ibcast`` every time it publishes; every other
+member keeps exactly one ``Ibcast`` posted and re-posts it after each arrival,
+so all members join every broadcast in the same order. The broadcast that
+carries ``stop=1`` is the last one on the communicator: nobody re-posts after
+it, so shutdown never leaves a rank waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.comm.backoff import wait_until
+
+HEADER_BYTES = 16
+
+
+class ParamBroadcast:
+    """Broadcast of ``n_params`` float32 values over ``comm`` from rank ``root``."""
+
+    def __init__(self, comm: MPI.Comm, n_params: int, root: int = 0):
+        self.comm, self.root = comm, root
+        self.buf = np.zeros(HEADER_BYTES + 4 * n_params, dtype=np.uint8)
+        self.header = self.buf[:HEADER_BYTES].view(np.int64)
+        self.params = self.buf[HEADER_BYTES:].view(np.float32)
+        self.request = MPI.REQUEST_NULL
+        self.is_root = comm.rank == root
+        self.closed = False
+        self.broadcasts = 0
+
+    @property
+    def version(self) -> int:
+        return int(self.header[0])
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.header[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def _start(self) -> None:
+        self.request = self.comm.Ibcast([self.buf, MPI.BYTE], root=self.root)
+
+    def done(self) -> bool:
+        """True when no broadcast is in flight (the buffer may be read or rewritten)."""
+        if self.request == MPI.REQUEST_NULL:
+            return True
+        return self.request.Test()
+
+    # -- root side -------------------------------------------------------------
+    def publish(self, version: int, params: np.ndarray | None, stop: bool = False, timer=None) -> None:
+        """Start broadcasting; waits (polling) for the previous broadcast to finish first."""
+        assert self.is_root and not self.closed
+        wait_until(self.done, timer=timer)
+        self.header[:] = (version, int(stop))
+        if params is not None:
+            self.params[:] = params
+        self._start()
+        self.broadcasts += 1
+        self.closed = stop
+
+    # -- receiving side --------------------------------------------------------
+    def post(self) -> None:
+        """Post the receive for the next broadcast."""
+        assert not self.is_root and self.request == MPI.REQUEST_NULL
+        self._start()
+
+    def arrived(self) -> bool:
+        """True once per completed broadcast; re-post with ``post()`` unless ``stop``."""
+        if self.request == MPI.REQUEST_NULL or not self.request.Test():
+            return False
+        self.request = MPI.REQUEST_NULL
+        self.broadcasts += 1
+        if self.stop:
+            self.closed = True
+        return True
+
+    def close(self) -> None:
+        """Complete the last broadcast (root) before the communicator goes away."""
+        wait_until(self.done)

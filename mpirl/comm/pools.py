@@ -1,0 +1,104 @@
+"""Preallocated send rings and pre-posted receive pools (buffer-based MPI only).
+
+A :class:`SendRing` owns a few byte buffers for one destination; a buffer is
+handed out again only after ``Test`` says its ``Isend`` completed. A
+:class:`RecvPool` keeps ``depth`` receives posted per source; the owner handles
+a completed buffer and then reposts it. Both count bytes, and both complete or
+cancel every request in ``close()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.comm.backoff import wait_until
+
+
+class SendRing:
+    """``size`` send buffers of ``nbytes`` for messages to ``dest`` on ``comm`` with ``tag``."""
+
+    def __init__(self, comm: MPI.Comm, dest: int, tag: int, nbytes: int, size: int):
+        self.comm, self.dest, self.tag = comm, dest, tag
+        self.buffers = [np.zeros(nbytes, dtype=np.uint8) for _ in range(size)]
+        self.requests = [MPI.REQUEST_NULL] * size
+        self.bytes_sent = 0
+        self.messages = 0
+        self.wait_seconds = 0.0
+        self._next = 0
+
+    def _free_slot(self) -> int | None:
+        for k in range(len(self.buffers)):
+            i = (self._next + k) % len(self.buffers)
+            if self.requests[i] == MPI.REQUEST_NULL or self.requests[i].Test():
+                self.requests[i] = MPI.REQUEST_NULL
+                return i
+        return None
+
+    def acquire(self) -> tuple[int, np.ndarray]:
+        """A free buffer, waiting (with back-off) for an in-flight send to finish if needed."""
+        slot = self._free_slot()
+        if slot is None:
+            found = []
+            wait_until(lambda: found.append(self._free_slot()) or found[-1] is not None, timer=self)
+            slot = found[-1]
+        return slot, self.buffers[slot]
+
+    def add(self, seconds: float) -> None:
+        self.wait_seconds += seconds
+
+    def send(self, slot: int, nbytes: int) -> None:
+        """Start sending the first ``nbytes`` of buffer ``slot``; it stays untouched until done."""
+        self.requests[slot] = self.comm.Isend([self.buffers[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+        self.bytes_sent += nbytes
+        self.messages += 1
+        self._next = (slot + 1) % len(self.buffers)
+
+    def pending(self) -> int:
+        return sum(r != MPI.REQUEST_NULL and not r.Test() for r in self.requests)
+
+    def close(self) -> None:
+        """Wait (polling) until every send has completed."""
+        wait_until(lambda: all(r == MPI.REQUEST_NULL or r.Test() for r in self.requests))
+        self.requests = [MPI.REQUEST_NULL] * len(self.buffers)
+
+
+class RecvPool:
+    """``depth`` posted receives of up to ``nbytes`` from each of ``sources`` on ``comm``/``tag``."""
+
+    def __init__(self, comm: MPI.Comm, sources: list[int], tag: int, nbytes: int, depth: int):
+        self.comm, self.tag = comm, tag
+        self.slots = [(src, np.zeros(nbytes, dtype=np.uint8)) for src in sources for _ in range(depth)]
+        self.requests = [MPI.REQUEST_NULL] * len(self.slots)
+        self.statuses = [MPI.Status() for _ in self.slots]
+        self.bytes_received = 0
+        self.messages = 0
+        for i in range(len(self.slots)):
+            self.post(i)
+
+    def post(self, i: int) -> None:
+        """(Re)post receive ``i``; call only after its last message has been handled."""
+        src, buf = self.slots[i]
+        self.requests[i] = self.comm.Irecv([buf, MPI.BYTE], src, self.tag)
+
+    def poll(self) -> list[tuple[int, int, np.ndarray, int]]:
+        """Completed receives as ``(slot, source, buffer, nbytes)``; repost each with ``post(slot)``."""
+        statuses = self.statuses
+        done = MPI.Request.Testsome(self.requests, statuses)
+        if not done:
+            return []
+        out = []
+        for i in done:
+            nbytes = statuses[i].Get_count(MPI.BYTE)
+            self.bytes_received += nbytes
+            self.messages += 1
+            out.append((i, self.slots[i][0], self.slots[i][1], nbytes))
+        return out
+
+    def close(self) -> None:
+        """Cancel every posted receive and complete it (cancelled or matched)."""
+        for req in self.requests:
+            if req != MPI.REQUEST_NULL:
+                req.Cancel()
+        MPI.Request.Waitall(self.requests)
+        self.requests = [MPI.REQUEST_NULL] * len(self.slots)

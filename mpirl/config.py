@@ -1,0 +1,292 @@
+"""Typed job configuration: TOML job files, ``--set`` overrides, validation.
+
+A job file is the whole experiment. Every section is a dataclass below; the
+field's annotation is its type and its default is used when the job file omits
+it. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
+naming the key and the fix; the command line turns that into one line and exit
+code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A bad job: ``key`` names the offending field, ``str(err)`` says the fix."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    out_dir: str = "runs"
+    # Stop conditions: the job stops at the first one reached; 0 disables one.
+    train_steps: int = 0
+    env_steps: int = 0
+    wall_seconds: float = 0.0
+    # Stop once the mean return of the last `return_window` episodes reaches this (nan: never).
+    target_return: float = math.nan
+    return_window: int = 20
+
+
+@dataclass
+class TopologyConfig:
+    buffers: int = 1
+    actors_per_buffer: int = 2
+    # Put each buffer's actors on the buffer's own node where the allocation allows it.
+    node_local: bool = True
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    envs_per_actor: int = 1
+    # 0 keeps the environment's own time limit.
+    max_episode_steps: int = 0
+
+
+@dataclass
+class AgentConfig:
+    gamma: float = 0.99
+    n_step: int = 3
+    lr: float = 1e-3
+    adam_eps: float = 1e-8
+    hidden: list = field(default_factory=lambda: [128, 128])
+    # Train steps between target-network copies.
+    target_update: int = 250
+    grad_clip: float = 10.0
+    # Ape-X exploration: actor i of N uses epsilon ** (1 + epsilon_alpha * i / (N - 1)).
+    epsilon: float = 0.4
+    epsilon_alpha: float = 7.0
+    device: str = "auto"
+    torch_threads: int = 1
+
+
+@dataclass
+class ReplayConfig:
+    architecture: str = "proposed"
+    # Slots per replay memory: per buffer rank (proposed) and per buffer on the learner (baseline).
+    capacity: int = 50_000
+    # Learner batch N; with R buffers each serves N/R.
+    batch_size: int = 64
+    alpha: float = 0.6
+    beta: float = 0.4
+    beta_final: float = 1.0
+    beta_steps: int = 20_000
+    # Experiences a memory must hold before the learner samples from it.
+    learning_starts: int = 1_000
+    # Baseline: train batches between wholesale replay refreshes.
+    n_replay: int = 128
+    shares: str = "even"
+    priority_eps: float = 1e-6
+
+
+@dataclass
+class CommConfig:
+    # Experiences per actor -> buffer message.
+    send_batch: int = 50
+    # Send buffers per actor, recycled when the send completes.
+    send_ring: int = 4
+    # Receive buffers per actor, pre-posted on the buffer rank.
+    recv_depth: int = 2
+    # Train batches between parameter broadcasts.
+    n_update: int = 16
+    # Batch requests in flight while the learner trains (proposed).
+    prefetch: int = 2
+
+
+@dataclass
+class LogConfig:
+    interval: float = 1.0
+    flush_seconds: float = 2.0
+
+
+@dataclass
+class JobConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def actors(self) -> int:
+        return self.topology.buffers * self.topology.actors_per_buffer
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the job needs: one learner, the buffers and their actors."""
+        return 1 + self.topology.buffers + self.actors
+
+    def flat(self) -> dict:
+        """``{"section.key": value}`` for provenance and HDF5 attributes."""
+        out = {}
+        for sec in dataclasses.fields(self):
+            for f in dataclasses.fields(getattr(self, sec.name)):
+                out[f"{sec.name}.{f.name}"] = getattr(getattr(self, sec.name), f.name)
+        return out
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+_CHOICES = {
+    "replay.architecture": ("proposed", "baseline"),
+    "replay.shares": ("even",),
+    "agent.device": ("auto", "cpu", "cuda"),
+}
+
+
+def _close(word: str, options) -> str:
+    near = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
+
+
+def _coerce(key: str, value, kind):
+    """Check ``value`` against the annotated ``kind``; ints widen to floats."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"must be a list, got {value!r}")
+        return value
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(key, f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def from_dict(data: dict) -> JobConfig:
+    """Build a JobConfig from nested dicts (a parsed TOML), checking every key."""
+    cfg = JobConfig()
+    for sec_name, body in data.items():
+        if sec_name not in _SECTIONS:
+            raise ConfigError(sec_name, f"unknown section{_close(sec_name, _SECTIONS)}; "
+                              f"sections are {', '.join(_SECTIONS)}")
+        if not isinstance(body, dict):
+            raise ConfigError(sec_name, f"must be a table [{sec_name}]")
+        section = getattr(cfg, sec_name)
+        types = typing.get_type_hints(type(section))
+        for key, value in body.items():
+            full = f"{sec_name}.{key}"
+            if key not in types:
+                raise ConfigError(full, f"unknown key{_close(key, types)}; "
+                                  f"[{sec_name}] takes {', '.join(types)}")
+            setattr(section, key, _coerce(full, value, types[key]))
+    validate(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """``"a.b=v"`` -> ``("a.b", v)``; v is read as a TOML value, else as a bare string."""
+    if "=" not in text:
+        raise ConfigError(text, "an override is section.key=value, e.g. replay.architecture=baseline")
+    key, raw = (s.strip() for s in text.split("=", 1))
+    if key.count(".") != 1:
+        raise ConfigError(key, "an override key is section.key, e.g. topology.buffers")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def load(path: str | Path, overrides: typing.Sequence[str] = ()) -> tuple[JobConfig, str]:
+    """Read a job file, apply ``--set`` overrides, validate. Returns (config, job text)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("", f"job file {str(path)!r} not found; pass a TOML job such as jobs/cartpole.toml")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("", f"{path}: not valid TOML ({err})") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        sec, name = key.split(".")
+        data.setdefault(sec, {})
+        if not isinstance(data[sec], dict):
+            raise ConfigError(sec, f"must be a table [{sec}]")
+        data[sec][name] = value
+    return from_dict(data), text
+
+
+def _need(ok: bool, key: str, message: str):
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def validate(cfg: JobConfig) -> None:
+    """Values that cannot work, each named with its fix."""
+    for key, choices in _CHOICES.items():
+        sec, name = key.split(".")
+        value = getattr(getattr(cfg, sec), name)
+        _need(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    r, t, a, rp, c, lg = cfg.run, cfg.topology, cfg.agent, cfg.replay, cfg.comm, cfg.log
+    _need(bool(r.name) and "/" not in r.name, "run.name", "must be a non-empty name without '/'")
+    for key, value in (("run.train_steps", r.train_steps), ("run.env_steps", r.env_steps),
+                       ("run.wall_seconds", r.wall_seconds)):
+        _need(value >= 0, key, f"must be >= 0 (0 disables it), got {value}")
+    _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
+          "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
+    _need(r.return_window >= 1, "run.return_window", f"must be >= 1, got {r.return_window}")
+    _need(t.buffers >= 1, "topology.buffers", f"must be >= 1, got {t.buffers}")
+    _need(t.actors_per_buffer >= 1, "topology.actors_per_buffer", f"must be >= 1, got {t.actors_per_buffer}")
+    _need(cfg.env.envs_per_actor >= 1, "env.envs_per_actor", f"must be >= 1, got {cfg.env.envs_per_actor}")
+    _need(cfg.env.max_episode_steps >= 0, "env.max_episode_steps", "must be >= 0 (0 keeps the env's limit)")
+    _need(0.0 < a.gamma <= 1.0, "agent.gamma", f"must be in (0, 1], got {a.gamma}")
+    _need(a.n_step >= 1, "agent.n_step", f"must be >= 1, got {a.n_step}")
+    _need(a.lr > 0, "agent.lr", f"must be > 0, got {a.lr}")
+    _need(len(a.hidden) >= 1 and all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in a.hidden),
+          "agent.hidden", f"must be a list of positive layer widths such as [128, 128], got {a.hidden!r}")
+    _need(a.target_update >= 1, "agent.target_update", f"must be >= 1, got {a.target_update}")
+    _need(0.0 <= a.epsilon <= 1.0, "agent.epsilon", f"must be in [0, 1], got {a.epsilon}")
+    _need(a.epsilon_alpha >= 0, "agent.epsilon_alpha", f"must be >= 0, got {a.epsilon_alpha}")
+    _need(a.torch_threads >= 1, "agent.torch_threads", f"must be >= 1, got {a.torch_threads}")
+    _need(rp.batch_size >= t.buffers, "replay.batch_size",
+          f"must be >= topology.buffers ({t.buffers}) so every buffer serves a share, got {rp.batch_size}")
+    share = math.ceil(rp.batch_size / t.buffers)
+    _need(rp.capacity >= share, "replay.capacity",
+          f"must hold at least one batch share ({share}), got {rp.capacity}")
+    _need(0 <= rp.learning_starts <= rp.capacity * t.buffers, "replay.learning_starts",
+          f"must be between 0 and the total capacity {rp.capacity * t.buffers}, got {rp.learning_starts}")
+    _need(rp.alpha >= 0, "replay.alpha", f"must be >= 0, got {rp.alpha}")
+    _need(0 <= rp.beta <= 1 and 0 <= rp.beta_final <= 1, "replay.beta", "beta and beta_final must be in [0, 1]")
+    _need(rp.beta_steps >= 1, "replay.beta_steps", f"must be >= 1, got {rp.beta_steps}")
+    _need(rp.n_replay >= 1, "replay.n_replay", f"must be >= 1, got {rp.n_replay}")
+    _need(rp.priority_eps > 0, "replay.priority_eps", f"must be > 0, got {rp.priority_eps}")
+    _need(c.send_batch >= 1, "comm.send_batch", f"must be >= 1, got {c.send_batch}")
+    _need(c.send_ring >= 1, "comm.send_ring", f"must be >= 1, got {c.send_ring}")
+    _need(c.recv_depth >= 1, "comm.recv_depth", f"must be >= 1, got {c.recv_depth}")
+    _need(c.n_update >= 1, "comm.n_update", f"must be >= 1, got {c.n_update}")
+    _need(c.prefetch >= 0, "comm.prefetch", f"must be >= 0, got {c.prefetch}")
+    _need(lg.interval > 0, "log.interval", f"must be > 0 seconds, got {lg.interval}")
+    _need(0 < lg.flush_seconds <= 10, "log.flush_seconds",
+          f"must be in (0, 10] so a killed job leaves recent data, got {lg.flush_seconds}")
+
+
+def check_world_size(cfg: JobConfig, size: int, job_path: str = "JOB.toml") -> None:
+    """The MPI world must have exactly one rank per role the job declares."""
+    need = cfg.world_size
+    if size == need:
+        return
+    t = cfg.topology
+    hint = f"run: mpirl launch -n {need} {job_path}  (or mpiexec -n {need} mpirl run {job_path})"
+    if size > 1 and size >= 1 + 2 and (size - 1) % (t.actors_per_buffer + 1) == 0:
+        hint += (f", or keep -n {size} with --set topology.buffers={(size - 1) // (t.actors_per_buffer + 1)}")
+    raise ConfigError("world size", f"the job needs {need} ranks (1 learner + {t.buffers} buffer(s) + "
+                      f"{cfg.actors} actor(s)), the MPI world has {size}; {hint}")

@@ -1,0 +1,45 @@
+"""Environment factories: gymnasium ids -> environments, checked before the job starts."""
+
+from __future__ import annotations
+
+import difflib
+
+import gymnasium as gym
+import numpy as np
+
+from mpirl.config import ConfigError, EnvConfig
+
+
+def _check_id(env_id: str) -> None:
+    if env_id in gym.envs.registry:
+        return
+    near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3)
+    hint = f"; did you mean {', '.join(near)}?" if near else "; see gymnasium.envs.registry for the ids"
+    raise ConfigError("env.id", f"unknown environment {env_id!r}{hint}")
+
+
+def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
+    """One environment for an actor; ``seed`` seeds its first reset and action space."""
+    _check_id(cfg.id)
+    kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    try:
+        env = gym.make(cfg.id, **kwargs)
+    except Exception as err:  # a registered env whose dependencies are missing, etc.
+        raise ConfigError("env.id", f"cannot create {cfg.id!r}: {err}") from None
+    if seed is not None:
+        env.action_space.seed(seed)
+    return env
+
+
+def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(observation shape, observation dtype, number of actions); validates the env for DQN."""
+    env = make_env(cfg)
+    try:
+        obs, act = env.observation_space, env.action_space
+        if not isinstance(act, gym.spaces.Discrete):
+            raise ConfigError("env.id", f"{cfg.id!r} has action space {act}; DQN needs a Discrete one")
+        if not isinstance(obs, gym.spaces.Box):
+            raise ConfigError("env.id", f"{cfg.id!r} has observation space {obs}; mpirl needs a Box")
+        return tuple(obs.shape), np.dtype(obs.dtype), int(act.n)
+    finally:
+        env.close()

@@ -1,0 +1,246 @@
+"""Summarize a run directory from its HDF5 files alone (finished, running or killed).
+
+Every file is opened read-only with ``locking=False``; a missing file, an empty
+table or a file that cannot be opened becomes a line in ``notes``, not an error.
+
+``summarize(run_dir)`` returns plain Python values (NaN/None where unknown)::
+
+    run_dir, status ("running"|"completed"|"stopped"|"failed"|"unknown"), stop_reason,
+    start_time, end_time (ISO str or None), wall_seconds (s, from run.h5, or None),
+    elapsed_seconds (s, latest `time` in any table), name, architecture, world_size,
+    roles {"learner", "buffers", "actors"}, job {flat}, provenance {}, files {name: "ok"|reason},
+    notes [str]
+    learner: None or {rows, time_s, train_steps, train_steps_per_s (whole run),
+        train_steps_per_s_recent, env_steps, loss, p_s, p_t, td_abs (means over the
+        last 10 % of rows), compute_s, comm_s [s], compute_fraction, comm_fraction
+        (of compute+comm, 0..1), bytes_in [B], samples_trained, bytes_per_sample [B],
+        return_mean20, episodes, param_version}
+    buffers: [{name, rank, capacity, architecture, rows, time_s, experiences_in,
+        experiences_in_per_s (whole run), experiences_in_per_s_recent, fill,
+        fill_fraction, stale_updates, priority_updates, consumed, alpha, bytes_in,
+        bytes_out [B], total_priority, episodes, actors [ranks]}] sorted by rank
+    episodes: {count, first20_mean, last20_mean, best, mean_length,
+        curve {bin_seconds, t_mid [s], mean_return, count} (~8 equal time bins)}
+    actors: [{actor, buffer, time_s, env_steps, env_steps_per_s, epsilon,
+        param_version}] (latest row per actor) sorted by actor
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpirl.metrics.run_file import RUN_FILE, load_run, plain
+
+NAN = float("nan")
+
+
+def _last(t: dict, col: str) -> Any:
+    """Last value of a column as a plain number, None if absent or empty."""
+    a = t.get(col)
+    return plain(a[-1]) if a is not None and len(a) else None
+
+
+def _tail_mean(t: dict, col: str, frac: float = 0.1) -> float:
+    """Mean of the finite values in the last ``frac`` of rows (at least one row)."""
+    a = t.get(col)
+    if a is None or not len(a):
+        return NAN
+    tail = np.asarray(a[-max(1, math.ceil(len(a) * frac)):], dtype=float)
+    tail = tail[np.isfinite(tail)]
+    return float(tail.mean()) if tail.size else NAN
+
+
+def _ratio(a: Any, b: Any) -> float:
+    return float(a) / float(b) if a is not None and b not in (None, 0) else NAN
+
+
+def _learner(t: dict) -> dict[str, Any]:
+    compute, comm = _last(t, "compute_s"), _last(t, "comm_s")
+    both = (compute or 0.0) + (comm or 0.0)
+    out = {"rows": len(t["time"]), "time_s": _last(t, "time")}
+    for col in ("train_steps", "env_steps", "compute_s", "comm_s", "bytes_in",
+                "samples_trained", "return_mean20", "episodes", "param_version"):
+        out[col] = _last(t, col)
+    for col in ("loss", "p_s", "p_t", "td_abs"):
+        out[col] = _tail_mean(t, col)
+    out["train_steps_per_s"] = _ratio(out["train_steps"], out["time_s"])
+    out["train_steps_per_s_recent"] = _tail_mean(t, "train_steps_per_s")
+    out["compute_fraction"] = _ratio(compute, both)
+    out["comm_fraction"] = _ratio(comm, both)
+    out["bytes_per_sample"] = _ratio(out["bytes_in"], out["samples_trained"])
+    return out
+
+
+def _buffer(name: str, entry: dict) -> dict[str, Any]:
+    attrs, t = entry["attrs"], entry["tables"].get("buffer", {})
+    rank = attrs.get("rank", name.split("_")[-1])
+    out = {"name": name, "rank": int(rank) if str(rank).isdigit() else rank,
+           "capacity": attrs.get("capacity"), "architecture": attrs.get("architecture"),
+           "rows": len(t.get("time", ())), "time_s": _last(t, "time")}
+    for col in ("experiences_in", "fill", "stale_updates", "priority_updates", "consumed",
+                "alpha", "bytes_in", "bytes_out", "total_priority"):
+        out[col] = _last(t, col)
+    out["experiences_in_per_s"] = _ratio(out["experiences_in"], out["time_s"])
+    out["experiences_in_per_s_recent"] = _tail_mean(t, "experiences_in_per_s")
+    out["fill_fraction"] = _ratio(out["fill"], out["capacity"])
+    out["episodes"] = len(entry["tables"].get("episodes", {}).get("time", ()))
+    out["actors"] = sorted(set(np.asarray(
+        entry["tables"].get("actors", {}).get("actor", []), dtype=int).tolist()))
+    return out
+
+
+def _episodes(eps: list[dict], bins: int = 8) -> dict[str, Any]:
+    eps = [e for e in eps if "return" in e and len(e.get("time", ()))]
+    if not eps:
+        return {"count": 0, "first20_mean": NAN, "last20_mean": NAN, "best": NAN,
+                "mean_length": NAN, "curve": {"bin_seconds": NAN, "t_mid": [],
+                                              "mean_return": [], "count": []}}
+    t = np.concatenate([e["time"] for e in eps]).astype(float)
+    order = np.argsort(t, kind="stable")
+    t, ret = t[order], np.concatenate([e["return"] for e in eps]).astype(float)[order]
+    length = np.concatenate([e.get("length", np.full(len(e["time"]), np.nan)) for e in eps])
+    nb = min(bins, len(t))
+    edges = np.linspace(t[0], t[-1], nb + 1) if t[-1] > t[0] else np.array([t[0], t[0] + 1.0])
+    nb = len(edges) - 1
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, nb - 1)
+    counts = np.bincount(idx, minlength=nb)
+    sums = np.bincount(idx, weights=ret, minlength=nb)
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return {"count": int(len(t)), "first20_mean": float(ret[:20].mean()),
+            "last20_mean": float(ret[-20:].mean()), "best": float(ret.max()),
+            "mean_length": float(np.nanmean(length.astype(float))),
+            "curve": {"bin_seconds": float(edges[1] - edges[0]),
+                      "t_mid": ((edges[:-1] + edges[1:]) / 2).tolist(),
+                      "mean_return": means.tolist(), "count": counts.tolist()}}
+
+
+def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
+    latest: dict[int, dict] = {}
+    for name, entry in buffers.items():
+        t = entry["tables"].get("actors", {})
+        if not len(t.get("actor", ())) or "time" not in t:
+            continue
+        for a in np.unique(t["actor"]):
+            rows = np.flatnonzero(t["actor"] == a)[::-1]  # newest first on ties
+            i = rows[np.argmax(t["time"][rows])]
+            a = int(a)
+            if a not in latest or t["time"][i] >= latest[a]["time_s"]:
+                latest[a] = {"actor": a, "buffer": name, "time_s": plain(t["time"][i]),
+                             **{c: plain(t[c][i]) if c in t else None for c in
+                                ("env_steps", "env_steps_per_s", "epsilon", "param_version")}}
+    return [latest[a] for a in sorted(latest)]
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """A summary of the run in ``run_dir`` as plain Python values (see module doc)."""
+    data = load_run(run_dir)
+    run, files = data["run"], data["files"]
+    attrs, job, prov = run["attrs"], run["job"], run["provenance"]
+    notes = [] if run["note"] == "ok" else [f"{RUN_FILE}: {run['note']}"]
+    notes += [f"{n}.h5: {e['note']}" for n, e in files.items() if e["note"] != "ok"]
+    learn = files.get("learner")
+    train = learn["tables"].get("train", {}) if learn else {}
+    if learn is None:
+        notes.append("learner.h5: missing")
+    elif learn["note"] == "ok" and len(train.get("time", ())) == 0:
+        notes.append("learner.h5: table train is empty")
+    bufs = {n: e for n, e in files.items() if n.startswith("buffer_")}
+    for n, e in bufs.items():
+        for tab in ("buffer", "episodes", "actors"):
+            if e["note"] == "ok" and not len(e["tables"].get(tab, {}).get("time", ())):
+                notes.append(f"{n}.h5: table {tab} is empty")
+    buffers = sorted((_buffer(n, e) for n, e in bufs.items()), key=lambda b: b["rank"])
+    times = [b["time_s"] for b in buffers] + [_last(train, "time")]
+    actors = _actors(bufs)
+    n_buf = job.get("topology.buffers", len(bufs))
+    per = job.get("topology.actors_per_buffer")
+    return {
+        "run_dir": str(run_dir), "status": attrs.get("status", "unknown"),
+        "stop_reason": attrs.get("stop_reason"), "start_time": attrs.get("start_time"),
+        "end_time": attrs.get("end_time"), "wall_seconds": attrs.get("wall_seconds"),
+        "elapsed_seconds": max((x for x in times if x is not None), default=None),
+        "name": job.get("run.name"), "world_size": prov.get("world_size"),
+        "architecture": job.get("replay.architecture",
+                                buffers[0]["architecture"] if buffers else None),
+        "roles": {"learner": 1, "buffers": n_buf,
+                  "actors": n_buf * per if per is not None else len(actors)},
+        "job": job, "provenance": prov, "notes": notes,
+        "files": {RUN_FILE: run["note"], **{f"{n}.h5": e["note"] for n, e in files.items()}},
+        "learner": _learner(train) if len(train.get("time", ())) else None,
+        "buffers": buffers,
+        "episodes": _episodes([e["tables"].get("episodes", {}) for e in bufs.values()]),
+        "actors": actors,
+    }
+
+
+def _f(x: Any, spec: str = ",.0f", unit: str = "") -> str:
+    """Format a number; '-' for None/NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:{spec}}{unit}" if isinstance(x, (int, float)) else str(x)
+
+
+def _bytes(x: Any) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024 or unit == "GiB":
+            return f"{x:,.0f} {unit}" if unit == "B" else f"{x:,.1f} {unit}"
+        x /= 1024
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as aligned plain text (about 30-50 lines)."""
+    st = s["status"] + (f" ({s['stop_reason']})" if s.get("stop_reason") else "")
+    wall = (_f(s["wall_seconds"], ",.1f", " s") if s.get("wall_seconds") is not None
+            else f"{_f(s['elapsed_seconds'], ',.1f', ' s')} so far (last row)")
+    r = s["roles"]
+    out = [f"run           {s.get('name') or '-'}   ({s['run_dir']})",
+           f"status        {st}",
+           f"time          {s.get('start_time') or '-'} -> {s.get('end_time') or '-'}   wall {wall}",
+           f"world         {_f(s.get('world_size'))} ranks: 1 learner, {r['buffers']} buffer(s), "
+           f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",
+           "files         " + ", ".join(f"{k} {v}" for k, v in s["files"].items())]
+    out += [f"note          {n}" for n in s["notes"]]
+    L = s["learner"]
+    out.append("")
+    if L is None:
+        out.append("learner       no rows yet")
+    else:
+        out += [f"learner       {L['rows']} rows, {_f(L['time_s'], ',.1f', ' s')}",
+                f"  train steps         {_f(L['train_steps']):>14}   {_f(L['train_steps_per_s'], ',.2f')} /s"
+                f" (recent {_f(L['train_steps_per_s_recent'], ',.2f')} /s)",
+                f"  env steps           {_f(L['env_steps']):>14}   episodes {_f(L['episodes'])}",
+                f"  loss (last 10%)     {_f(L['loss'], '.4g'):>14}   |TD| {_f(L['td_abs'], '.4g')}",
+                f"  p_s / p_t (last 10%){_f(L['p_s'], '.4g'):>14} / {_f(L['p_t'], '.4g')}",
+                f"  compute / comm      {_f(100 * L['compute_fraction'], '.1f', ' %'):>14} / "
+                f"{_f(100 * L['comm_fraction'], '.1f', ' %')}   "
+                f"({_f(L['compute_s'], ',.1f', ' s')} / {_f(L['comm_s'], ',.1f', ' s')})",
+                f"  bytes in / sample   {_bytes(L['bytes_per_sample']):>14}   total {_bytes(L['bytes_in'])}",
+                f"  return (last 20)    {_f(L['return_mean20'], ',.2f'):>14}   "
+                f"param version {_f(L['param_version'])}"]
+    out += ["", f"buffers       {'exp in':>12} {'exp/s':>10} {'fill / capacity':>22} "
+                f"{'stale':>8} {'alpha':>7}"]
+    for b in s["buffers"]:
+        fill = f"{_f(b['fill'])}/{_f(b['capacity'])} ({_f(100 * b['fill_fraction'], '.0f', '%')})"
+        out.append(f"  {b['name']:<11} {_f(b['experiences_in']):>12} "
+                   f"{_f(b['experiences_in_per_s'], ',.1f'):>10} {fill:>22} "
+                   f"{_f(b['stale_updates']):>8} {_f(b['alpha'], '.2f'):>7}")
+    e = s["episodes"]
+    out += ["", f"episodes      {e['count']} over all buffers   mean length {_f(e['mean_length'], ',.1f')}",
+            f"  return        first 20 {_f(e['first20_mean'], ',.2f')}   last 20 "
+            f"{_f(e['last20_mean'], ',.2f')}   best {_f(e['best'], ',.2f')}"]
+    c = e["curve"]
+    if c["t_mid"]:
+        out += [f"  curve ({len(c['t_mid'])} bins of {_f(c['bin_seconds'], ',.1f', ' s')})",
+                "    t [s]  " + "".join(f"{_f(x, ',.0f'):>9}" for x in c["t_mid"]),
+                "    return " + "".join(f"{_f(x, ',.1f'):>9}" for x in c["mean_return"])]
+    out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9}"]
+    out += [f"  {a['actor']:<11} {a['buffer']:<10} {_f(a['epsilon'], '.4f'):>8} "
+            f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9}" for a in s["actors"]]
+    return "\n".join(out)

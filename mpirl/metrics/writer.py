@@ -1,0 +1,215 @@
+"""Append-only HDF5 metrics files, one per writing rank.
+
+A :class:`MetricsFile` holds *tables*: an HDF5 group with one 1-D, chunked,
+resizable dataset per column. Rows are appended one at a time (or in blocks) and
+the file is flushed at a cadence, so that after ``kill -9`` everything up to the
+last flush is readable with plain ``h5py.File(path, 'r')``.
+
+Choices that keep files readable after a crash or while still being written:
+
+* default ``libver`` (not ``'latest'``): no "file is open" flag in the superblock,
+  so a killed writer leaves no file that needs ``h5clear``;
+* the writer opens the file with ``locking=False``, so readers (``mpirl watch``,
+  analysis scripts, ``h5py.File('run.h5')``) can open it while the job runs, and
+  file systems without POSIX locks (some NFS/Lustre mounts) work;
+* ``flush_if_due()`` flushes when at least ``flush_seconds`` seconds of wall time
+  have passed since the last flush; callers call it often (every loop turn).
+
+Example::
+
+    with MetricsFile(run_dir / "learner.h5", {"role": "learner", "rank": 0}) as mf:
+        train = mf.table("train", {"time": np.float64, "loss": np.float32})
+        train.append(time=1.0, loss=0.5)
+        mf.flush_if_due()
+"""
+from __future__ import annotations
+
+import json
+import time
+from os import PathLike
+from pathlib import Path
+from typing import Any, Mapping
+
+import h5py
+import numpy as np
+
+CHUNK_ROWS = 1024  # rows per HDF5 chunk (a chunk of float64 is 8 KiB)
+
+
+def to_attr(value: Any) -> Any:
+    """Convert a Python value into something h5py stores as an attribute.
+
+    str/int/float/bool and numpy scalars pass through; None becomes ""; lists and
+    tuples of strings or numbers become arrays; dicts become a JSON string.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return np.bool_(value)
+    if isinstance(value, (str, int, float, np.number)):
+        return value
+    if isinstance(value, PathLike):
+        return str(value)
+    if isinstance(value, Mapping):
+        return json.dumps(value, default=str, sort_keys=True)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):
+            return np.array(value, dtype=h5py.string_dtype())
+        try:
+            return np.asarray(value)
+        except (TypeError, ValueError):
+            return json.dumps(value, default=str)
+    return str(value)
+
+
+def set_attrs(obj: h5py.HLObject, kv: Mapping[str, Any]) -> None:
+    """Store every item of ``kv`` as an attribute of ``obj`` (see :func:`to_attr`)."""
+    for key, value in kv.items():
+        obj.attrs[str(key)] = to_attr(value)
+
+
+class Table:
+    """One group of equal-length 1-D column datasets; rows are appended at the end."""
+
+    def __init__(self, group: h5py.Group, columns: Mapping[str, Any],
+                 units: Mapping[str, str] | None = None):
+        if not columns:
+            raise ValueError(f"table {group.name!r} needs at least one column")
+        self.name = group.name.lstrip("/")
+        self._cols: dict[str, h5py.Dataset] = {}
+        for col, dtype in columns.items():
+            dt = np.dtype(dtype)
+            if dt.kind in "OUS":
+                dt = h5py.string_dtype()
+            ds = group.create_dataset(col, shape=(0,), maxshape=(None,), dtype=dt,
+                                      chunks=(CHUNK_ROWS,))
+            if units and col in units:
+                ds.attrs["units"] = units[col]
+            self._cols[col] = ds
+        self._rows = 0
+
+    @property
+    def rows(self) -> int:
+        """Number of rows appended so far (all columns have this length)."""
+        return self._rows
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names in creation order."""
+        return list(self._cols)
+
+    def _check(self, given: Mapping[str, Any]) -> None:
+        missing = [c for c in self._cols if c not in given]
+        extra = [c for c in given if c not in self._cols]
+        if missing:
+            raise ValueError(f"table {self.name!r}: missing column(s) {', '.join(missing)}")
+        if extra:
+            raise ValueError(f"table {self.name!r}: unknown column(s) {', '.join(extra)}")
+
+    def append(self, **values: Any) -> None:
+        """Append one row; every column must be given, by name."""
+        self._check(values)
+        n = self._rows
+        for col, ds in self._cols.items():
+            ds.resize((n + 1,))
+            ds[n] = values[col]
+        self._rows = n + 1
+
+    def extend(self, **arrays: Any) -> None:
+        """Append many rows: one equal-length 1-D array (or list) per column."""
+        self._check(arrays)
+        data = {c: np.asarray(a).reshape(-1) for c, a in arrays.items()}
+        lengths = {len(a) for a in data.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"table {self.name!r}: columns have unequal lengths "
+                             f"{ {c: len(a) for c, a in data.items()} }")
+        k = lengths.pop()
+        if k == 0:
+            return
+        n = self._rows
+        for col, ds in self._cols.items():
+            ds.resize((n + k,))
+            ds[n:n + k] = data[col]
+        self._rows = n + k
+
+
+class MetricsFile:
+    """A new HDF5 file of tables, flushed at a cadence.
+
+    Args:
+        path: file to create; an existing file is never overwritten
+            (:class:`FileExistsError`).
+        attrs: attributes for the root group (e.g. ``role``, ``rank``).
+        flush_seconds: minimum wall-clock seconds between flushes done by
+            :meth:`flush_if_due`.
+    """
+
+    def __init__(self, path: str | PathLike, attrs: Mapping[str, Any] | None = None,
+                 flush_seconds: float = 2.0):
+        self.path = Path(path)
+        if self.path.exists():
+            raise FileExistsError(f"{self.path} exists; metrics files are never overwritten")
+        self.flush_seconds = float(flush_seconds)
+        self._file: h5py.File | None = h5py.File(self.path, "w-", locking=False)
+        self._tables: dict[str, Table] = {}
+        if attrs:
+            set_attrs(self._file, attrs)
+        self._last_flush = time.monotonic()
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def _open_file(self) -> h5py.File:
+        if self._file is None:
+            raise ValueError(f"{self.path} is closed")
+        return self._file
+
+    def table(self, name: str, columns: Mapping[str, Any],
+              units: Mapping[str, str] | None = None) -> Table:
+        """Create table ``name`` with ``columns`` (name -> numpy dtype).
+
+        ``units`` (column -> unit string, e.g. ``{"time": "s"}``) is stored as each
+        dataset's ``units`` attribute. Asking again for an existing table with the
+        same columns returns it; different columns raise ValueError.
+        """
+        f = self._open_file()
+        if name in self._tables:
+            table = self._tables[name]
+            if table.columns != list(columns):
+                raise ValueError(f"table {name!r} exists with columns {table.columns}")
+            return table
+        table = Table(f.create_group(name), columns, units)
+        self._tables[name] = table
+        return table
+
+    def set_attrs(self, **kv: Any) -> None:
+        """Set attributes on the root group."""
+        set_attrs(self._open_file(), kv)
+
+    def flush(self) -> None:
+        """Write everything appended so far to disk."""
+        self._open_file().flush()
+        self._last_flush = time.monotonic()
+
+    def flush_if_due(self) -> bool:
+        """Flush if ``flush_seconds`` have passed since the last flush; True if it did."""
+        if self._file is None or time.monotonic() - self._last_flush < self.flush_seconds:
+            return False
+        self.flush()
+        return True
+
+    def close(self) -> None:
+        """Flush and close; calling it again does nothing."""
+        if self._file is not None:
+            try:
+                self._file.flush()
+            finally:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> "MetricsFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

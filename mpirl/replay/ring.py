@@ -1,0 +1,141 @@
+"""FIFO record storage: one preallocated numpy array per field of the record spec.
+
+A *spec* maps a field name to ``(per_record_shape, dtype)``, e.g. for DQN on
+CartPole::
+
+    {"obs": ((4,), np.float32), "action": ((), np.int64),
+     "reward": ((), np.float32), "next_obs": ((4,), np.float32),
+     "done": ((), np.bool_), "discount": ((), np.float32)}
+
+Field arrays have shape ``(capacity, *shape)`` and keep the spec's dtype
+(uint8 frames stay uint8).  Slots fill from 0 upward; once full, the oldest
+record is overwritten (FIFO).  Each slot carries a *version*: the global
+insertion number of the record currently in it (``-1`` = never written), so a
+sampled ``(slot, version)`` pair can tell whether the slot was overwritten.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+class RingStore:
+    """Fixed-capacity FIFO of records.
+
+    Attributes:
+        capacity: number of slots.
+        size: number of filled slots (``<= capacity``).
+        inserted: total records ever passed to :meth:`add` (never reset, also
+            not by :meth:`clear`, so versions stay unique for the store's life).
+        versions: int64 ``(capacity,)``, insertion number of each slot's record.
+        fields: ``{name: array (capacity, *shape) of dtype}``.
+    """
+
+    def __init__(self, spec: Spec, capacity: int) -> None:
+        capacity = int(capacity)
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if not spec:
+            raise ValueError("spec has no fields")
+        self.spec = {name: (tuple(shape), np.dtype(dtype))
+                     for name, (shape, dtype) in spec.items()}
+        self.capacity = capacity
+        self.fields = {name: np.zeros((capacity, *shape), dtype=dtype)
+                       for name, (shape, dtype) in self.spec.items()}
+        self.versions = np.full(capacity, -1, dtype=np.int64)
+        self.size = 0
+        self.inserted = 0
+        self._head = 0  # next slot to write
+
+    def clear(self) -> None:
+        """Forget every record (field memory is kept, not zeroed)."""
+        self.versions.fill(-1)
+        self.size = 0
+        self._head = 0
+
+    def add(self, records: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Append ``n`` records; returns the int64 slot ids written, in order.
+
+        ``records``: ``{name: array (n, *shape)}`` for every spec field (cast
+        to the field dtype on copy).  If ``n > capacity`` only the last
+        ``capacity`` records are kept.  Return contract: ``ids[i]`` holds input
+        row ``n - len(ids) + i``, i.e. the kept rows are always the LAST
+        ``len(ids)`` input rows, so a caller with a per-row array ``a`` of
+        length n applies ``a[n - len(ids):]`` (equal to ``a`` unless n >
+        capacity).
+        """
+        n = self.count_rows(records)
+        cap = self.capacity
+        m = min(n, cap)
+        skip = n - m  # leading input rows that would be overwritten at once
+        start = (self._head + skip) % cap
+        first = min(m, cap - start)  # rows before the wrap-around
+        for name, field in self.fields.items():
+            src = records[name]
+            field[start:start + first] = src[skip:skip + first]
+            if first < m:
+                field[:m - first] = src[skip + first:]
+        ids = np.arange(start, start + m, dtype=np.int64)
+        if first < m:
+            ids[first:] -= cap
+        self.versions[ids] = np.arange(self.inserted + skip, self.inserted + n,
+                                       dtype=np.int64)
+        self.inserted += n
+        self._head = (self._head + n) % cap
+        self.size = min(cap, self.size + n)
+        return ids
+
+    def count_rows(self, records: Mapping[str, np.ndarray]) -> int:
+        """Number of rows in ``records``; checks fields and per-record shapes."""
+        missing = self.fields.keys() - records.keys()
+        if missing:
+            raise KeyError(f"records lack fields {sorted(missing)}")
+        n = None
+        for name, (shape, _) in self.spec.items():
+            arr = records[name]
+            if np.shape(arr)[1:] != shape:
+                raise ValueError(f"field {name!r}: rows of shape {np.shape(arr)[1:]}, "
+                                 f"spec says {shape}")
+            if n is None:
+                n = len(arr)
+            elif len(arr) != n:
+                raise ValueError(f"field {name!r} has {len(arr)} rows, expected {n}")
+        return int(n)
+
+    def gather(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """Copy rows ``ids`` of every field into preallocated ``out[name]``.
+
+        ``ids``: int array (k,) of filled slots.  ``out[name]``: array with
+        at least k rows, shape ``(>=k, *shape)``, the field's dtype, C-contiguous;
+        rows ``0..k-1`` are written (zero allocation: ``np.take(out=,
+        mode='clip')``).  Raises IndexError if an id is not a filled slot.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        k = len(ids)
+        if k and (ids.min() < 0 or ids.max() >= self.size):
+            raise IndexError(f"ids outside filled slots [0, {self.size})")
+        for name, field in self.fields.items():
+            np.take(field, ids, axis=0, out=out[name][:k], mode="clip")
+
+    def export(self, out: Mapping[str, np.ndarray]) -> int:
+        """Copy all filled rows, oldest first, into ``out[name][:n]``; returns n.
+
+        ``out[name]``: preallocated array with at least ``size`` rows.
+        """
+        n = self.size
+        # When full, the oldest record sits at the write head; else at slot 0.
+        start = self._head if n == self.capacity else 0
+        tail = n - start
+        for name, field in self.fields.items():
+            dst = out[name]
+            dst[:tail] = field[start:n]
+            dst[tail:n] = field[:start]
+        return n
+
+    def oldest_first(self) -> np.ndarray:
+        """Slot ids of the filled rows, oldest first (int64, (size,))."""
+        start = self._head if self.size == self.capacity else 0
+        return (np.arange(self.size, dtype=np.int64) + start) % self.capacity

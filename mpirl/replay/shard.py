@@ -1,0 +1,204 @@
+"""Proportional prioritized replay shard (Schaul et al. 2016, as used by Ape-X).
+
+A :class:`PrioritizedShard` is a :class:`~mpirl.replay.ring.RingStore` (FIFO
+record storage) plus a :class:`~mpirl.replay.sumtree.SumTree` holding
+``p_i = (|delta_i| + eps) ** alpha`` per slot.  Sampling probability of slot i
+is ``P(i) = p_i / sum_j p_j``.  Priority feedback is versioned: an update only
+lands on a slot that still holds the record that was sampled.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import numpy as np
+
+from .ring import RingStore, Spec
+from .sumtree import SumTree, last_unique
+
+
+class Sample(NamedTuple):
+    """One sampled batch of k items (all arrays have shape (k,)).
+
+    ids: int64 slot ids.  versions: int64 slot versions at sampling time (send
+    back with the new priorities).  probs: float64 ``P(i) = p_i / total``
+    within this shard.  priorities: float32 raw (pre-alpha) priorities.
+    """
+    ids: np.ndarray
+    versions: np.ndarray
+    probs: np.ndarray
+    priorities: np.ndarray
+
+
+class PrioritizedShard:
+    """Replay memory of ``capacity`` records with proportional prioritization.
+
+    Args:
+        spec: record spec ``{name: (shape, dtype)}`` (see ``ring.py``).
+        capacity: number of slots.
+        alpha: prioritization exponent (0 = uniform).
+        eps: added to raw priorities so no stored record has p = 0.
+
+    Attributes:
+        store: the RingStore (``store.fields`` holds the records).
+        tree: the SumTree of ``p = (raw + eps) ** alpha``.
+        raw_priority: float32 ``(capacity,)`` raw priority per slot.
+    """
+
+    def __init__(self, spec: Spec, capacity: int, alpha: float, eps: float = 1e-6) -> None:
+        if alpha < 0 or eps < 0:
+            raise ValueError("alpha and eps must be >= 0")
+        self.alpha = float(alpha)
+        self.eps = float(eps)
+        self.store = RingStore(spec, capacity)
+        self.tree = SumTree(capacity)
+        self.raw_priority = np.zeros(self.store.capacity, dtype=np.float32)
+        self._arange: np.ndarray = np.arange(0, dtype=np.float64)  # grown on demand
+
+    # -- sizes ---------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity
+
+    @property
+    def size(self) -> int:
+        """Number of filled slots."""
+        return self.store.size
+
+    @property
+    def total(self) -> float:
+        """Sum of ``p^alpha`` over filled slots."""
+        return self.tree.total
+
+    @property
+    def versions(self) -> np.ndarray:
+        """int64 ``(capacity,)`` version of each slot (see RingStore)."""
+        return self.store.versions
+
+    def _p(self, raw: np.ndarray) -> np.ndarray:
+        """Tree value ``(raw + eps) ** alpha`` (float64) for raw priorities >= 0."""
+        return np.power(np.asarray(raw, dtype=np.float64) + self.eps, self.alpha)
+
+    # -- writing -------------------------------------------------------------
+    def add(self, records: Mapping[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:
+        """Append n records with raw priorities (|TD|, length n; the absolute
+        value is taken); returns the int64 slot ids.
+
+        Same contract as :meth:`RingStore.add`: when n > capacity only the last
+        ``len(ids)`` rows (and priorities) are kept.
+        """
+        priorities = np.asarray(priorities).reshape(-1)
+        if len(priorities) != self.store.count_rows(records):
+            raise ValueError("priorities must have one value per record")
+        ids = self.store.add(records)
+        kept = np.abs(priorities[len(priorities) - len(ids):])
+        self.raw_priority[ids] = kept
+        order = np.argsort(ids, kind="stable")  # ids are unique; wrap breaks order
+        self.tree.update(ids[order], self._p(kept[order]), assume_sorted_unique=True)
+        return ids
+
+    def replace(self, records: Mapping[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:
+        """Clear, then :meth:`add` (the baseline learner's wholesale refresh)."""
+        self.clear()
+        return self.add(records, priorities)
+
+    def clear(self) -> None:
+        """Empty the shard.  Versions keep counting, so stale feedback from
+        before the clear is still recognised as stale."""
+        self.store.clear()
+        self.tree.clear()
+        self.raw_priority.fill(0.0)
+
+    # -- sampling ------------------------------------------------------------
+    def sample(self, k: int, rng: np.random.Generator,
+               out: Mapping[str, np.ndarray] | None = None) -> Sample:
+        """Draw k slots, stratified: ``[0, total)`` is cut into k equal
+        segments and one uniform draw is made in each (with replacement across
+        segments, so a high-priority slot may appear more than once).
+
+        If ``out`` is given (``{name: array (>=k, *shape)}``), the records are
+        gathered into its first k rows.  Raises ValueError if the shard is
+        empty (or all stored priorities are 0, possible only with eps=0).
+        """
+        total = self.tree.total
+        if self.store.size == 0 or not total > 0.0:
+            raise ValueError("cannot sample from an empty replay shard")
+        if len(self._arange) < k:
+            self._arange = np.arange(k, dtype=np.float64)
+        u = rng.random(k)
+        u += self._arange[:k]
+        u *= total / k
+        ids = self.tree.find(u)
+        sample = Sample(ids=ids,
+                        versions=self.store.versions[ids],
+                        probs=self.tree.get(ids) / total,
+                        priorities=self.raw_priority[ids])
+        if out is not None:
+            self.store.gather(ids, out)
+        return sample
+
+    def update_priorities(self, ids: np.ndarray, versions: np.ndarray,
+                          priorities: np.ndarray) -> int:
+        """Set new raw priorities for sampled slots; returns the stale count.
+
+        An update is applied only where ``versions[ids] == versions`` (the slot
+        still holds the record that was sampled); the rest are dropped and
+        counted.  Duplicate ids: the last value wins.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        versions = np.asarray(versions, dtype=np.int64).reshape(-1)
+        priorities = np.asarray(priorities).reshape(-1)
+        if not len(ids) == len(versions) == len(priorities):
+            raise ValueError("ids, versions and priorities must have equal length")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.capacity):
+            raise IndexError(f"ids outside [0, {self.capacity})")
+        fresh = (self.store.versions[ids] == versions) & (versions >= 0)  # -1 = empty
+        n_fresh = int(np.count_nonzero(fresh))
+        if n_fresh < len(ids):
+            ids, priorities = ids[fresh], priorities[fresh]
+        if n_fresh:
+            uniq, pos = last_unique(ids)
+            raw = np.abs(priorities[pos])
+            self.raw_priority[uniq] = raw
+            self.tree.update(uniq, self._p(raw), assume_sorted_unique=True)
+        return len(fresh) - n_fresh
+
+    def export(self, out: Mapping[str, np.ndarray],
+               priorities_out: np.ndarray | None = None) -> int:
+        """Copy all records oldest first into ``out`` (see RingStore.export) and,
+        if given, their raw priorities into ``priorities_out[:n]``; returns n."""
+        n = self.store.export(out)
+        if priorities_out is not None:
+            np.take(self.raw_priority, self.store.oldest_first(), out=priorities_out[:n],
+                    mode="clip")
+        return n
+
+
+def importance_weights(probs: np.ndarray, n: int, beta: float) -> np.ndarray:
+    """Importance-sampling weights ``w_i = (n * P(i)) ** -beta / max_j w_j``.
+
+    ``probs``: float (k,) sampling probabilities of the batch items over the
+    WHOLE replay.  With several shards, pass each item's in-shard prob
+    multiplied by that shard's share of the batch (k_shard / k), and ``n`` = the
+    total number of records over all shards.  (After max-normalization the
+    factor n cancels; it is kept so the formula reads as in the paper.)
+    Returns float32 (k,), max == 1; ``beta = 0`` gives all ones.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if probs.size == 0:
+        return np.zeros(0, dtype=np.float32)
+    w = np.power(n * probs, -float(beta))
+    w /= w.max()
+    return w.astype(np.float32)
+
+
+def linear_schedule(start: float, end: float, t: float, duration: float) -> float:
+    """Linear interpolation from ``start`` (t <= 0) to ``end`` (t >= duration).
+
+    Used to anneal beta towards 1.  ``duration <= 0`` returns ``end``.
+    """
+    if duration <= 0:
+        return float(end)
+    frac = min(max(t / duration, 0.0), 1.0)
+    return float(start + frac * (end - start))

@@ -1,0 +1,131 @@
+"""The actor loop (Ape-X): step environments, build n-step transitions, ship them.
+
+An actor waits for the first parameter broadcast, then acts epsilon-greedily
+with its own epsilon, accumulates n-step transitions in a staging batch,
+computes their initial priorities with its local network, and sends each full
+batch to its buffer with ``Isend`` from a ring of preallocated buffers. New
+parameters are picked up between steps; the broadcast with the stop flag ends
+the loop, and a final message tells the buffer this actor is done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from mpirl.agents.dqn import ActingPolicy, apex_epsilon
+from mpirl.comm.backoff import wait_until
+from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
+from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.pools import SendRing
+from mpirl.envs.factory import make_env
+from mpirl.replay.nstep import NStepAccumulator
+from mpirl.roles.context import RoleContext
+
+
+class Staging:
+    """Transitions waiting to be sent: one preallocated array per field."""
+
+    def __init__(self, spec: dict, rows: int):
+        self.fields = {name: np.zeros((rows, *shape), dtype) for name, (shape, dtype) in spec.items()}
+        self.count = 0
+
+    def put(self, transition: tuple) -> None:
+        obs, action, ret, next_obs, done, discount = transition
+        i, f = self.count, self.fields
+        f["obs"][i], f["action"][i], f["reward"][i] = obs, action, ret
+        f["next_obs"][i], f["done"][i], f["discount"][i] = next_obs, done, discount
+        self.count += 1
+
+    def take(self, n: int) -> dict:
+        """Views of the first ``n`` rows (valid until ``drop(n)``)."""
+        return {name: arr[:n] for name, arr in self.fields.items()}
+
+    def drop(self, n: int) -> None:
+        """Forget the first ``n`` rows, moving the rest to the front."""
+        rest = self.count - n
+        if rest:
+            for arr in self.fields.values():
+                arr[:rest] = arr[n:self.count]
+        self.count = rest
+
+
+def run_actor(ctx: RoleContext) -> None:
+    cfg, topo = ctx.cfg, ctx.topo
+    torch.set_num_threads(1)
+    n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
+    epsilon = apex_epsilon(topo.actor_index, cfg.actors, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    rng = np.random.default_rng(ctx.seed())
+    policy = ActingPolicy(ctx.obs_shape, ctx.n_actions, cfg.agent)
+    layout = experience_layout(ctx.spec, batch)
+    ring = SendRing(topo.group, dest=0, tag=TAG_EXPERIENCE, nbytes=layout.max_nbytes, size=cfg.comm.send_ring)
+    params = ParamBroadcast(topo.group_params, policy.n_params)
+    # Each env step emits at most n transitions (on episode end), so this never overflows.
+    staging = Staging(ctx.spec, batch + n_envs * cfg.agent.n_step)
+    episodes: deque = deque()  # (return, length) not yet reported
+    env_steps, version = 0, -1
+
+    def send(rows: int, final: bool = False) -> None:
+        slot, buf = ring.acquire()
+        records = staging.take(rows)
+        priorities = policy.priorities(records) if rows else np.zeros(0, np.float32)
+        k = min(len(episodes), EPISODE_SLOTS)
+        done_eps = [episodes.popleft() for _ in range(k)]
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        nbytes = layout.pack(buf, {**records, "priority": priorities}, actor=topo.rank, env_steps=env_steps,
+                             param_version=version, epsilon=epsilon, steps_per_s=env_steps / elapsed,
+                             final=int(final), episodes=k, ep_return=[r for r, _ in done_eps],
+                             ep_length=[n for _, n in done_eps])
+        ring.send(slot, nbytes)
+        staging.drop(rows)
+
+    params.post()
+    wait_until(params.arrived, first=1e-4, longest=10e-3)
+    stopped = params.stop
+    if not stopped:
+        policy.load_flat(params.params)
+        version = params.version
+        params.post()
+
+    envs = [make_env(cfg.env, seed=ctx.seed(k)) for k in range(n_envs)]
+    # A list of the arrays the envs returned: the n-step windows keep references to them.
+    obs = [env.reset(seed=ctx.seed(k))[0] for k, env in enumerate(envs)]
+    nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in envs]
+    ep_return, ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
+    started = time.perf_counter()
+
+    while not stopped:
+        if params.arrived():
+            stopped = params.stop
+            if stopped:
+                break
+            policy.load_flat(params.params)
+            version = params.version
+            params.post()
+        actions = policy.act(np.stack(obs), epsilon, rng)
+        for k, env in enumerate(envs):
+            next_obs, reward, terminated, truncated, _ = env.step(int(actions[k]))
+            env_steps += 1
+            ep_return[k] += reward
+            ep_length[k] += 1
+            for transition in nsteps[k].push(obs[k], actions[k], reward, next_obs, terminated, truncated):
+                staging.put(transition)
+            if terminated or truncated:
+                episodes.append((float(ep_return[k]), int(ep_length[k])))
+                ep_return[k], ep_length[k] = 0.0, 0
+                next_obs, _ = env.reset()
+            obs[k] = next_obs
+        while staging.count >= batch:
+            send(batch)
+
+    # Unsent transitions are dropped: the learner has stopped. Report episodes, then say goodbye.
+    staging.count = 0
+    while len(episodes) > EPISODE_SLOTS:
+        send(0)
+    send(0, final=True)
+    ring.close()
+    for env in envs:
+        env.close()

@@ -1,0 +1,57 @@
+"""What every role loop receives: the job, its place in the topology, the run directory."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mpirl.agents.dqn import transition_spec
+from mpirl.agents.networks import build_network
+from mpirl.comm.topology import Topology
+from mpirl.config import JobConfig
+
+
+@dataclass
+class RoleContext:
+    cfg: JobConfig
+    topo: Topology
+    run_dir: Path
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    n_actions: int
+    t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
+
+    @property
+    def spec(self) -> dict:
+        return transition_spec(self.obs_shape, self.obs_dtype)
+
+    @property
+    def n_params(self) -> int:
+        """Length of the flat parameter vector every broadcast carries."""
+        net = build_network(self.obs_shape, self.n_actions, self.cfg.agent.hidden)
+        return sum(p.numel() for p in net.parameters())
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def seed(self, *extra: int) -> int:
+        """A per-rank seed derived from the job seed."""
+        return int(np.random.SeedSequence([self.cfg.run.seed, self.topo.rank, *extra]).generate_state(1)[0])
+
+
+class Interval:
+    """True every ``seconds`` (for metric rows)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.last = time.perf_counter()
+
+    def due(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last >= self.seconds:
+            self.last = now
+            return True
+        return False

@@ -1,0 +1,257 @@
+"""The learner loop: train on batches, send priorities back, broadcast parameters.
+
+*proposed*: batches come from the buffers. ``prefetch`` requests per buffer stay
+in flight while a batch trains; each new request carries the priorities of the
+batch just trained. With R buffers each serves its N/R share, and importance
+weights use every sample's probability under those quotas.
+
+*baseline*: the learner keeps a local prioritized replay and replaces it
+wholesale with the buffers' contents every ``n_replay`` batches.
+
+Every ``n_update`` batches the parameters go out in a versioned broadcast; the
+last broadcast carries the stop flag.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from mpirl.agents.dqn import DQNLearner, pick_device
+from mpirl.comm.backoff import Backoff
+from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_REPLY, TAG_REQUEST, batch_shares, dump_layout,
+                                 request_layout, sample_layout)
+from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.pools import SendRing
+from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
+from mpirl.roles.context import Interval, RoleContext
+from mpirl.comm.buffer_link import BufferLink
+
+F8, I8 = np.float64, np.int64
+
+
+class Clock:
+    """Seconds spent computing vs communicating (including waiting for messages)."""
+
+    def __init__(self):
+        self.compute = self.comm = 0.0
+
+    def add(self, seconds: float) -> None:  # waits report here (see comm.backoff.wait_until)
+        self.comm += seconds
+
+
+class Learner:
+    def __init__(self, ctx: RoleContext):
+        cfg, topo = ctx.cfg, ctx.topo
+        self.ctx, self.cfg = ctx, cfg
+        torch.set_num_threads(cfg.agent.torch_threads)
+        self.agent = DQNLearner(ctx.obs_shape, ctx.n_actions, cfg.agent, pick_device(cfg.agent.device),
+                                seed=cfg.run.seed)
+        self.params = ParamBroadcast(topo.learner_params, self.agent.n_params)
+        self.shares = batch_shares(cfg.replay.batch_size, len(topo.buffers))
+        self.clock = Clock()
+        self.rng = np.random.default_rng(ctx.seed())
+        self.returns: deque = deque(maxlen=cfg.run.return_window)
+        self.episodes = 0
+        self.env_steps = [0] * len(topo.buffers)
+        self.sizes = [0] * len(topo.buffers)
+        self.bytes_in = 0
+        self.version = 0
+        self.stop_reason = ""
+        self.started = time.perf_counter()
+        self._open_metrics()
+
+    def _open_metrics(self) -> None:
+        ctx = self.ctx
+        self.file = MetricsFile(ctx.run_dir / "learner.h5", flush_seconds=self.cfg.log.flush_seconds,
+                                attrs={"role": "learner", "rank": 0, "architecture": self.cfg.replay.architecture,
+                                       "device": str(self.agent.device), "n_params": self.agent.n_params,
+                                       "batch_size": self.cfg.replay.batch_size})
+        self.table = self.file.table("train", {
+            "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,
+            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, "bytes_in": I8, "samples_trained": I8,
+            "return_mean20": F8, "episodes": I8, "param_version": I8})
+        self.tick = Interval(self.cfg.log.interval)
+        self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
+        self.last_steps, self.last_t = 0, time.perf_counter()
+
+    # -- bookkeeping shared by both architectures -------------------------------
+    def note_reply(self, b: int, link: BufferLink, buf: np.ndarray) -> None:
+        lay = link.reply
+        self.env_steps[b] = int(lay.get(buf, "env_steps"))
+        self.sizes[b] = int(lay.get(buf, "shard_size"))
+        k = int(lay.get(buf, "episodes"))
+        if k:
+            self.returns.extend(lay.get(buf, "ep_return")[:k].tolist())
+            self.episodes += k
+
+    def should_stop(self) -> bool:
+        r = self.cfg.run
+        if r.train_steps and self.agent.steps >= r.train_steps:
+            self.stop_reason = f"train_steps {r.train_steps} reached"
+        elif r.env_steps and sum(self.env_steps) >= r.env_steps:
+            self.stop_reason = f"env_steps {r.env_steps} reached"
+        elif r.wall_seconds and time.perf_counter() - self.started >= r.wall_seconds:
+            self.stop_reason = f"wall_seconds {r.wall_seconds:g} reached"
+        elif (not math.isnan(r.target_return) and len(self.returns) == self.returns.maxlen
+              and np.mean(self.returns) >= r.target_return):
+            self.stop_reason = f"mean return of the last {r.return_window} episodes reached {r.target_return:g}"
+        return bool(self.stop_reason)
+
+    def publish(self, stop: bool = False) -> None:
+        t = time.perf_counter()
+        self.version += 1
+        self.params.publish(self.version, self.agent.flat_params(), stop=stop, timer=self.clock)
+        self.clock.comm += time.perf_counter() - t
+
+    def train(self, batch: dict, probs: np.ndarray, n_total: int, sampled_priority: np.ndarray) -> np.ndarray:
+        t = time.perf_counter()
+        beta = linear_schedule(self.cfg.replay.beta, self.cfg.replay.beta_final, self.agent.steps,
+                               self.cfg.replay.beta_steps)
+        weights = importance_weights(probs, n_total, beta)
+        loss, td = self.agent.train_step(batch, weights)
+        self.clock.compute += time.perf_counter() - t
+        self.acc["loss"].append(loss)
+        self.acc["p_s"].append(float(sampled_priority.mean()))
+        self.acc["td_abs"].append(float(td.mean()))
+        if self.agent.steps % self.cfg.comm.n_update == 0:
+            self.publish()
+        return td
+
+    def log(self, force: bool = False) -> None:
+        if not (self.tick.due() or force):
+            self.file.flush_if_due()
+            return
+        now = time.perf_counter()
+        mean = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}
+        self.table.append(
+            time=self.ctx.now(), train_steps=self.agent.steps, env_steps=sum(self.env_steps),
+            train_steps_per_s=(self.agent.steps - self.last_steps) / max(now - self.last_t, 1e-9),
+            compute_s=self.clock.compute, comm_s=self.clock.comm, bytes_in=self.bytes_in,
+            samples_trained=self.agent.steps * self.cfg.replay.batch_size,
+            return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
+            episodes=self.episodes, param_version=self.version, **mean)
+        self.last_steps, self.last_t = self.agent.steps, now
+        for v in self.acc.values():
+            v.clear()
+        self.file.flush_if_due()
+
+    # -- the loops ---------------------------------------------------------------
+    def run(self) -> str:
+        topo = self.ctx.topo
+        proposed = self.cfg.replay.architecture == "proposed"
+        spec = self.ctx.spec
+        reply_layouts = [sample_layout(spec, s) if proposed else dump_layout(spec, self.cfg.replay.capacity)
+                         for s in self.shares]
+        depth = self.cfg.comm.prefetch + 1 if proposed else 1
+        self.links = [BufferLink(topo.learner, b + 1, request_layout(s), reply_layouts[b], depth)
+                      for b, s in enumerate(self.shares)]
+        self.publish()  # version 1: every actor starts from the learner's initial weights
+        (self.run_proposed if proposed else self.run_baseline)()
+        self.shutdown()
+        return self.stop_reason
+
+    def run_proposed(self) -> None:
+        for _ in range(self.cfg.comm.prefetch + 1):
+            for b, link in enumerate(self.links):
+                link.request(SAMPLE, self.shares[b], consumed=0)
+        backoff = Backoff()
+        while not self.should_stop():
+            if not all(link.ready() for link in self.links):
+                self.log()
+                t = time.perf_counter()
+                backoff.sleep()
+                self.clock.comm += time.perf_counter() - t
+                continue
+            backoff.reset()
+            views = []
+            for b, link in enumerate(self.links):
+                buf, nbytes = link.take()
+                self.bytes_in += nbytes
+                self.note_reply(b, link, buf)
+                views.append(link.reply.views(buf))
+            td = self.train_on(views)
+            start = 0
+            for b, link in enumerate(self.links):
+                v, rows = views[b], len(views[b]["ids"])
+                link.release()
+                link.request(SAMPLE, self.shares[b], consumed=self.agent.steps * self.shares[b],
+                             ids=v["ids"], versions=v["versions"], priority=td[start:start + rows])
+                start += rows
+            self.log()
+
+    def train_on(self, views: list[dict]) -> np.ndarray:
+        spec = self.ctx.spec
+        n = self.cfg.replay.batch_size
+        probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
+        prio = np.concatenate([v["priority"] for v in views])
+        self.acc["p_t"].append(float(prio.mean()))
+        if len(views) == 1:
+            batch = {name: views[0][name] for name in spec}
+        else:
+            batch = {name: np.concatenate([v[name] for v in views]) for name in spec}
+        return self.train(batch, probs, sum(self.sizes), prio)
+
+    def run_baseline(self) -> None:
+        cfg = self.cfg
+        total = cfg.replay.capacity * len(self.links)
+        local = PrioritizedShard(self.ctx.spec, total, cfg.replay.alpha, cfg.replay.priority_eps)
+        batch = {name: np.zeros((cfg.replay.batch_size, *shape), dtype) for name, (shape, dtype) in self.ctx.spec.items()}
+        backoff = Backoff(first=1e-3, longest=50e-3)
+        while not self.should_stop():
+            if self.agent.steps % cfg.replay.n_replay == 0 or local.size < cfg.replay.learning_starts:
+                self.refresh(local)
+                if local.size < max(cfg.replay.learning_starts, 1):
+                    self.log()
+                    backoff.sleep()
+                    continue
+            s = local.sample(cfg.replay.batch_size, self.rng, out=batch)
+            td = self.train(batch, s.probs, local.size, s.priorities)
+            local.update_priorities(s.ids, s.versions, td)
+            self.log()
+
+    def refresh(self, local: PrioritizedShard) -> None:
+        """Replace the local replay with every buffer's latest experiences (baseline)."""
+        t = time.perf_counter()
+        consumed = self.agent.steps * self.cfg.replay.batch_size
+        for b, link in enumerate(self.links):
+            link.request(DUMP, 0, consumed=consumed * self.shares[b] // self.cfg.replay.batch_size)
+        backoff = Backoff()
+        while not all(link.ready() for link in self.links):
+            backoff.sleep()
+        local.clear()
+        priorities = []
+        for b, link in enumerate(self.links):
+            buf, nbytes = link.take()
+            self.bytes_in += nbytes
+            self.note_reply(b, link, buf)
+            v = link.reply.views(buf)
+            prio = v.pop("priority")
+            if len(prio):
+                local.add(v, prio)
+                priorities.append(prio)
+            link.release()
+        if priorities:
+            self.acc["p_t"].append(float(np.concatenate(priorities).mean()))
+        self.clock.comm += time.perf_counter() - t
+
+    def shutdown(self) -> None:
+        """Last broadcast with the stop flag, goodbye to the buffers, drain every reply."""
+        self.publish(stop=True)
+        for link in self.links:
+            link.request(BYE, 0, consumed=self.agent.steps * self.cfg.replay.batch_size)
+        for link in self.links:
+            link.close()
+        self.params.close()
+        self.log(force=True)
+        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.agent.steps)
+        self.file.close()
+
+
+def run_learner(ctx: RoleContext) -> str:
+    return Learner(ctx).run()

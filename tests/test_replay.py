@@ -1,0 +1,299 @@
+"""Tests for mpirl.replay (pure numpy, no MPI)."""
+import numpy as np
+import pytest
+
+from mpirl.replay.nstep import NStepAccumulator
+from mpirl.replay.ring import RingStore
+from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
+from mpirl.replay.sumtree import SumTree
+
+SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
+        "next_obs": ((4,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32)}
+
+
+def make_records(start, n, spec=SPEC):
+    """Records whose every field encodes the record number start..start+n-1."""
+    num = np.arange(start, start + n)
+    recs = {}
+    for name, (shape, dtype) in spec.items():
+        col = num.reshape((n,) + (1,) * len(shape)) % (256 if dtype == np.uint8 else 1 << 30)
+        recs[name] = np.broadcast_to(col, (n, *shape)).astype(dtype)
+    return recs
+
+
+def new_out(spec, k):
+    return {name: np.zeros((k, *shape), dtype) for name, (shape, dtype) in spec.items()}
+
+
+# ---------------------------------------------------------------- sum tree
+def test_sumtree_totals_and_duplicates():
+    t = SumTree(5)  # rounded up to 8 leaves internally
+    assert t.size == 8 and t.capacity == 5
+    t.update(np.array([0, 1, 2, 3, 4]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert t.total == 15.0
+    t.update(np.array([1, 3, 1]), np.array([10.0, 0.5, 7.0]))  # last value wins for slot 1
+    np.testing.assert_array_equal(t.get(np.arange(5)), [1.0, 7.0, 3.0, 0.5, 5.0])
+    assert t.total == pytest.approx(16.5)
+    assert t.tree[1:8].tolist() == [16.5, 11.5, 5.0, 8.0, 3.5, 5.0, 0.0]  # all parents exact
+    with pytest.raises(IndexError):
+        t.update(np.array([5]), np.array([1.0]))  # padding leaf is not a slot
+    t.clear()
+    assert t.total == 0.0
+
+
+def test_sumtree_bulk_update_matches_incremental():
+    rng = np.random.default_rng(0)
+    vals = rng.random(1000)
+    a, b = SumTree(1000), SumTree(1000)
+    a.update(np.arange(1000), vals)  # full rebuild path
+    for chunk in np.array_split(rng.permutation(1000), 50):  # incremental path
+        b.update(chunk, vals[chunk])
+    np.testing.assert_allclose(a.tree, b.tree, rtol=1e-12)
+    assert a.total == pytest.approx(vals.sum(), rel=1e-12)
+
+
+def test_sumtree_find_hand_built():
+    t = SumTree(4)
+    t.update(np.arange(4), np.array([1.0, 0.0, 2.0, 3.0]))
+    u = np.array([0.0, 0.5, 0.999, 1.0, 2.5, 2.999, 3.0, 5.9, 6.0, 100.0, -1.0])
+    np.testing.assert_array_equal(t.find(u), [0, 0, 0, 2, 2, 2, 3, 3, 3, 3, 0])
+    one = SumTree(1)
+    one.update(np.array([0]), np.array([2.0]))
+    assert one.find(np.array([0.0, 1.9])).tolist() == [0, 0]
+    with pytest.raises(ValueError):
+        SumTree(3).find(np.array([0.0]))
+
+
+def test_sumtree_never_returns_zero_leaf_rounding_case():
+    # root = fl(fl(a + b) + c) rounds up, so the top draw, after subtracting the
+    # left subtree, exceeds c and a naive descent walks into the zero leaf 3.
+    t = SumTree(4)
+    t.update(np.arange(4), np.array([2.0 ** -25, 7 * 2.0 ** -56, 0.15625, 0.0]))
+    top = np.nextafter(t.total, 0.0)
+    assert t.find(np.array([top, t.total])).tolist() == [2, 2]
+
+
+def test_sumtree_never_returns_zero_leaf():
+    rng = np.random.default_rng(1)
+    n = 1000
+    vals = rng.random(n) * 10.0 ** rng.integers(-12, 3, n)
+    vals[::2] = 0.0  # zeros interleaved
+    vals[-50:] = 0.0  # and a zero tail (plus padding leaves up to 1024)
+    t = SumTree(n)
+    t.update(np.arange(n), vals)
+    total = t.total
+    near_top = total - total * np.finfo(float).eps * rng.integers(0, 64, 20000)
+    u = np.concatenate([near_top, [total, np.nextafter(total, np.inf), 1e300],
+                        rng.random(20000) * total, np.zeros(5)])
+    idx = t.find(u)
+    assert (vals[idx] > 0).all()
+    # prefix boundaries (cumulative sums) and their neighbours land on positive leaves
+    cs = np.cumsum(vals)
+    for b in (np.nextafter(cs, 0.0), cs, np.nextafter(cs, np.inf)):
+        assert (vals[t.find(b)] > 0).all()
+
+
+# ---------------------------------------------------------------- ring store
+def test_ring_fifo_overwrite_versions_and_export():
+    r = RingStore(SPEC, 5)
+    ids = r.add(make_records(0, 3))
+    assert ids.tolist() == [0, 1, 2] and r.size == 3
+    ids = r.add(make_records(3, 4))  # wraps: records 3,4 -> slots 3,4; 5,6 -> slots 0,1
+    assert ids.tolist() == [3, 4, 0, 1]
+    assert r.size == 5 and r.inserted == 7
+    assert r.fields["action"].tolist() == [5, 6, 2, 3, 4]
+    assert r.versions.tolist() == [5, 6, 2, 3, 4]
+    out = new_out(SPEC, 8)
+    assert r.export(out) == 5
+    assert out["action"][:5].tolist() == [2, 3, 4, 5, 6]  # oldest first
+    np.testing.assert_array_equal(out["obs"][:5], make_records(2, 5)["obs"])
+
+
+def test_ring_add_more_than_capacity_keeps_last_rows():
+    r = RingStore(SPEC, 4)
+    r.add(make_records(0, 1))
+    ids = r.add(make_records(1, 10))  # records 1..10, only 7..10 survive
+    assert len(ids) == 4
+    np.testing.assert_array_equal(r.fields["action"][ids], [7, 8, 9, 10])
+    np.testing.assert_array_equal(r.versions[ids], [7, 8, 9, 10])
+    assert r.inserted == 11 and r.size == 4
+    out = new_out(SPEC, 4)
+    r.export(out)
+    assert out["action"].tolist() == [7, 8, 9, 10]
+    r.add(make_records(11, 1))  # FIFO continues after the kept block
+    r.export(out)
+    assert out["action"].tolist() == [8, 9, 10, 11]
+
+
+def test_ring_clear_keeps_versions_unique():
+    r = RingStore(SPEC, 4)
+    r.add(make_records(0, 3))
+    r.clear()
+    assert r.size == 0 and (r.versions == -1).all()
+    ids = r.add(make_records(0, 2))
+    assert ids.tolist() == [0, 1] and r.versions[:2].tolist() == [3, 4]
+    out = new_out(SPEC, 4)
+    assert r.export(out) == 2 and out["action"][:2].tolist() == [0, 1]
+
+
+def test_ring_gather_into_preallocated_uint8():
+    spec = {"obs": ((2, 3, 3), np.uint8), "action": ((), np.int64)}
+    r = RingStore(spec, 300)
+    r.add(make_records(0, 300, spec))
+    ids = np.array([5, 299, 0, 5, 260])
+    out = new_out(spec, 8)
+    r.gather(ids, out)
+    assert out["obs"].dtype == np.uint8 and r.fields["obs"].dtype == np.uint8
+    np.testing.assert_array_equal(out["obs"][:5], r.fields["obs"][ids])
+    np.testing.assert_array_equal(out["action"][:5], r.fields["action"][ids])
+    assert out["obs"][3, 1, 2, 0] == 5 and out["obs"][4, 0, 0, 0] == 260 % 256
+    r2 = RingStore(spec, 10)
+    r2.add(make_records(0, 3, spec))
+    with pytest.raises(IndexError):
+        r2.gather(np.array([3]), out)  # slot not filled yet
+    with pytest.raises(ValueError):
+        r2.add({"obs": np.zeros((2, 3, 3, 3), np.uint8), "action": np.zeros(2)})
+
+
+# ---------------------------------------------------------------- shard
+def test_sampling_frequencies_follow_p_alpha():
+    raw = np.array([0.1, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0])
+    for alpha in (0.6, 0.0):
+        shard = PrioritizedShard(SPEC, 8, alpha=alpha, eps=1e-6)
+        shard.add(make_records(0, 8), raw)
+        rng = np.random.default_rng(42)
+        draws = np.concatenate([shard.sample(512, rng).ids for _ in range(400)])  # 204,800
+        freq = np.bincount(draws, minlength=8) / len(draws)
+        p = (raw + 1e-6) ** alpha
+        expected = p / p.sum()
+        # stratified sampling has at most the multinomial variance: 5 sigma bound
+        sigma = np.sqrt(expected * (1 - expected) / len(draws))
+        assert (np.abs(freq - expected) < 5 * sigma).all(), (alpha, freq, expected)
+    np.testing.assert_allclose(expected, 1 / 8)  # alpha=0 -> uniform
+
+
+def test_sample_probs_priorities_and_out():
+    rng = np.random.default_rng(3)
+    raw = rng.random(50).astype(np.float32) * 4
+    shard = PrioritizedShard(SPEC, 64, alpha=0.7, eps=0.01)
+    shard.add(make_records(0, 50), raw)
+    p = (raw.astype(np.float64) + 0.01) ** 0.7
+    assert shard.total == pytest.approx(p.sum(), rel=1e-12)
+    out = new_out(SPEC, 32)
+    s = shard.sample(32, rng, out=out)
+    assert s.ids.dtype == np.int64 and s.versions.dtype == np.int64
+    assert s.probs.dtype == np.float64 and s.priorities.dtype == np.float32
+    assert (s.ids < 50).all()
+    np.testing.assert_allclose(s.probs, p[s.ids] / p.sum(), rtol=1e-12)
+    np.testing.assert_array_equal(s.priorities, raw[s.ids])
+    np.testing.assert_array_equal(s.versions, s.ids)  # first fill: version == slot
+    np.testing.assert_array_equal(out["action"], s.ids)
+    np.testing.assert_array_equal(out["next_obs"], shard.store.fields["next_obs"][s.ids])
+    with pytest.raises(ValueError):
+        PrioritizedShard(SPEC, 8, alpha=0.6).sample(4, rng)
+
+
+def test_update_priorities_drops_stale_slots():
+    shard = PrioritizedShard(SPEC, 10, alpha=0.5, eps=0.0)
+    shard.add(make_records(0, 10), np.ones(10))
+    rng = np.random.default_rng(7)
+    s = shard.sample(10, rng)  # stratified over equal priorities: every slot once
+    assert sorted(s.ids.tolist()) == list(range(10))
+    shard.add(make_records(10, 3), np.full(3, 9.0))  # overwrites slots 0, 1, 2
+    new = np.arange(10, 20, dtype=np.float32)
+    stale = shard.update_priorities(s.ids, s.versions, new)
+    assert stale == 3
+    by_slot = dict(zip(s.ids.tolist(), new.tolist()))
+    for slot in range(10):
+        want = 9.0 if slot < 3 else by_slot[slot]
+        assert shard.raw_priority[slot] == want
+        assert shard.tree.get(np.array([slot]))[0] == pytest.approx(want ** 0.5)
+    assert shard.total == pytest.approx(3 * 3.0 + sum(v ** 0.5 for s_, v in by_slot.items()
+                                                       if s_ >= 3))
+    # duplicates: last wins; an all-stale update changes nothing
+    assert shard.update_priorities([5, 5], shard.versions[[5, 5]], [1.0, 4.0]) == 0
+    assert shard.raw_priority[5] == 4.0 and shard.tree.get([5])[0] == pytest.approx(2.0)
+    before = shard.tree.tree.copy()
+    assert shard.update_priorities([3, 4], [-7, 0], [100.0, 100.0]) == 2
+    np.testing.assert_array_equal(shard.tree.tree, before)
+
+
+def test_replace_and_export_with_priorities():
+    shard = PrioritizedShard(SPEC, 6, alpha=1.0, eps=0.0)
+    shard.add(make_records(0, 6), np.arange(6) + 1.0)
+    old = shard.sample(4, np.random.default_rng(0))
+    shard.replace(make_records(100, 4), np.array([1.0, 2.0, 3.0, 4.0]))
+    assert shard.size == 4 and shard.total == pytest.approx(10.0)
+    assert shard.update_priorities(old.ids, old.versions, np.ones(4)) == 4  # all stale
+    shard.add(make_records(104, 4), np.array([5.0, 6.0, 7.0, 8.0]))  # wraps
+    out, pri = new_out(SPEC, 6), np.zeros(6, np.float32)
+    assert shard.export(out, pri) == 6
+    assert out["action"].tolist() == [102, 103, 104, 105, 106, 107]
+    assert pri.tolist() == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert shard.total == pytest.approx(33.0)
+
+
+# ---------------------------------------------------------------- weights
+def test_importance_weights():
+    probs = np.array([0.5, 0.25, 0.125])
+    w = importance_weights(probs, n=8, beta=0.5)
+    # (8 P)^-0.5 = [0.5, 0.7071, 1.0] -> normalized by max 1.0
+    np.testing.assert_allclose(w, [0.5, np.sqrt(0.5), 1.0], rtol=1e-6)
+    assert w.dtype == np.float32 and w.max() == 1.0
+    np.testing.assert_array_equal(importance_weights(probs, 8, 0.0), np.ones(3))
+    w1 = importance_weights(np.array([0.1, 0.4]), n=10, beta=1.0)
+    np.testing.assert_allclose(w1, [1.0, 0.25], rtol=1e-6)
+
+
+def test_linear_schedule():
+    assert linear_schedule(0.4, 1.0, 0, 100) == pytest.approx(0.4)
+    assert linear_schedule(0.4, 1.0, 50, 100) == pytest.approx(0.7)
+    assert linear_schedule(0.4, 1.0, 500, 100) == pytest.approx(1.0)
+    assert linear_schedule(0.4, 1.0, 5, 0) == 1.0
+
+
+# ---------------------------------------------------------------- n-step
+def run_episode(acc, rewards, last_terminated):
+    obs = [np.full(2, float(t)) for t in range(len(rewards) + 1)]
+    emitted = []
+    for t, r in enumerate(rewards):
+        end = t == len(rewards) - 1
+        emitted += acc.push(obs[t], t, r, obs[t + 1], end and last_terminated,
+                            end and not last_terminated)
+    return obs, emitted
+
+
+@pytest.mark.parametrize("terminated", [True, False])
+def test_nstep_returns_five_step_episode(terminated):
+    g = 0.9
+    acc = NStepAccumulator(3, g)
+    r = [1.0, 2.0, 3.0, 4.0, 5.0]
+    obs, out = run_episode(acc, r, terminated)
+    assert len(out) == 5 and len(acc) == 0
+    expected_R = [1 + 0.9 * 2 + 0.81 * 3, 2 + 0.9 * 3 + 0.81 * 4, 3 + 0.9 * 4 + 0.81 * 5,
+                  4 + 0.9 * 5, 5.0]
+    expected_next = [3, 4, 5, 5, 5]
+    expected_m = [3, 3, 3, 2, 1]
+    for t, (o, a, R, nxt, done, disc) in enumerate(out):
+        assert o is obs[t] and a == t
+        assert R == pytest.approx(expected_R[t])
+        assert nxt is obs[expected_next[t]]
+        assert disc == pytest.approx(g ** expected_m[t])
+        # only the tail steps whose window hits the end are flushed with done
+        assert done == (terminated and t >= 2)
+    # the next episode starts clean
+    _, out2 = run_episode(acc, [1.0, 1.0], True)
+    assert [x[2] for x in out2] == pytest.approx([1.9, 1.0]) and out2[0][1] == 0
+
+
+def test_nstep_emits_as_window_fills_and_short_episode():
+    acc = NStepAccumulator(3, 0.5)
+    o = [np.zeros(1) for _ in range(4)]
+    assert acc.push(o[0], 0, 1.0, o[1], False, False) == []
+    assert acc.push(o[1], 1, 1.0, o[2], False, False) == []
+    (tr,) = acc.push(o[2], 2, 1.0, o[3], False, False)
+    assert tr[2] == pytest.approx(1.75) and tr[3] is o[3] and tr[4] is False
+    assert tr[5] == pytest.approx(0.125) and len(acc) == 2
+    acc.clear()
+    out = acc.push(o[0], 0, 2.0, o[1], True, True)  # terminated wins over truncated
+    assert len(out) == 1 and out[0][4] is True and out[0][5] == pytest.approx(0.5)

@@ -100,8 +100,8 @@ def cmd_validate(args) -> int:
     except config.ConfigError as err:
         return _fail(str(err))
     t = cfg.topology
-    print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {cfg.actors} actor(s) "
-          f"({t.actors_per_buffer} per buffer); {cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
+    print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {config.actor_count(cfg, n)} actor(s); "
+          f"{cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
           f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
     return 0
 

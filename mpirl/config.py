@@ -47,7 +47,9 @@ class RunConfig:
 @dataclass
 class TopologyConfig:
     buffers: int = 1
-    actors_per_buffer: int = 2
+    # Actor ranks in all; 0: every rank after the learner and the buffers is an actor.
+    # Actors are spread over the buffers as evenly as possible.
+    actors: int = 0
     # Put each buffer's actors on the buffer's own node where the allocation allows it.
     node_local: bool = True
 
@@ -127,13 +129,10 @@ class JobConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     @property
-    def actors(self) -> int:
-        return self.topology.buffers * self.topology.actors_per_buffer
-
-    @property
     def world_size(self) -> int:
-        """Ranks the job needs: one learner, the buffers and their actors."""
-        return 1 + self.topology.buffers + self.actors
+        """Ranks the job needs; with ``topology.actors = 0``, two actors per buffer by default."""
+        t = self.topology
+        return 1 + t.buffers + (t.actors or 2 * t.buffers)
 
     def flat(self) -> dict:
         """``{"section.key": value}`` for provenance and HDF5 attributes."""
@@ -245,7 +244,9 @@ def validate(cfg: JobConfig) -> None:
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
     _need(r.return_window >= 1, "run.return_window", f"must be >= 1, got {r.return_window}")
     _need(t.buffers >= 1, "topology.buffers", f"must be >= 1, got {t.buffers}")
-    _need(t.actors_per_buffer >= 1, "topology.actors_per_buffer", f"must be >= 1, got {t.actors_per_buffer}")
+    _need(t.actors == 0 or t.actors >= t.buffers, "topology.actors",
+          f"must be 0 (every remaining rank) or >= topology.buffers ({t.buffers}) so each buffer has an actor, "
+          f"got {t.actors}")
     _need(cfg.env.envs_per_actor >= 1, "env.envs_per_actor", f"must be >= 1, got {cfg.env.envs_per_actor}")
     _need(cfg.env.max_episode_steps >= 0, "env.max_episode_steps", "must be >= 0 (0 keeps the env's limit)")
     _need(0.0 < a.gamma <= 1.0, "agent.gamma", f"must be in (0, 1], got {a.gamma}")
@@ -279,14 +280,21 @@ def validate(cfg: JobConfig) -> None:
           f"must be in (0, 10] so a killed job leaves recent data, got {lg.flush_seconds}")
 
 
+def actor_count(cfg: JobConfig, size: int) -> int:
+    """Actor ranks in a world of ``size`` ranks."""
+    return cfg.topology.actors or size - 1 - cfg.topology.buffers
+
+
 def check_world_size(cfg: JobConfig, size: int, job_path: str = "JOB.toml") -> None:
-    """The MPI world must have exactly one rank per role the job declares."""
-    need = cfg.world_size
-    if size == need:
-        return
+    """The MPI world must hold the learner, every buffer, and the job's actors (at least one per buffer)."""
     t = cfg.topology
+    if t.actors:
+        if size == 1 + t.buffers + t.actors:
+            return
+        need, what = 1 + t.buffers + t.actors, f"1 learner + {t.buffers} buffer(s) + {t.actors} actor(s)"
+    else:
+        if size >= 1 + 2 * t.buffers:
+            return
+        need, what = cfg.world_size, f"1 learner + {t.buffers} buffer(s) + at least one actor per buffer"
     hint = f"run: mpirl launch -n {need} {job_path}  (or mpiexec -n {need} mpirl run {job_path})"
-    if size > 1 and size >= 1 + 2 and (size - 1) % (t.actors_per_buffer + 1) == 0:
-        hint += (f", or keep -n {size} with --set topology.buffers={(size - 1) // (t.actors_per_buffer + 1)}")
-    raise ConfigError("world size", f"the job needs {need} ranks (1 learner + {t.buffers} buffer(s) + "
-                      f"{cfg.actors} actor(s)), the MPI world has {size}; {hint}")
+    raise ConfigError("world size", f"the job needs {what}, the MPI world has {size} rank(s); {hint}")

@@ -67,6 +67,11 @@ class Layout:
         h = self.header(buf)[self.header_slots[name]]
         return float(h[0]) if h.size == 1 else h
 
+    def slot_length(self, name: str) -> int:
+        """How many float64 values header slot ``name`` holds."""
+        sl = self.header_slots[name]
+        return sl.stop - sl.start
+
     def set(self, buf: np.ndarray, **values) -> None:
         """Write header slots by name (scalars or sequences up to the slot length)."""
         h = self.header(buf)

@@ -40,17 +40,22 @@ def request_layout(max_share: int) -> Layout:
     return Layout(header, fields, max_share)
 
 
-_REPLY_HEADER = {"kind": 1, "seq": 1, "shard_size": 1, "shard_total": 1, "env_steps": 1,
-                 "inserted": 1, "episodes": 1, "ep_return": EPISODE_SLOTS}
+# A dump goes out only every n_replay batches, so it reports many more episodes.
+DUMP_EPISODE_SLOTS = 4096
+
+
+def _reply_header(episode_slots: int) -> dict:
+    return {"kind": 1, "seq": 1, "shard_size": 1, "shard_total": 1, "env_steps": 1, "inserted": 1,
+            "episodes": 1, "ep_return": episode_slots}
 
 
 def sample_layout(spec: dict, max_share: int) -> Layout:
     fields = {"ids": ((), I64), "versions": ((), I64), "probs": ((), F64), "priority": ((), F32), **spec}
-    return Layout(_REPLY_HEADER, fields, max_share)
+    return Layout(_reply_header(EPISODE_SLOTS), fields, max_share)
 
 
 def dump_layout(spec: dict, capacity: int) -> Layout:
-    return Layout(_REPLY_HEADER, {**spec, "priority": ((), F32)}, capacity)
+    return Layout(_reply_header(DUMP_EPISODE_SLOTS), {**spec, "priority": ((), F32)}, capacity)
 
 
 def batch_shares(batch_size: int, buffers: int) -> list[int]:

@@ -19,13 +19,20 @@ from mpi4py import MPI
 LEARNER, BUFFER, ACTOR = "learner", "buffer", "actor"
 
 
-def assign_actors(hosts: list[str], buffers: int, actors_per_buffer: int, node_local: bool = True) -> dict[int, int]:
-    """Actor world rank -> buffer world rank, deterministic from the host list alone."""
+def assign_actors(hosts: list[str], buffers: int, node_local: bool = True) -> dict[int, int]:
+    """Actor world rank -> buffer world rank, deterministic from the host list alone.
+
+    Every rank after the buffers is an actor; buffer k takes ceil or floor of
+    actors/buffers of them (the first ``actors % buffers`` buffers one more),
+    preferring actors on its own host.
+    """
     buffer_ranks = list(range(1, 1 + buffers))
+    base, extra = divmod(len(hosts) - 1 - buffers, buffers)
+    room = {b: base + (i < extra) for i, b in enumerate(buffer_ranks)}
     load = {b: 0 for b in buffer_ranks}
     out = {}
     for actor in range(1 + buffers, len(hosts)):
-        free = [b for b in buffer_ranks if load[b] < actors_per_buffer]
+        free = [b for b in buffer_ranks if load[b] < room[b]]
         local = [b for b in free if hosts[b] == hosts[actor]] if node_local else []
         choice = min(local or free, key=lambda b: (load[b], b))
         out[actor] = choice
@@ -57,6 +64,10 @@ class Topology:
         return sorted(a for a, b in self.buffer_of.items() if b == buffer_rank)
 
     @property
+    def n_actors(self) -> int:
+        return len(self.buffer_of)
+
+    @property
     def actor_index(self) -> int:
         """This actor's index among all actors (for its exploration epsilon)."""
         return sorted(self.buffer_of).index(self.rank)
@@ -67,10 +78,10 @@ class Topology:
         self.comms.clear()
 
 
-def build(world: MPI.Comm, buffers: int, actors_per_buffer: int, node_local: bool = True) -> Topology:
+def build(world: MPI.Comm, buffers: int, node_local: bool = True) -> Topology:
     """Split ``world`` into the job's communicators. Collective over ``world``."""
     hosts = world.allgather(MPI.Get_processor_name())
-    buffer_of = assign_actors(hosts, buffers, actors_per_buffer, node_local)
+    buffer_of = assign_actors(hosts, buffers, node_local)
     rank = world.rank
     role = LEARNER if rank == 0 else BUFFER if rank <= buffers else ACTOR
     topo = Topology(world=world, role=role, hosts=hosts, buffer_of=buffer_of)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 
 import gymnasium as gym
 import numpy as np
@@ -11,6 +12,13 @@ from mpirl.config import ConfigError, EnvConfig
 
 
 def _check_id(env_id: str) -> None:
+    """Known ids pass; ``module:EnvId`` imports the module that registers the env first."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError("env.id", f"cannot import {module!r} to register {env_id!r}: {err}") from None
     if env_id in gym.envs.registry:
         return
     near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3)

@@ -153,7 +153,12 @@ def open_h5(path: Path) -> tuple[h5py.File | None, str]:
     if not Path(path).exists():
         return None, "missing"
     try:
-        return h5py.File(path, "r", locking=False), "ok"
+        try:
+            return h5py.File(path, "r", locking=False), "ok"
+        except OSError as e:  # already open in this process (e.g. through run.h5's links) with locking
+            if "locking" not in str(e):
+                raise
+            return h5py.File(path, "r"), "ok"
     except OSError as e:
         return None, f"cannot open ({e}); if its writer was killed try `h5clear -s {path}`"
 

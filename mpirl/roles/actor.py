@@ -57,7 +57,7 @@ def run_actor(ctx: RoleContext) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     torch.set_num_threads(1)
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
-    epsilon = apex_epsilon(topo.actor_index, cfg.actors, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    epsilon = apex_epsilon(topo.actor_index, topo.n_actors, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
     rng = np.random.default_rng(ctx.seed())
     policy = ActingPolicy(ctx.obs_shape, ctx.n_actions, cfg.agent)
     layout = experience_layout(ctx.spec, batch)

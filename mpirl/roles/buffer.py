@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.messages import (BYE, DUMP, EPISODE_SLOTS, SAMPLE, TAG_EXPERIENCE, TAG_REPLY,
+from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY,
                                  TAG_REQUEST, batch_shares, dump_layout, experience_layout,
                                  request_layout, sample_layout)
 from mpirl.comm.params import ParamBroadcast
@@ -125,7 +125,7 @@ class Buffer:
             self.bye = True
 
     def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int) -> None:
-        k = min(len(self.to_learner), EPISODE_SLOTS)
+        k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
         rets = [self.to_learner.popleft() for _ in range(k)]
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
                        shard_total=self.store.total if self.proposed else 0.0,

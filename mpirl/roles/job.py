@@ -92,7 +92,7 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False) -
     obs_shape, obs_dtype, n_actions = check_job(cfg, world.size, job_path)
     t0 = world.bcast(time.time())
     run_dir = _shared_run_dir(world, cfg)
-    topo = build(world, cfg.topology.buffers, cfg.topology.actors_per_buffer, cfg.topology.node_local)
+    topo = build(world, cfg.topology.buffers, cfg.topology.node_local)
     if world.rank == 0:
         create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
         link_rank_files(run_dir, {"learner": "learner.h5",
@@ -101,7 +101,12 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False) -
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, obs_shape=obs_shape, obs_dtype=obs_dtype,
                       n_actions=n_actions, t0=t0)
     role = {LEARNER: run_learner, BUFFER: run_buffer, ACTOR: run_actor}[topo.role]
-    stop_reason = role(ctx)
+    try:
+        stop_reason = role(ctx)
+    except BaseException as err:
+        if world.rank == 0:  # the caller aborts the job; the run must not look finished
+            finish_run_file(run_dir, "failed", error=f"{type(err).__name__}: {err}", wall_seconds=time.time() - t0)
+        raise
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)

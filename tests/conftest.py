@@ -1,0 +1,68 @@
+"""Shared helpers: MPI jobs run through ``mpiexec`` in a subprocess with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "jobs"
+
+
+def mpi_env() -> dict:
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # Open MPI refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def mpiexec() -> str:
+    beside = Path(sys.executable).parent / "mpiexec"
+    if not beside.exists():
+        pytest.fail(f"no mpiexec beside {sys.executable}: install the project with its [mpi] extra "
+                    "(see the README's test command)")
+    return str(beside)
+
+
+@dataclass
+class Job:
+    proc: subprocess.CompletedProcess
+    out_dir: Path
+
+    @property
+    def output(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return sorted(p.parent for p in self.out_dir.glob("*/run.h5"))
+
+    @property
+    def run_dir(self) -> Path:
+        dirs = self.run_dirs
+        assert len(dirs) == 1, f"expected one run directory in {self.out_dir}, found {dirs}\n{self.output}"
+        return dirs[0]
+
+
+def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", timeout: float = 180,
+            args: tuple = ()) -> Job:
+    """``mpiexec -n n python -m mpirl run job --set ...``; a hang is a failed test, never a hung CI."""
+    cmd = [mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl",
+           "run", str(job), "--set", f'run.out_dir="{out_dir}"', *[x for s in sets for x in ("--set", s)], *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"MPI job did not finish within {timeout} s (hang?): {' '.join(cmd)}\n"
+                    f"{(err.stdout or b'').decode(errors='replace')[-3000:]}\n{(err.stderr or b'').decode(errors='replace')[-3000:]}")
+    return Job(proc, out_dir)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpirl", *args], capture_output=True, text=True,
+                          timeout=timeout, env=mpi_env(), cwd=ROOT)

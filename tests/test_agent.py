@@ -1,0 +1,65 @@
+"""DQN pieces: Ape-X epsilons, double-DQN n-step targets, a train step that learns."""
+
+import numpy as np
+import pytest
+import torch
+
+from mpirl.agents.dqn import ActingPolicy, DQNLearner, apex_epsilon, n_step_target, td_errors, to_tensors
+from mpirl.config import AgentConfig
+
+
+def test_apex_epsilons():
+    eps = [apex_epsilon(i, 8) for i in range(8)]
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert apex_epsilon(0, 1) == 0.4
+
+
+class Fixed(torch.nn.Module):
+    """Q(s) read off the observation itself: obs = [q0, q1]."""
+
+    def forward(self, obs):
+        return obs.float()
+
+
+def test_double_dqn_target_uses_online_argmax_and_target_values():
+    online, target = Fixed(), lambda obs: obs.float() * 10
+    b = to_tensors({"obs": np.array([[1.0, 2.0], [0.0, 0.0]], np.float32),
+                    "next_obs": np.array([[3.0, 1.0], [1.0, 5.0]], np.float32),
+                    "action": np.array([1, 0]), "reward": np.array([1.0, 2.0], np.float32),
+                    "done": np.array([False, True]), "discount": np.array([0.5, 0.5], np.float32)}, torch.device("cpu"))
+    y = n_step_target(online, target, b)
+    # row 0: online argmax of next = 0 -> target value 30 -> 1 + 0.5 * 30; row 1: terminal -> reward only
+    assert y.tolist() == [16.0, 2.0]
+    assert td_errors(online, target, b).tolist() == [14.0, 2.0]
+
+
+def test_train_step_fits_a_fixed_batch_and_returns_td():
+    rng = np.random.default_rng(0)
+    cfg = AgentConfig(lr=1e-2, target_update=1000)
+    learner = DQNLearner((4,), 2, cfg, torch.device("cpu"))
+    n = 64
+    batch = {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
+             "reward": rng.standard_normal(n).astype(np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
+             "done": np.ones(n, bool), "discount": np.full(n, 0.97, np.float32)}
+    w = np.ones(n, np.float32)
+    first, td = learner.train_step(batch, w)
+    assert td.shape == (n,) and (td >= 0).all()
+    for _ in range(300):
+        last, _ = learner.train_step(batch, w)
+    assert last < 0.2 * first
+    assert learner.steps == 301
+
+
+def test_acting_policy_loads_broadcast_params():
+    cfg = AgentConfig()
+    learner = DQNLearner((4,), 2, cfg, torch.device("cpu"), seed=1)
+    policy = ActingPolicy((4,), 2, cfg)
+    flat = learner.flat_params()
+    assert flat.dtype == np.float32 and flat.size == policy.n_params == learner.n_params
+    policy.load_flat(flat.copy())
+    obs = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    with torch.no_grad():
+        expected = learner.online(torch.from_numpy(obs)).argmax(1).numpy()
+    np.testing.assert_array_equal(policy.act(obs, 0.0, np.random.default_rng(0)), expected)
+    assert (policy.act(obs, 1.0, np.random.default_rng(0)) >= 0).all()

@@ -1,0 +1,80 @@
+"""Job files: defaults, overrides, and one clear error per kind of bad input."""
+
+import math
+
+import pytest
+
+from mpirl import config
+from mpirl.config import ConfigError
+
+from conftest import JOBS
+
+
+def load(tmp_path, text, *sets):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return config.load(path, sets)[0]
+
+
+def test_shipped_job_loads_and_overrides():
+    cfg, text = config.load(JOBS / "cartpole.toml", ["replay.architecture=baseline", "topology.buffers=2",
+                                                     "agent.hidden=[64, 32]", "run.wall_seconds=5"])
+    assert cfg.replay.architecture == "baseline" and cfg.topology.buffers == 2
+    assert cfg.agent.hidden == [64, 32] and cfg.run.wall_seconds == 5.0
+    assert cfg.run.target_return == 195.0 and "CartPole-v1" in text
+    assert cfg.world_size == 7  # 1 learner + 2 buffers + 2 actors each by default
+
+
+def test_ints_widen_to_floats_but_not_the_reverse(tmp_path):
+    cfg = load(tmp_path, "[run]\ntrain_steps = 10\nwall_seconds = 3\n")
+    assert isinstance(cfg.run.wall_seconds, float)
+    with pytest.raises(ConfigError, match=r"run.train_steps: must be int, got float"):
+        load(tmp_path, "[run]\ntrain_steps = 10.5\n")
+
+
+@pytest.mark.parametrize("text, key, words", [
+    ("[replay]\ncapcity = 3\n", "replay.capcity", "did you mean 'capacity'"),
+    ("[replays]\ncapacity = 3\n", "replays", "did you mean 'replay'"),
+    ("[run]\ntrain_steps = true\n", "run.train_steps", "must be int, got bool"),
+    ("[run]\ntrain_steps = 10\n[replay]\narchitecture = 'edge'\n", "replay.architecture", "'proposed', 'baseline'"),
+    ("[run]\ntrain_steps = 10\n[replay]\nbatch_size = 64\ncapacity = 10\n", "replay.capacity", "at least one batch share"),
+    ("[run]\ntrain_steps = 10\n[topology]\nbuffers = 0\n", "topology.buffers", ">= 1"),
+    ("[run]\ntrain_steps = 10\n[topology]\nbuffers = 3\nactors = 2\n", "topology.actors", "each buffer has an actor"),
+    ("[run]\ntrain_steps = 10\n[agent]\ngamma = 1.5\n", "agent.gamma", "(0, 1]"),
+    ("[run]\ntrain_steps = 10\n[agent]\nhidden = [64, 0]\n", "agent.hidden", "positive layer widths"),
+    ("[run]\ntrain_steps = 10\n[log]\nflush_seconds = 60\n", "log.flush_seconds", "killed job"),
+    ("[run]\nseed = 1\n", "run", "stop condition"),
+    ("[run\n", "", "not valid TOML"),
+])
+def test_bad_values_name_the_key(tmp_path, text, key, words):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, text)
+    assert err.value.key == key
+    assert words in str(err.value)
+
+
+def test_bad_overrides(tmp_path):
+    with pytest.raises(ConfigError, match="section.key=value"):
+        config.load(JOBS / "cartpole.toml", ["replay.architecture"])
+    with pytest.raises(ConfigError, match="replay.capcity: unknown key"):
+        config.load(JOBS / "cartpole.toml", ["replay.capcity=5"])
+    with pytest.raises(ConfigError, match="job file .* not found"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_bare_string_overrides_need_no_quotes():
+    assert config.parse_override("replay.architecture=baseline") == ("replay.architecture", "baseline")
+    assert math.isnan(config.parse_override("run.target_return=nan")[1])
+
+
+def test_world_size_message_gives_the_command_that_works():
+    cfg, _ = config.load(JOBS / "cartpole.toml")
+    config.check_world_size(cfg, 4)
+    config.check_world_size(cfg, 9)  # actors = 0: the rest of the world acts
+    with pytest.raises(ConfigError, match=r"MPI world has 2 rank\(s\); run: mpirl launch -n 4 J.toml"):
+        config.check_world_size(cfg, 2, "J.toml")
+    cfg.topology.actors = 3
+    config.check_world_size(cfg, 5)
+    with pytest.raises(ConfigError, match=r"1 learner \+ 1 buffer\(s\) \+ 3 actor\(s\).*has 4"):
+        config.check_world_size(cfg, 4)
+    assert config.actor_count(cfg, 5) == 3

@@ -1,0 +1,34 @@
+"""Learning actually happens: the default job solves CartPole on 4 ranks within its budget.
+
+Marked ``learning``: it runs in CI (about a minute here) and fails with the
+reason in the message: the stop reason, the returns reached, the budget spent.
+"""
+
+import h5py
+import numpy as np
+import pytest
+
+from mpirl.metrics.summary import summarize
+
+from conftest import run_mpi
+
+ENV_STEP_BUDGET = 200_000
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+@pytest.mark.parametrize("architecture", ["proposed", "baseline"])
+def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
+    job = run_mpi(4, tmp_path, f"replay.architecture={architecture}", f"run.env_steps={ENV_STEP_BUDGET}",
+                  "run.wall_seconds=240", timeout=360)
+    assert job.proc.returncode == 0, job.output
+    s = summarize(job.run_dir)
+    reached = "reached 195" in (s["stop_reason"] or "")
+    assert reached, (f"{architecture}: did not reach mean return 195 over 20 episodes within "
+                     f"{ENV_STEP_BUDGET} env steps / 240 s: stopped by {s['stop_reason']!r}, "
+                     f"last-20 mean {s['episodes']['last20_mean']:.1f}, env steps {s['learner']['env_steps']}")
+    eps = s["episodes"]
+    assert eps["first20_mean"] < 60 < 195 <= s["learner"]["return_mean20"]  # returns rose from random play
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        ret = f["learner/train/return_mean20"][()]
+        assert np.nanmax(ret) >= 195 and np.nanmin(ret) < 60

@@ -1,0 +1,157 @@
+"""Whole jobs under mpiexec: both architectures, two buffers, bad input, a failing rank.
+
+Each test starts mpiexec in a subprocess with a timeout and checks the exit code
+and what the run wrote to HDF5.
+"""
+
+import h5py
+import numpy as np
+import pytest
+
+from mpirl.metrics.summary import summarize
+
+from conftest import run_cli, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+SHORT = ("run.train_steps=600", "run.target_return=nan", "replay.learning_starts=500")
+
+
+def read(run_dir, path):
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        return f[path][()]
+
+
+def check_common(job, n_buffers):
+    assert job.proc.returncode == 0, job.output
+    run_dir = job.run_dir
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed"
+        assert "train_steps 600 reached" in f.attrs["stop_reason"]
+        assert f["job"].attrs["topology.buffers"] == n_buffers
+        train = f["learner/train"]
+        assert train["train_steps"][-1] == 600
+        assert train["samples_trained"][-1] == 600 * 64
+        assert train["bytes_in"][-1] > 0 and train["compute_s"][-1] > 0 and train["comm_s"][-1] > 0
+        assert np.isfinite(train["loss"][()]).any()
+        buffers = [k for k in f if k.startswith("buffer_")]
+        assert len(buffers) == n_buffers
+        for b in buffers:
+            t = f[b]["buffer"]
+            assert t["experiences_in"][-1] > 0 and t["fill"][-1] > 0 and t["bytes_in"][-1] > 0
+            assert f[b]["episodes"]["return"].shape[0] > 0
+            assert set(f[b]["actors"]["actor"][()]) == set(f[b].attrs["actors"])
+    s = summarize(run_dir)
+    assert s["status"] == "completed"
+    return run_dir, s
+
+
+def test_proposed_replay_on_the_buffer(tmp_path):
+    # A small shard so slots are overwritten while their priorities are in flight.
+    job = run_mpi(4, tmp_path, *SHORT, "replay.capacity=600")
+    run_dir, s = check_common(job, 1)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        buf = f["buffer_1/buffer"]
+        # Priorities flowed back: one update per trained sample that came back with a later request.
+        assert buf["priority_updates"][-1] >= (600 - 3) * 64
+        assert buf["stale_updates"][-1] > 0  # overwritten slots were guarded
+        assert buf["fill"][-1] == 600
+        assert buf["consumed"][-1] > 0 and np.isfinite(buf["alpha"][-1])
+        assert buf["bytes_out"][-1] > 600 * 64 * 50  # batches crossed buffer -> learner
+        train = f["learner/train"]
+        assert np.nanmean(train["p_t"][()]) > 0
+        np.testing.assert_allclose(train["p_t"][()], train["p_s"][()], equal_nan=True)  # the batch is what crossed
+    assert 0 < s["learner"]["comm_fraction"] < 1
+
+
+def test_baseline_replay_on_the_learner(tmp_path):
+    job = run_mpi(4, tmp_path, *SHORT, "replay.architecture=baseline", "replay.n_replay=50")
+    run_dir, s = check_common(job, 1)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        buf = f["buffer_1/buffer"]
+        assert buf["priority_updates"][-1] == 0  # priorities stay on the learner
+        # Each refresh ships the whole memory: far more bytes than the batches trained on.
+        assert f["learner/train/bytes_in"][-1] > buf["experiences_in"][-1] * 50
+        assert buf["bytes_out"][-1] == f["learner/train/bytes_in"][-1]
+    assert s["learner"]["bytes_per_sample"] > 0
+
+
+def test_two_buffers_share_the_batch(tmp_path):
+    job = run_mpi(6, tmp_path, *SHORT, "topology.buffers=2")
+    run_dir, s = check_common(job, 2)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        actors = {b: list(f[b].attrs["actors"]) for b in ("buffer_1", "buffer_2")}
+        assert sorted(len(a) for a in actors.values()) == [1, 2]  # 3 actors over 2 buffers
+        for b in actors:
+            # N/R = 32 samples of every batch came from each shard, and their priorities went back there.
+            assert f[b]["buffer/consumed"][-1] >= (600 - 3) * 32
+            assert f[b]["buffer/priority_updates"][-1] >= (600 - 3) * 32
+
+
+def test_world_size_mismatch_exits_2_without_a_run(tmp_path):
+    job = run_mpi(3, tmp_path, *SHORT, "topology.buffers=2", timeout=60)
+    assert job.proc.returncode == 2
+    assert "world size" in job.output and "mpirl launch -n 7" in job.output
+    assert "Traceback" not in job.output
+    assert job.run_dirs == []
+
+
+def test_unknown_env_exits_2(tmp_path):
+    job = run_mpi(4, tmp_path, *SHORT, "env.id=CartPol-v1", timeout=60)
+    assert job.proc.returncode == 2
+    assert "env.id: unknown environment 'CartPol-v1'; did you mean CartPole-v1" in job.output
+    assert job.output.count("mpirl: error") == 1 and job.run_dirs == []
+
+
+def test_bad_key_from_launch_and_validate(tmp_path):
+    for cmd in (("launch", "jobs/cartpole.toml"), ("validate", "jobs/cartpole.toml")):
+        proc = run_cli(*cmd, "--set", "replay.capcity=10", "--set", f'run.out_dir="{tmp_path}"')
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "mpirl: error: replay.capcity: unknown key (did you mean 'capacity'?); [replay] takes architecture, "
+            "capacity, batch_size, alpha, beta, beta_final, beta_steps, learning_starts, n_replay, shares, priority_eps"]
+    assert list(tmp_path.iterdir()) == []
+    proc = run_cli("validate", "jobs/cartpole.toml", "-n", "6", "--set", "topology.buffers=2")
+    assert proc.returncode == 0 and "3 actor(s)" in proc.stdout
+
+
+def test_a_failing_rank_aborts_the_job_instead_of_hanging(tmp_path):
+    job = run_mpi(4, tmp_path, "run.train_steps=100000", "env.id=tests.faulty_env:FaultyCartPole-v0", timeout=120)
+    assert job.proc.returncode != 0
+    assert "injected failure in env.step" in job.output and "rank" in job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] != "completed"
+
+
+def test_files_stay_readable_after_kill_9(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import JOBS, ROOT, mpi_env, mpiexec
+    cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
+           str(JOBS / "cartpole.toml"), "--set", f'run.out_dir="{tmp_path}"', "--set", "run.target_return=nan",
+           "--set", "log.interval=0.2", "--set", "log.flush_seconds=0.5"]
+    proc = subprocess.Popen(cmd, env=mpi_env(), cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, rows = time.time() + 90, 0
+        while time.time() < deadline and rows < 5:
+            time.sleep(0.5)
+            runs = list(tmp_path.glob("*/run.h5"))
+            if runs:
+                learner = summarize(runs[0].parent)["learner"]
+                rows = learner["rows"] if learner else 0
+        assert rows >= 5, "the job wrote no learner rows within 90 s"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # every rank and mpiexec, no goodbye
+        proc.wait(timeout=30)
+    run_dir = next(tmp_path.glob("*/run.h5")).parent
+    s = summarize(run_dir)
+    assert s["status"] == "running" and s["end_time"] is None  # never looks finished
+    assert s["learner"]["rows"] >= 5 and s["buffers"][0]["experiences_in"] > 0
+    assert all(v == "ok" for v in s["files"].values()), s["files"]
+    info = run_cli("info", str(run_dir))
+    assert info.returncode == 0 and "running" in info.stdout

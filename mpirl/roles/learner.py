@@ -81,7 +81,10 @@ class Learner:
         self.last_steps, self.last_t = 0, time.perf_counter()
 
     # -- bookkeeping shared by both architectures -------------------------------
-    def note_reply(self, b: int, link: BufferLink, buf: np.ndarray) -> None:
+    def take_reply(self, b: int, link: BufferLink) -> dict[str, np.ndarray]:
+        """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
+        buf, nbytes = link.take()
+        self.bytes_in += nbytes
         lay = link.reply
         self.env_steps[b] = int(lay.get(buf, "env_steps"))
         self.sizes[b] = int(lay.get(buf, "shard_size"))
@@ -89,6 +92,7 @@ class Learner:
         if k:
             self.returns.extend(lay.get(buf, "ep_return")[:k].tolist())
             self.episodes += k
+        return lay.views(buf)
 
     def should_stop(self) -> bool:
         r = self.cfg.run
@@ -169,12 +173,7 @@ class Learner:
                 self.clock.comm += time.perf_counter() - t
                 continue
             backoff.reset()
-            views = []
-            for b, link in enumerate(self.links):
-                buf, nbytes = link.take()
-                self.bytes_in += nbytes
-                self.note_reply(b, link, buf)
-                views.append(link.reply.views(buf))
+            views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
             td = self.train_on(views)
             start = 0
             for b, link in enumerate(self.links):
@@ -227,10 +226,7 @@ class Learner:
         local.clear()
         priorities = []
         for b, link in enumerate(self.links):
-            buf, nbytes = link.take()
-            self.bytes_in += nbytes
-            self.note_reply(b, link, buf)
-            v = link.reply.views(buf)
+            v = self.take_reply(b, link)
             prio = v.pop("priority")
             if len(prio):
                 local.add(v, prio)

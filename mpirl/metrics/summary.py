@@ -134,6 +134,11 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
     return [latest[a] for a in sorted(latest)]
 
 
+def _actor_count(world_size, buffers: int, actors: list) -> int:
+    """Every rank after the learner and the buffers is an actor; else count the actors seen."""
+    return int(world_size) - 1 - int(buffers) if world_size else len(actors)
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     """A summary of the run in ``run_dir`` as plain Python values (see module doc)."""
     data = load_run(run_dir)
@@ -156,7 +161,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     times = [b["time_s"] for b in buffers] + [_last(train, "time")]
     actors = _actors(bufs)
     n_buf = job.get("topology.buffers", len(bufs))
-    per = job.get("topology.actors_per_buffer")
     return {
         "run_dir": str(run_dir), "status": attrs.get("status", "unknown"),
         "stop_reason": attrs.get("stop_reason"), "start_time": attrs.get("start_time"),
@@ -166,7 +170,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "architecture": job.get("replay.architecture",
                                 buffers[0]["architecture"] if buffers else None),
         "roles": {"learner": 1, "buffers": n_buf,
-                  "actors": n_buf * per if per is not None else len(actors)},
+                  "actors": _actor_count(prov.get("world_size"), n_buf, actors)},
         "job": job, "provenance": prov, "notes": notes,
         "files": {RUN_FILE: run["note"], **{f"{n}.h5": e["note"] for n, e in files.items()}},
         "learner": _learner(train) if len(train.get("time", ())) else None,

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from mpirl.agents.dqn import DQNLearner, pick_device
-from mpirl.comm.backoff import Backoff
+from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_REPLY, TAG_REQUEST, batch_shares, dump_layout,
                                  request_layout, sample_layout)
 from mpirl.comm.params import ParamBroadcast
@@ -36,13 +37,22 @@ F8, I8 = np.float64, np.int64
 
 
 class Clock:
-    """Seconds spent computing vs communicating (including waiting for messages)."""
+    """Seconds spent computing vs communicating (sending, receiving, waiting for messages)."""
 
     def __init__(self):
         self.compute = self.comm = 0.0
 
-    def add(self, seconds: float) -> None:  # waits report here (see comm.backoff.wait_until)
-        self.comm += seconds
+    @contextmanager
+    def computing(self):
+        t = time.perf_counter()
+        yield
+        self.compute += time.perf_counter() - t
+
+    @contextmanager
+    def communicating(self):
+        t = time.perf_counter()
+        yield
+        self.comm += time.perf_counter() - t
 
 
 class Learner:
@@ -108,23 +118,23 @@ class Learner:
         return bool(self.stop_reason)
 
     def publish(self, stop: bool = False) -> None:
-        t = time.perf_counter()
-        self.version += 1
-        self.params.publish(self.version, self.agent.flat_params(), stop=stop, timer=self.clock)
-        self.clock.comm += time.perf_counter() - t
+        with self.clock.communicating():
+            self.version += 1
+            self.params.publish(self.version, self.agent.flat_params(), stop=stop)
+
+    def publish_due(self) -> None:
+        if self.agent.steps % self.cfg.comm.n_update == 0:
+            self.publish()
 
     def train(self, batch: dict, probs: np.ndarray, n_total: int, sampled_priority: np.ndarray) -> np.ndarray:
-        t = time.perf_counter()
+        """One train step (callers account its time as compute); returns the new |TD|."""
         beta = linear_schedule(self.cfg.replay.beta, self.cfg.replay.beta_final, self.agent.steps,
                                self.cfg.replay.beta_steps)
         weights = importance_weights(probs, n_total, beta)
         loss, td = self.agent.train_step(batch, weights)
-        self.clock.compute += time.perf_counter() - t
         self.acc["loss"].append(loss)
         self.acc["p_s"].append(float(sampled_priority.mean()))
         self.acc["td_abs"].append(float(td.mean()))
-        if self.agent.steps % self.cfg.comm.n_update == 0:
-            self.publish()
         return td
 
     def log(self, force: bool = False) -> None:
@@ -161,30 +171,40 @@ class Learner:
         return self.stop_reason
 
     def run_proposed(self) -> None:
-        for _ in range(self.cfg.comm.prefetch + 1):
-            for b, link in enumerate(self.links):
-                link.request(SAMPLE, self.shares[b], consumed=0)
+        clock = self.clock
+        with clock.communicating():
+            for _ in range(self.cfg.comm.prefetch + 1):
+                for b, link in enumerate(self.links):
+                    link.request(SAMPLE, self.shares[b], consumed=0)
         backoff = Backoff()
         while not self.should_stop():
             if not all(link.ready() for link in self.links):
                 self.log()
-                t = time.perf_counter()
-                backoff.sleep()
-                self.clock.comm += time.perf_counter() - t
+                with clock.communicating():
+                    backoff.sleep()
                 continue
             backoff.reset()
-            views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
-            td = self.train_on(views)
-            start = 0
-            for b, link in enumerate(self.links):
-                v, rows = views[b], len(views[b]["ids"])
-                link.release()
-                link.request(SAMPLE, self.shares[b], consumed=self.agent.steps * self.shares[b],
-                             ids=v["ids"], versions=v["versions"], priority=td[start:start + rows])
-                start += rows
+            with clock.communicating():
+                views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
+            with clock.computing():
+                td = self.train_on(views)
+            with clock.communicating():
+                start = 0
+                for b, link in enumerate(self.links):
+                    v, rows = views[b], len(views[b]["ids"])
+                    link.release()
+                    link.request(SAMPLE, self.shares[b], consumed=self.agent.steps * self.shares[b],
+                                 ids=v["ids"], versions=v["versions"], priority=td[start:start + rows])
+                    start += rows
+            self.publish_due()
             self.log()
 
     def train_on(self, views: list[dict]) -> np.ndarray:
+        """Assemble one batch from every buffer's share and train on it.
+
+        A sample from buffer b was drawn with probability share_b / N * p_i / total_b;
+        importance weights use that and the total size over all shards.
+        """
         spec = self.ctx.spec
         n = self.cfg.replay.batch_size
         probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
@@ -197,7 +217,7 @@ class Learner:
         return self.train(batch, probs, sum(self.sizes), prio)
 
     def run_baseline(self) -> None:
-        cfg = self.cfg
+        cfg, clock = self.cfg, self.clock
         total = cfg.replay.capacity * len(self.links)
         local = PrioritizedShard(self.ctx.spec, total, cfg.replay.alpha, cfg.replay.priority_eps)
         batch = {name: np.zeros((cfg.replay.batch_size, *shape), dtype) for name, (shape, dtype) in self.ctx.spec.items()}
@@ -207,34 +227,37 @@ class Learner:
                 self.refresh(local)
                 if local.size < max(cfg.replay.learning_starts, 1):
                     self.log()
-                    backoff.sleep()
+                    with clock.communicating():  # waiting for experiences
+                        backoff.sleep()
                     continue
-            s = local.sample(cfg.replay.batch_size, self.rng, out=batch)
-            td = self.train(batch, s.probs, local.size, s.priorities)
-            local.update_priorities(s.ids, s.versions, td)
+            with clock.computing():
+                s = local.sample(cfg.replay.batch_size, self.rng, out=batch)
+                td = self.train(batch, s.probs, local.size, s.priorities)
+                local.update_priorities(s.ids, s.versions, td)
+            self.publish_due()
             self.log()
 
     def refresh(self, local: PrioritizedShard) -> None:
-        """Replace the local replay with every buffer's latest experiences (baseline)."""
-        t = time.perf_counter()
+        """Replace the local replay with every buffer's latest experiences (baseline).
+
+        The transfer counts as communication, rebuilding the local memory as compute.
+        """
         consumed = self.agent.steps * self.cfg.replay.batch_size
-        for b, link in enumerate(self.links):
-            link.request(DUMP, 0, consumed=consumed * self.shares[b] // self.cfg.replay.batch_size)
-        backoff = Backoff()
-        while not all(link.ready() for link in self.links):
-            backoff.sleep()
-        local.clear()
-        priorities = []
-        for b, link in enumerate(self.links):
-            v = self.take_reply(b, link)
-            prio = v.pop("priority")
-            if len(prio):
-                local.add(v, prio)
-                priorities.append(prio)
+        with self.clock.communicating():
+            for b, link in enumerate(self.links):
+                link.request(DUMP, 0, consumed=consumed * self.shares[b] // self.cfg.replay.batch_size)
+            wait_until(lambda: all(link.ready() for link in self.links))
+            dumps = [self.take_reply(b, link) for b, link in enumerate(self.links)]
+        with self.clock.computing():
+            local.clear()
+            priorities = [v.pop("priority") for v in dumps]
+            for v, prio in zip(dumps, priorities):
+                if len(prio):
+                    local.add(v, prio)
+            if local.size:
+                self.acc["p_t"].append(float(np.concatenate(priorities).mean()))
+        for link in self.links:
             link.release()
-        if priorities:
-            self.acc["p_t"].append(float(np.concatenate(priorities).mean()))
-        self.clock.comm += time.perf_counter() - t
 
     def shutdown(self) -> None:
         """Last broadcast with the stop flag, goodbye to the buffers, drain every reply."""

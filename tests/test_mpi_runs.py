@@ -155,3 +155,31 @@ def test_files_stay_readable_after_kill_9(tmp_path):
     assert all(v == "ok" for v in s["files"].values()), s["files"]
     info = run_cli("info", str(run_dir))
     assert info.returncode == 0 and "running" in info.stdout
+
+
+def test_cuda_requested_without_a_gpu_exits_2(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    job = run_mpi(4, tmp_path, *SHORT, "agent.device=cuda", timeout=60)
+    assert job.proc.returncode == 2, job.output
+    assert job.output.count("mpirl: error: agent.device: 'cuda' but the learner's node") == 1
+    assert job.run_dirs == []
+
+
+def test_several_envs_per_actor(tmp_path):
+    job = run_mpi(4, tmp_path, *SHORT, "env.envs_per_actor=3")
+    run_dir, s = check_common(job, 1)
+    assert s["episodes"]["count"] > 0 and s["learner"]["env_steps"] > 0
+
+
+def test_bad_command_lines_exit_2(tmp_path):
+    cases = [(("lauch", "jobs/cartpole.toml"), "invalid choice: 'lauch'"),
+             (("validate", "jobs/cartpole.toml", "--set", "replay.architecture"), "section.key=value"),
+             (("validate", "jobs/nope.toml"), "job file 'jobs/nope.toml' not found"),
+             (("validate", "jobs/cartpole.toml", "-n", "2"), "world size"),
+             (("info", str(tmp_path)), "no run.h5 here")]
+    for args, words in cases:
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr

@@ -71,6 +71,19 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     }
 
 
+def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig) -> None:
+    """Checks whose answer depends on the rank's node; every rank learns the first failure."""
+    problem = None
+    if world.rank == 0 and cfg.agent.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            problem = ("agent.device", f"'cuda' but the learner's node ({MPI.Get_processor_name()}) has no usable "
+                       "CUDA device; use 'auto' (CUDA when present) or 'cpu'")
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        raise ConfigError(*problems[0])
+
+
 def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
     """Rank 0 makes the directory; everyone gets its path or the same error."""
     result = None
@@ -90,6 +103,7 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
 def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False) -> int:
     world = MPI.COMM_WORLD
     obs_shape, obs_dtype, n_actions = check_job(cfg, world.size, job_path)
+    _agree_on_local_checks(world, cfg)
     t0 = world.bcast(time.time())
     run_dir = _shared_run_dir(world, cfg)
     topo = build(world, cfg.topology.buffers, cfg.topology.node_local)

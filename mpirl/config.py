@@ -99,6 +99,17 @@ class ReplayConfig:
 
 
 @dataclass
+class LinkConfig:
+    """Emulated long-haul link on the buffer <-> learner path (both directions, every message).
+
+    A message of B bytes leaves when the link is free, occupies it for
+    B / bandwidth, and arrives ``latency_ms`` later. 0 disables either part.
+    """
+    bandwidth_gbps: float = 0.0
+    latency_ms: float = 0.0
+
+
+@dataclass
 class CommConfig:
     # Experiences per actor -> buffer message.
     send_batch: int = 50
@@ -110,6 +121,7 @@ class CommConfig:
     n_update: int = 16
     # Batch requests in flight while the learner trains (proposed).
     prefetch: int = 2
+    link: LinkConfig = field(default_factory=LinkConfig)
 
 
 @dataclass
@@ -135,12 +147,15 @@ class JobConfig:
         return 1 + t.buffers + (t.actors or 2 * t.buffers)
 
     def flat(self) -> dict:
-        """``{"section.key": value}`` for provenance and HDF5 attributes."""
-        out = {}
-        for sec in dataclasses.fields(self):
-            for f in dataclasses.fields(getattr(self, sec.name)):
-                out[f"{sec.name}.{f.name}"] = getattr(getattr(self, sec.name), f.name)
-        return out
+        """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes."""
+        def walk(obj, prefix):
+            for f in dataclasses.fields(obj):
+                value = getattr(obj, f.name)
+                if dataclasses.is_dataclass(value):
+                    yield from walk(value, f"{prefix}{f.name}.")
+                else:
+                    yield f"{prefix}{f.name}", value
+        return dict(walk(self, ""))
 
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
@@ -169,23 +184,27 @@ def _coerce(key: str, value, kind):
     return value
 
 
+def _fill(obj, body: dict, prefix: str) -> None:
+    """Set the fields of dataclass ``obj`` from ``body``; nested tables fill nested dataclasses."""
+    types = typing.get_type_hints(type(obj))
+    for key, value in body.items():
+        full = f"{prefix}.{key}" if prefix else key
+        if key not in types:
+            where = f"[{prefix}] takes" if prefix else "sections are"
+            raise ConfigError(full, f"unknown {'key' if prefix else 'section'}{_close(key, types)}; "
+                              f"{where} {', '.join(types)}")
+        if dataclasses.is_dataclass(types[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(full, f"must be a table [{full}]")
+            _fill(getattr(obj, key), value, full)
+        else:
+            setattr(obj, key, _coerce(full, value, types[key]))
+
+
 def from_dict(data: dict) -> JobConfig:
     """Build a JobConfig from nested dicts (a parsed TOML), checking every key."""
     cfg = JobConfig()
-    for sec_name, body in data.items():
-        if sec_name not in _SECTIONS:
-            raise ConfigError(sec_name, f"unknown section{_close(sec_name, _SECTIONS)}; "
-                              f"sections are {', '.join(_SECTIONS)}")
-        if not isinstance(body, dict):
-            raise ConfigError(sec_name, f"must be a table [{sec_name}]")
-        section = getattr(cfg, sec_name)
-        types = typing.get_type_hints(type(section))
-        for key, value in body.items():
-            full = f"{sec_name}.{key}"
-            if key not in types:
-                raise ConfigError(full, f"unknown key{_close(key, types)}; "
-                                  f"[{sec_name}] takes {', '.join(types)}")
-            setattr(section, key, _coerce(full, value, types[key]))
+    _fill(cfg, data, "")
     validate(cfg)
     return cfg
 
@@ -195,8 +214,8 @@ def parse_override(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise ConfigError(text, "an override is section.key=value, e.g. replay.architecture=baseline")
     key, raw = (s.strip() for s in text.split("=", 1))
-    if key.count(".") != 1:
-        raise ConfigError(key, "an override key is section.key, e.g. topology.buffers")
+    if key.count(".") < 1 or not all(key.split(".")):
+        raise ConfigError(key, "an override key is section.key, e.g. topology.buffers or comm.link.latency_ms")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -216,11 +235,13 @@ def load(path: str | Path, overrides: typing.Sequence[str] = ()) -> tuple[JobCon
         raise ConfigError("", f"{path}: not valid TOML ({err})") from None
     for item in overrides:
         key, value = parse_override(item)
-        sec, name = key.split(".")
-        data.setdefault(sec, {})
-        if not isinstance(data[sec], dict):
-            raise ConfigError(sec, f"must be a table [{sec}]")
-        data[sec][name] = value
+        *tables, name = key.split(".")
+        table = data
+        for depth, sec in enumerate(tables):
+            table = table.setdefault(sec, {})
+            if not isinstance(table, dict):
+                raise ConfigError(".".join(tables[:depth + 1]), f"must be a table [{'.'.join(tables[:depth + 1])}]")
+        table[name] = value
     return from_dict(data), text
 
 
@@ -275,6 +296,8 @@ def validate(cfg: JobConfig) -> None:
     _need(c.recv_depth >= 1, "comm.recv_depth", f"must be >= 1, got {c.recv_depth}")
     _need(c.n_update >= 1, "comm.n_update", f"must be >= 1, got {c.n_update}")
     _need(c.prefetch >= 0, "comm.prefetch", f"must be >= 0, got {c.prefetch}")
+    _need(c.link.bandwidth_gbps >= 0, "comm.link.bandwidth_gbps", "must be >= 0 (0: unlimited)")
+    _need(c.link.latency_ms >= 0, "comm.link.latency_ms", "must be >= 0 (0: none)")
     _need(lg.interval > 0, "log.interval", f"must be > 0 seconds, got {lg.interval}")
     _need(0 < lg.flush_seconds <= 10, "log.flush_seconds",
           f"must be in (0, 10] so a killed job leaves recent data, got {lg.flush_seconds}")

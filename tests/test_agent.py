@@ -63,3 +63,17 @@ def test_acting_policy_loads_broadcast_params():
         expected = learner.online(torch.from_numpy(obs)).argmax(1).numpy()
     np.testing.assert_array_equal(policy.act(obs, 0.0, np.random.default_rng(0)), expected)
     assert (policy.act(obs, 1.0, np.random.default_rng(0)) >= 0).all()
+
+
+def test_nature_cnn_on_frame_stacks():
+    from mpirl.agents.networks import NatureCNN, build_network
+
+    net = build_network((4, 84, 84), 4, [512])
+    assert isinstance(net, NatureCNN)
+    frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    q = net(frames)
+    assert q.shape == (3, 4) and q.dtype == torch.float32
+    n_params = sum(p.numel() for p in net.parameters())
+    assert 3.1e6 < n_params < 3.4e6  # Nature DQN torso + 512-wide dueling streams: 3,292,837
+    # Pixels are scaled inside: uint8 frames and their float values give the same Q.
+    torch.testing.assert_close(net(frames.float()), q)

@@ -183,3 +183,16 @@ def test_bad_command_lines_exit_2(tmp_path):
         proc = run_cli(*args)
         assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_long_haul_link_delays_every_batch(tmp_path):
+    # prefetch 0: every batch is one request/reply round trip over a 10 ms (one-way) link.
+    # One-sided check: noise can only make a run slower than the emulated physics, never faster.
+    job = run_mpi(4, tmp_path, "run.train_steps=100", "run.target_return=nan", "replay.learning_starts=200",
+                  "comm.prefetch=0", "comm.link.latency_ms=10", "comm.link.bandwidth_gbps=1")
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        t = f["learner/train"]
+        assert t["train_steps"][-1] == 100
+        assert t["comm_s"][-1] >= 100 * 0.020  # at least one 20 ms round trip per batch
+        assert f["job"].attrs["comm.link.latency_ms"] == 10.0

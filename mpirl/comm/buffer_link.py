@@ -15,15 +15,17 @@ from mpi4py import MPI
 
 from mpirl.comm.backoff import wait_until
 from mpirl.comm.layout import Layout
+from mpirl.comm.link import LinkShaper
 from mpirl.comm.messages import BYE, TAG_REPLY, TAG_REQUEST
 from mpirl.comm.pools import SendRing
 
 
 class BufferLink:
-    def __init__(self, comm: MPI.Comm, dest: int, request: Layout, reply: Layout, depth: int):
+    def __init__(self, comm: MPI.Comm, dest: int, request: Layout, reply: Layout, depth: int,
+                 shaper: LinkShaper | None = None):
         self.comm, self.dest = comm, dest
         self.req, self.reply = request, reply
-        self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1)
+        self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1, shaper=shaper)
         self.buffers = [reply.buffer() for _ in range(depth)]
         self.free = list(range(depth))
         # [slot, request, bytes received or None] in the order the requests were sent
@@ -55,6 +57,11 @@ class BufferLink:
             head[2] = self.status.Get_count(MPI.BYTE)
         return head[2] is not None
 
+    def progress(self) -> bool:
+        """Release held requests (emulated link), then ``ready()``."""
+        self.sends.pump()
+        return self.ready()
+
     def take(self) -> tuple[np.ndarray, int]:
         """The oldest reply (after ``ready()``): its buffer and size. Hold it until ``release()``."""
         slot, _, nbytes = self.outstanding.popleft()
@@ -69,7 +76,7 @@ class BufferLink:
     def close(self) -> None:
         """Wait (polling) for every outstanding reply and request to complete."""
         while self.outstanding:
-            wait_until(self.ready)
+            wait_until(self.progress)
             self.take()
             self.release()
         self.sends.close()

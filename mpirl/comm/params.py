@@ -6,14 +6,20 @@ member keeps exactly one ``Ibcast`` posted and re-posts it after each arrival,
 so all members join every broadcast in the same order. The broadcast that
 carries ``stop=1`` is the last one on the communicator: nobody re-posts after
 it, so shutdown never leaves a rank waiting in a collective.
+
+With a link shaper the root holds each broadcast until its emulated arrival
+time (``pump()`` starts it), so parameters pay the long-haul link too.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 from mpirl.comm.backoff import wait_until
+from mpirl.comm.link import LinkShaper
 
 HEADER_BYTES = 16
 
@@ -21,8 +27,10 @@ HEADER_BYTES = 16
 class ParamBroadcast:
     """Broadcast of ``n_params`` float32 values over ``comm`` from rank ``root``."""
 
-    def __init__(self, comm: MPI.Comm, n_params: int, root: int = 0):
+    def __init__(self, comm: MPI.Comm, n_params: int, root: int = 0, shaper: LinkShaper | None = None):
         self.comm, self.root = comm, root
+        self.shaper = shaper
+        self.release_at: float | None = None  # a shaped broadcast waiting for its arrival time
         self.buf = np.zeros(HEADER_BYTES + 4 * n_params, dtype=np.uint8)
         self.header = self.buf[:HEADER_BYTES].view(np.int64)
         self.params = self.buf[HEADER_BYTES:].view(np.float32)
@@ -47,10 +55,19 @@ class ParamBroadcast:
         self.request = self.comm.Ibcast([self.buf, MPI.BYTE], root=self.root)
 
     def done(self) -> bool:
-        """True when no broadcast is in flight (the buffer may be read or rewritten)."""
+        """True when no broadcast is held or in flight (the buffer may be read or rewritten)."""
+        if self.pump():
+            return False
         if self.request == MPI.REQUEST_NULL:
             return True
         return self.request.Test()
+
+    def pump(self) -> bool:
+        """Start a held broadcast whose emulated arrival time has come; True while one is held."""
+        if self.release_at is not None and time.perf_counter() >= self.release_at:
+            self.release_at = None
+            self._start()
+        return self.release_at is not None
 
     # -- root side -------------------------------------------------------------
     def publish(self, version: int, params: np.ndarray | None, stop: bool = False, timer=None) -> None:
@@ -60,7 +77,11 @@ class ParamBroadcast:
         self.header[:] = (version, int(stop))
         if params is not None:
             self.params[:] = params
-        self._start()
+        if self.shaper is None:
+            self._start()
+        else:
+            self.release_at = self.shaper.release_time(self.buf.nbytes)
+            self.pump()
         self.broadcasts += 1
         self.closed = stop
 

@@ -1,7 +1,9 @@
 """Preallocated send rings and pre-posted receive pools (buffer-based MPI only).
 
 A :class:`SendRing` owns a few byte buffers for one destination; a buffer is
-handed out again only after ``Test`` says its ``Isend`` completed. A
+handed out again only after ``Test`` says its ``Isend`` completed. With a
+:class:`~mpirl.comm.link.LinkShaper` the ring holds each message until its
+emulated arrival time; the owner calls ``pump()`` in its loop to release them. A
 :class:`RecvPool` keeps ``depth`` receives posted per source; the owner handles
 a completed buffer and then reposts it. Both count bytes, and both complete or
 cancel every request in ``close()``.
@@ -9,28 +11,37 @@ cancel every request in ``close()``.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 import numpy as np
 from mpi4py import MPI
 
 from mpirl.comm.backoff import wait_until
+from mpirl.comm.link import LinkShaper
 
 
 class SendRing:
     """``size`` send buffers of ``nbytes`` for messages to ``dest`` on ``comm`` with ``tag``."""
 
-    def __init__(self, comm: MPI.Comm, dest: int, tag: int, nbytes: int, size: int):
+    def __init__(self, comm: MPI.Comm, dest: int, tag: int, nbytes: int, size: int,
+                 shaper: LinkShaper | None = None):
         self.comm, self.dest, self.tag = comm, dest, tag
         self.buffers = [np.zeros(nbytes, dtype=np.uint8) for _ in range(size)]
         self.requests = [MPI.REQUEST_NULL] * size
+        self.shaper = shaper
+        self.held: deque = deque()  # (release time, slot, nbytes) waiting for the emulated link
+        self.busy = [False] * size
         self.bytes_sent = 0
         self.messages = 0
         self.wait_seconds = 0.0
         self._next = 0
 
     def _free_slot(self) -> int | None:
+        self.pump()
         for k in range(len(self.buffers)):
             i = (self._next + k) % len(self.buffers)
-            if self.requests[i] == MPI.REQUEST_NULL or self.requests[i].Test():
+            if not self.busy[i] and (self.requests[i] == MPI.REQUEST_NULL or self.requests[i].Test()):
                 self.requests[i] = MPI.REQUEST_NULL
                 return i
         return None
@@ -48,18 +59,36 @@ class SendRing:
         self.wait_seconds += seconds
 
     def send(self, slot: int, nbytes: int) -> None:
-        """Start sending the first ``nbytes`` of buffer ``slot``; it stays untouched until done."""
-        self.requests[slot] = self.comm.Isend([self.buffers[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+        """Send the first ``nbytes`` of buffer ``slot`` (now, or when the emulated link delivers it).
+
+        The buffer stays untouched until the send has completed.
+        """
         self.bytes_sent += nbytes
         self.messages += 1
         self._next = (slot + 1) % len(self.buffers)
+        if self.shaper is None:
+            self._isend(slot, nbytes)
+        else:
+            self.busy[slot] = True
+            self.held.append((self.shaper.release_time(nbytes), slot, nbytes))
+            self.pump()
 
-    def pending(self) -> int:
-        return sum(r != MPI.REQUEST_NULL and not r.Test() for r in self.requests)
+    def _isend(self, slot: int, nbytes: int) -> None:
+        self.requests[slot] = self.comm.Isend([self.buffers[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+
+    def pump(self) -> bool:
+        """Start the held sends whose emulated arrival time has come; True if any is still held."""
+        if self.held:
+            now = time.perf_counter()
+            while self.held and self.held[0][0] <= now:
+                _, slot, nbytes = self.held.popleft()
+                self.busy[slot] = False
+                self._isend(slot, nbytes)
+        return bool(self.held)
 
     def close(self) -> None:
-        """Wait (polling) until every send has completed."""
-        wait_until(lambda: all(r == MPI.REQUEST_NULL or r.Test() for r in self.requests))
+        """Wait (polling) until every held message is sent and every send has completed."""
+        wait_until(lambda: not self.pump() and all(r == MPI.REQUEST_NULL or r.Test() for r in self.requests))
         self.requests = [MPI.REQUEST_NULL] * len(self.buffers)
 
 

@@ -39,15 +39,27 @@ def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
     return env
 
 
+def spaces_of(env: gym.Env, env_id: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(observation shape, observation dtype, number of actions) of a built env, validated for DQN."""
+    obs, act = env.observation_space, env.action_space
+    if not isinstance(act, gym.spaces.Discrete):
+        raise ConfigError("env.id", f"{env_id!r} has action space {act}; DQN needs a Discrete one")
+    if not isinstance(obs, gym.spaces.Box):
+        raise ConfigError("env.id", f"{env_id!r} has observation space {obs}; mpirl needs a Box")
+    return tuple(obs.shape), np.dtype(obs.dtype), int(act.n)
+
+
 def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(observation shape, observation dtype, number of actions); validates the env for DQN."""
+    """(observation shape, observation dtype, number of actions); validates the env for DQN.
+
+    ``"ALE/..."`` ids are Atari games run by ``mpirl.envs.vector.AtariVector``: delegated there.
+    """
+    if cfg.id.startswith("ALE/"):
+        from mpirl.envs.vector import vector_spaces  # vector.py imports this module
+
+        return vector_spaces(cfg)
     env = make_env(cfg)
     try:
-        obs, act = env.observation_space, env.action_space
-        if not isinstance(act, gym.spaces.Discrete):
-            raise ConfigError("env.id", f"{cfg.id!r} has action space {act}; DQN needs a Discrete one")
-        if not isinstance(obs, gym.spaces.Box):
-            raise ConfigError("env.id", f"{cfg.id!r} has observation space {obs}; mpirl needs a Box")
-        return tuple(obs.shape), np.dtype(obs.dtype), int(act.n)
+        return spaces_of(env, cfg.id)
     finally:
         env.close()

@@ -22,6 +22,7 @@ from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY,
                                  TAG_REQUEST, batch_shares, dump_layout, experience_layout,
                                  request_layout, sample_layout)
+from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
@@ -50,7 +51,7 @@ class Buffer:
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
         self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1)
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
-                                cfg.comm.prefetch + 1 if self.proposed else 1)
+                                cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link))
         if self.proposed:
             self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps)
         else:  # the actors' priorities are stored as one more field and shipped with the records
@@ -157,6 +158,7 @@ class Buffer:
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""
         progress = False
+        self.replies.pump()
         for slot, _, buf, _ in self.exp_pool.poll():
             progress = True
             if self.on_experience(buf):

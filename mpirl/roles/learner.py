@@ -26,6 +26,7 @@ from mpirl.agents.dqn import DQNLearner, pick_device
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_REPLY, TAG_REQUEST, batch_shares, dump_layout,
                                  request_layout, sample_layout)
+from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
 from mpirl.metrics.writer import MetricsFile
@@ -62,7 +63,7 @@ class Learner:
         torch.set_num_threads(cfg.agent.torch_threads)
         self.agent = DQNLearner(ctx.obs_shape, ctx.n_actions, cfg.agent, pick_device(cfg.agent.device),
                                 seed=cfg.run.seed)
-        self.params = ParamBroadcast(topo.learner_params, self.agent.n_params)
+        self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
         self.shares = batch_shares(cfg.replay.batch_size, len(topo.buffers))
         self.clock = Clock()
         self.rng = np.random.default_rng(ctx.seed())
@@ -103,6 +104,17 @@ class Learner:
             self.returns.extend(lay.get(buf, "ep_return")[:k].tolist())
             self.episodes += k
         return lay.views(buf)
+
+    def pump(self) -> None:
+        """Release messages held by the emulated long-haul link whose time has come."""
+        for link in self.links:
+            link.sends.pump()
+        self.params.pump()
+
+    def replies_ready(self) -> bool:
+        """Pump the emulated link; True when every buffer's oldest reply has arrived."""
+        self.params.pump()
+        return all([link.progress() for link in self.links])
 
     def should_stop(self) -> bool:
         r = self.cfg.run
@@ -163,7 +175,8 @@ class Learner:
         reply_layouts = [sample_layout(spec, s) if proposed else dump_layout(spec, self.cfg.replay.capacity)
                          for s in self.shares]
         depth = self.cfg.comm.prefetch + 1 if proposed else 1
-        self.links = [BufferLink(topo.learner, b + 1, request_layout(s), reply_layouts[b], depth)
+        self.links = [BufferLink(topo.learner, b + 1, request_layout(s), reply_layouts[b], depth,
+                                 shaper=shaper_for(self.cfg.comm.link))
                       for b, s in enumerate(self.shares)]
         self.publish()  # version 1: every actor starts from the learner's initial weights
         (self.run_proposed if proposed else self.run_baseline)()
@@ -178,14 +191,16 @@ class Learner:
                     link.request(SAMPLE, self.shares[b], consumed=0)
         backoff = Backoff()
         while not self.should_stop():
-            if not all(link.ready() for link in self.links):
-                self.log()
-                with clock.communicating():
+            with clock.communicating():  # polling, sleeping and taking the replies: all waiting on the link
+                ready = self.replies_ready()
+                if ready:
+                    views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
+                else:
+                    self.log()
                     backoff.sleep()
+            if not ready:
                 continue
             backoff.reset()
-            with clock.communicating():
-                views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
             with clock.computing():
                 td = self.train_on(views)
             with clock.communicating():
@@ -223,6 +238,7 @@ class Learner:
         batch = {name: np.zeros((cfg.replay.batch_size, *shape), dtype) for name, (shape, dtype) in self.ctx.spec.items()}
         backoff = Backoff(first=1e-3, longest=50e-3)
         while not self.should_stop():
+            self.pump()
             if self.agent.steps % cfg.replay.n_replay == 0 or local.size < cfg.replay.learning_starts:
                 self.refresh(local)
                 if local.size < max(cfg.replay.learning_starts, 1):
@@ -246,7 +262,7 @@ class Learner:
         with self.clock.communicating():
             for b, link in enumerate(self.links):
                 link.request(DUMP, 0, consumed=consumed * self.shares[b] // self.cfg.replay.batch_size)
-            wait_until(lambda: all(link.ready() for link in self.links))
+            wait_until(self.replies_ready)
             dumps = [self.take_reply(b, link) for b, link in enumerate(self.links)]
         with self.clock.computing():
             local.clear()

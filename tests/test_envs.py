@@ -1,0 +1,204 @@
+"""Vector environments (no MPI): shapes, same-step autoreset, fresh arrays, Atari ids."""
+
+import time
+
+import numpy as np
+import pytest
+
+from mpirl.config import ConfigError, EnvConfig
+from mpirl.envs.factory import env_spaces
+from mpirl.envs.vector import AtariVector, GymVector, StepResult, ale_game, make_vector, vector_spaces
+
+try:
+    import ale_py  # noqa: F401
+    HAVE_ALE = True
+except ImportError:
+    HAVE_ALE = False
+needs_ale = pytest.mark.skipif(not HAVE_ALE, reason="ale-py is not installed (pip install 'mpirl[atari]')")
+
+
+def run_until_episode_end(vec, rng, max_steps):
+    """Random actions until some env's episode ends; returns (obs before, result, steps)."""
+    obs = vec.reset(seed=0)
+    for step in range(1, max_steps + 1):
+        res = vec.step(rng.integers(vec.n_actions, size=vec.num_envs))
+        if (res.terminated | res.truncated).any():
+            return obs, res, step
+        obs = res.obs
+    pytest.fail(f"no episode ended within {max_steps} steps")
+
+
+def check_step_result(vec, res: StepResult):
+    k = vec.num_envs
+    assert isinstance(res, StepResult)
+    assert res.obs.shape == res.final_obs.shape == (k, *vec.obs_shape)
+    assert res.obs.dtype == res.final_obs.dtype == vec.obs_dtype
+    assert res.reward.shape == res.terminated.shape == res.truncated.shape == (k,)
+    assert res.reward.dtype == np.float32
+    assert res.terminated.dtype == res.truncated.dtype == np.bool_
+
+
+# --------------------------------------------------------------------------- gymnasium
+
+
+def test_gym_vector_shapes_and_autoreset():
+    vec = make_vector(EnvConfig(id="CartPole-v1", envs_per_actor=3), seed=1)
+    assert isinstance(vec, GymVector)
+    assert (vec.num_envs, vec.obs_shape, vec.obs_dtype, vec.n_actions) == (3, (4,), np.float32, 2)
+    obs = vec.reset(seed=0)
+    assert obs.shape == (3, 4) and obs.dtype == np.float32
+    check_step_result(vec, vec.step(np.zeros(3, np.int64)))
+
+    _, res, _ = run_until_episode_end(vec, np.random.default_rng(0), 1000)
+    check_step_result(vec, res)
+    ended = res.terminated | res.truncated
+    for i in np.flatnonzero(ended):
+        assert not np.array_equal(res.final_obs[i], res.obs[i])
+        assert np.abs(res.obs[i]).max() <= 0.05  # CartPole resets to U(-0.05, 0.05)
+        assert np.abs(res.final_obs[i]).max() > 0.05  # a terminal state is out of bounds
+    assert np.array_equal(res.final_obs[~ended], res.obs[~ended])
+    assert res.reward.tolist() == [1.0, 1.0, 1.0]
+    vec.close()
+
+
+def test_gym_vector_arrays_are_fresh():
+    vec = GymVector(EnvConfig(id="CartPole-v1"), 3, seed=2)
+    a = vec.reset()
+    b = vec.reset()
+    np.testing.assert_array_equal(a, b)  # the construction seed is the default reset seed
+    first = vec.step(np.ones(3, np.int64))
+    kept = [x.copy() for x in first]
+    for x in first:
+        x[...] = 0  # mutate everything we were given
+    second = vec.step(np.ones(3, np.int64))
+    for x in second:
+        assert all(not np.shares_memory(x, y) for y in first)
+    # Same seed, same actions, on a fresh vector: identical results despite the mutation.
+    again = GymVector(EnvConfig(id="CartPole-v1"), 3, seed=2)
+    again.reset()
+    for x, y in zip(again.step(np.ones(3, np.int64)), kept):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(again.step(np.ones(3, np.int64)), second):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_vector_spaces_for_gym_ids_match_env_spaces():
+    cfg = EnvConfig(id="CartPole-v1")
+    assert vector_spaces(cfg) == env_spaces(cfg) == ((4,), np.dtype(np.float32), 2)
+
+
+# --------------------------------------------------------------------------- Atari
+
+
+@pytest.mark.parametrize("env_id, game", [("ALE/Breakout-v5", "breakout"), ("ALE/SpaceInvaders-v5", "space_invaders"),
+                                          ("ALE/MsPacman-v5", "ms_pacman"), ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d"),
+                                          ("ALE/Pong", "pong"), ("ALE/space_invaders-v4", "space_invaders")])
+@needs_ale
+def test_ale_id_to_game(env_id, game):
+    assert ale_game(env_id) == game
+
+
+@needs_ale
+def test_unknown_atari_game_names_env_id_and_close_games():
+    with pytest.raises(ConfigError) as err:
+        make_vector(EnvConfig(id="ALE/Breakot-v5"), seed=0)
+    assert err.value.key == "env.id" and "ALE/Breakout-v5" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        env_spaces(EnvConfig(id="ALE/Breakout-ram-v5"))
+    assert err.value.key == "env.id" and "RAM" in str(err.value)
+
+
+@needs_ale
+def test_env_spaces_for_atari():
+    t = time.perf_counter()
+    assert env_spaces(EnvConfig(id="ALE/Breakout-v5")) == ((4, 84, 84), np.dtype(np.uint8), 4)
+    assert env_spaces(EnvConfig(id="ALE/SpaceInvaders-v5"))[2] == 6
+    print(f"env_spaces for two ALE ids: {time.perf_counter() - t:.2f} s")
+
+
+@needs_ale
+def test_atari_vector_breakout_episode_end():
+    vec = make_vector(EnvConfig(id="ALE/Breakout-v5", envs_per_actor=2), seed=3)
+    assert isinstance(vec, AtariVector)
+    assert (vec.num_envs, vec.obs_shape, vec.obs_dtype, vec.n_actions) == (2, (4, 84, 84), np.uint8, 4)
+    obs = vec.reset()
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+
+    prev, res, steps = run_until_episode_end(vec, np.random.default_rng(0), 3000)  # ~120-350 steps with random play
+    check_step_result(vec, res)
+    ended = res.terminated | res.truncated
+    assert res.terminated[ended].all()  # game over, not the 27,000-step limit
+    for i in np.flatnonzero(ended):
+        # The final stack continues the previous one; the reset stack starts from blank frames.
+        np.testing.assert_array_equal(res.final_obs[i, :3], prev[i, 1:])
+        assert res.final_obs[i, 0].any() and not res.obs[i, 0].any() and res.obs[i, -1].any()
+    np.testing.assert_array_equal(res.final_obs[~ended], res.obs[~ended])
+    vec.close()
+
+
+@needs_ale
+def test_atari_vector_rewards_unclipped_and_arrays_fresh():
+    vec = AtariVector(EnvConfig(id="ALE/Breakout-v5"), 2, seed=4)
+    vec.reset()
+    rng = np.random.default_rng(1)
+    results, copies = [], []
+    for _ in range(400):
+        res = vec.step(rng.integers(4, size=2))
+        results.append(res)
+        copies.append([x.copy() for x in res])
+    # Nothing handed out earlier was overwritten by later steps.
+    for res, kept in zip(results, copies):
+        for x, y in zip(res, kept):
+            np.testing.assert_array_equal(x, y)
+    rewards = np.concatenate([r.reward for r in results])
+    assert rewards.dtype == np.float32 and rewards.sum() > 0
+    # Breakout gives 1, 4 or 7 per brick row; only unclipped rewards can exceed 1.
+    assert set(np.unique(rewards)) <= {0.0, 1.0, 4.0, 7.0}
+
+
+@needs_ale
+def test_atari_truncation_from_max_episode_steps():
+    vec = AtariVector(EnvConfig(id="ALE/Breakout-v5", max_episode_steps=20), 1, seed=5)
+    prev = vec.reset()
+    for step in range(1, 40):
+        res = vec.step(np.zeros(1, np.int64))  # NOOP: Breakout never ends on its own
+        if res.truncated[0]:
+            break
+        prev = res.obs
+    assert res.truncated[0] and not res.terminated[0] and step <= 20
+    np.testing.assert_array_equal(res.final_obs[0, :3], prev[0, 1:])
+
+
+@needs_ale
+def test_atari_config_errors_name_the_field():
+    with pytest.raises(ConfigError) as err:
+        vector_spaces(_with(frameskip=0))
+    assert err.value.key == "env.frameskip"
+    with pytest.raises(ConfigError) as err:
+        make_vector(_with(repeat_action_probability=1.5), seed=0)
+    assert err.value.key == "env.repeat_action_probability"
+
+
+def _with(**fields) -> EnvConfig:
+    """An EnvConfig for Breakout with extra fields set (works before config.py declares them)."""
+    cfg = EnvConfig(id="ALE/Breakout-v5")
+    for name, value in fields.items():
+        object.__setattr__(cfg, name, value)
+    return cfg
+
+
+@needs_ale
+def test_atari_vector_speed(capsys):
+    """Steps/s of 4 games on 1 thread (printed, not asserted: machines differ)."""
+    vec = AtariVector(_with(env_threads=1), 4, seed=6)
+    vec.reset()
+    actions = np.random.default_rng(2).integers(4, size=(1000, 4))
+    vec.step(actions[0])
+    t = time.perf_counter()
+    for a in actions:
+        vec.step(a)
+    dt = time.perf_counter() - t
+    with capsys.disabled():
+        print(f"\nAtariVector breakout k=4, 1 thread: {len(actions) / dt:.0f} vector steps/s, "
+              f"{4 * len(actions) / dt:.0f} env steps/s")
+    vec.close()

@@ -60,6 +60,12 @@ class EnvConfig:
     envs_per_actor: int = 1
     # 0 keeps the environment's own time limit.
     max_episode_steps: int = 0
+    # Atari ("ALE/<Game>-v5" ids, ale-py's native vector env): DQN/Ape-X preprocessing.
+    frameskip: int = 4
+    frame_stack: int = 4
+    noop_max: int = 30
+    repeat_action_probability: float = 0.0
+    env_threads: int = 1
 
 
 @dataclass
@@ -72,6 +78,9 @@ class AgentConfig:
     # Train steps between target-network copies.
     target_update: int = 250
     grad_clip: float = 10.0
+    # Clip each reward to [-reward_clip, reward_clip] before the n-step return (0: no clipping).
+    # Episode returns are always reported unclipped.
+    reward_clip: float = 0.0
     # Ape-X exploration: actor i of N uses epsilon ** (1 + epsilon_alpha * i / (N - 1)).
     epsilon: float = 0.4
     epsilon_alpha: float = 7.0
@@ -270,6 +279,7 @@ def validate(cfg: JobConfig) -> None:
           f"got {t.actors}")
     _need(cfg.env.envs_per_actor >= 1, "env.envs_per_actor", f"must be >= 1, got {cfg.env.envs_per_actor}")
     _need(cfg.env.max_episode_steps >= 0, "env.max_episode_steps", "must be >= 0 (0 keeps the env's limit)")
+    _need(a.reward_clip >= 0, "agent.reward_clip", f"must be >= 0 (0: no clipping), got {a.reward_clip}")
     _need(0.0 < a.gamma <= 1.0, "agent.gamma", f"must be in (0, 1], got {a.gamma}")
     _need(a.n_step >= 1, "agent.n_step", f"must be >= 1, got {a.n_step}")
     _need(a.lr > 0, "agent.lr", f"must be > 0, got {a.lr}")

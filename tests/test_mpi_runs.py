@@ -196,3 +196,19 @@ def test_long_haul_link_delays_every_batch(tmp_path):
         assert t["train_steps"][-1] == 100
         assert t["comm_s"][-1] >= 100 * 0.020  # at least one 20 ms round trip per batch
         assert f["job"].attrs["comm.link.latency_ms"] == 10.0
+
+
+def test_atari_frames_stay_uint8_end_to_end(tmp_path):
+    pytest.importorskip("ale_py", reason="ale-py is part of the test extra")
+    from conftest import JOBS
+    job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
+                  "env.envs_per_actor=2", job=JOBS / "breakout_small.toml", timeout=240)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        t = f["learner/train"]
+        assert t["train_steps"][-1] == 20
+        # 56,448 B of uint8 frames (obs + next_obs) + 29 B of the rest per trained experience, plus
+        # the reply header: frames crossed as uint8, not float32 (which would be 4x).
+        per_sample = t["bytes_in"][-1] / t["samples_trained"][-1]
+        assert 56_448 + 29 <= per_sample < 56_448 + 29 + 500, per_sample
+        assert f["learner"].attrs["n_params"] > 3_000_000  # the Nature-CNN dueling network

@@ -168,14 +168,11 @@ def atari_options(cfg: EnvConfig) -> dict:
     Defaults are the DQN/Ape-X ("v4-style") settings: frame skip 4 with max-pool over the
     last two frames, 4 stacked 84x84 grayscale frames, up to 30 no-ops at reset, FIRE at
     reset, no sticky actions (gymnasium's ``-v5`` ids default to 0.25), a life loss does
-    not end the episode, rewards unclipped (clip in the learner if wanted), episodes cut
+    not end the episode, rewards unclipped (actors clip with ``agent.reward_clip``), episodes cut
     at 108,000 frames (27,000 steps) unless ``max_episode_steps`` is set.
     """
-    frameskip = int(getattr(cfg, "frameskip", 4))
-    stack = int(getattr(cfg, "frame_stack", 4))
-    noop_max = int(getattr(cfg, "noop_max", 30))
-    sticky = float(getattr(cfg, "repeat_action_probability", 0.0))
-    threads = int(getattr(cfg, "env_threads", 1))
+    frameskip, stack, noop_max = cfg.frameskip, cfg.frame_stack, cfg.noop_max
+    sticky, threads = cfg.repeat_action_probability, cfg.env_threads
     for key, value, low in (("frameskip", frameskip, 1), ("frame_stack", stack, 1), ("noop_max", noop_max, 0),
                             ("env_threads", threads, 0)):
         if value < low:

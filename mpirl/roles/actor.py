@@ -21,7 +21,7 @@ from mpirl.comm.backoff import wait_until
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
-from mpirl.envs.factory import make_env
+from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.roles.context import RoleContext
 
@@ -90,11 +90,11 @@ def run_actor(ctx: RoleContext) -> None:
         version = params.version
         params.post()
 
-    envs = [make_env(cfg.env, seed=ctx.seed(k)) for k in range(n_envs)]
-    # A list of the arrays the envs returned: the n-step windows keep references to them.
-    obs = [env.reset(seed=ctx.seed(k))[0] for k, env in enumerate(envs)]
-    nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in envs]
+    envs = make_vector(cfg.env, seed=ctx.seed())
+    obs = envs.reset()
+    nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
     ep_return, ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
+    clip = cfg.agent.reward_clip
     started = time.perf_counter()
 
     while not stopped:
@@ -105,19 +105,22 @@ def run_actor(ctx: RoleContext) -> None:
             policy.load_flat(params.params)
             version = params.version
             params.post()
-        actions = policy.act(np.stack(obs), epsilon, rng)
-        for k, env in enumerate(envs):
-            next_obs, reward, terminated, truncated, _ = env.step(int(actions[k]))
-            env_steps += 1
-            ep_return[k] += reward
-            ep_length[k] += 1
-            for transition in nsteps[k].push(obs[k], actions[k], reward, next_obs, terminated, truncated):
+        actions = policy.act(obs, epsilon, rng)
+        step = envs.step(actions)
+        env_steps += n_envs
+        ep_return += step.reward
+        ep_length += 1
+        rewards = np.clip(step.reward, -clip, clip) if clip else step.reward
+        ended = step.terminated | step.truncated
+        for k in range(n_envs):
+            # The step's arrays are fresh: the n-step windows may keep views of their rows.
+            for transition in nsteps[k].push(obs[k], actions[k], rewards[k], step.final_obs[k],
+                                             step.terminated[k], step.truncated[k]):
                 staging.put(transition)
-            if terminated or truncated:
+            if ended[k]:
                 episodes.append((float(ep_return[k]), int(ep_length[k])))
-                ep_return[k], ep_length[k] = 0.0, 0
-                next_obs, _ = env.reset()
-            obs[k] = next_obs
+        ep_return[ended], ep_length[ended] = 0.0, 0
+        obs = step.obs
         while staging.count >= batch:
             send(batch)
 
@@ -127,5 +130,4 @@ def run_actor(ctx: RoleContext) -> None:
         send(0)
     send(0, final=True)
     ring.close()
-    for env in envs:
-        env.close()
+    envs.close()

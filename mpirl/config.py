@@ -170,7 +170,7 @@ class JobConfig:
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
 _CHOICES = {
     "replay.architecture": ("proposed", "baseline"),
-    "replay.shares": ("even",),
+    "replay.shares": ("even", "rate"),
     "agent.device": ("auto", "cpu", "cuda"),
 }
 

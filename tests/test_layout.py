@@ -4,7 +4,7 @@ import numpy as np
 
 from mpirl.agents.dqn import transition_spec
 from mpirl.comm.layout import Layout
-from mpirl.comm.messages import batch_shares, experience_layout, request_layout, sample_layout
+from mpirl.comm.messages import experience_layout, request_layout, sample_layout
 
 
 def records(spec, n, rng):
@@ -60,9 +60,8 @@ def test_blocks_are_aligned_and_do_not_overlap():
     assert (v["x"] == 1).all() and (v["y"] == 2.0).all() and (v["z"] == 3).all()
 
 
-def test_request_without_priorities_and_shares():
+def test_request_without_priorities():
     lay = request_layout(32)
     buf = lay.buffer()
     n = lay.pack(buf, {}, kind=1, seq=5, want=32, consumed=100)
     assert n == lay.header_len * 8 and lay.rows(buf) == 0 and lay.get(buf, "want") == 32
-    assert batch_shares(64, 3) == [22, 21, 21] and sum(batch_shares(512, 8)) == 512

@@ -212,3 +212,20 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
         per_sample = t["bytes_in"][-1] / t["samples_trained"][-1]
         assert 56_448 + 29 <= per_sample < 56_448 + 29 + 500, per_sample
         assert f["learner"].attrs["n_params"] > 3_000_000  # the Nature-CNN dueling network
+
+
+def test_rate_shares_follow_the_faster_shard(tmp_path):
+    # 3 actors over 2 buffers: buffer 1 gets two actors, buffer 2 one, so it fills about half as fast.
+    job = run_mpi(6, tmp_path, "run.train_steps=1500", "run.target_return=nan", "replay.learning_starts=500",
+                  "topology.buffers=2", "replay.shares=rate", "log.interval=0.5")
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        shards = f["learner/shards"]
+        buf, quota, rate = shards["buffer"][()], shards["quota"][()], shards["inserted_per_s"][()]
+        last = {b: quota[buf == b][-1] for b in (1, 2)}
+        assert last[1] + last[2] == 64
+        fast = {b: rate[buf == b][-1] for b in (1, 2)}  # the rates those quotas were computed from
+        assert np.isfinite(fast[1]) and np.isfinite(fast[2])
+        assert (last[1] > last[2]) == (fast[1] > fast[2]), (last, fast)
+        assert abs(last[1] / 64 - 1 / 64 - 62 / 64 * fast[1] / (fast[1] + fast[2])) < 2 / 64
+        assert f["buffer_1/buffer/consumed"][-1] + f["buffer_2/buffer/consumed"][-1] == 1500 * 64

@@ -56,9 +56,3 @@ def sample_layout(spec: dict, max_share: int) -> Layout:
 
 def dump_layout(spec: dict, capacity: int) -> Layout:
     return Layout(_reply_header(DUMP_EPISODE_SLOTS), {**spec, "priority": ((), F32)}, capacity)
-
-
-def batch_shares(batch_size: int, buffers: int) -> list[int]:
-    """N/R samples per buffer (the first N mod R buffers take one more)."""
-    base, extra = divmod(batch_size, buffers)
-    return [base + (i < extra) for i in range(buffers)]

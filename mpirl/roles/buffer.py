@@ -19,13 +19,13 @@ from collections import deque
 import numpy as np
 
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY,
-                                 TAG_REQUEST, batch_shares, dump_layout, experience_layout,
-                                 request_layout, sample_layout)
+from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, dump_layout,
+                                 experience_layout, request_layout, sample_layout)
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.quotas import max_quota
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard
 from mpirl.roles.context import Interval, RoleContext
@@ -40,7 +40,7 @@ class Buffer:
         self.proposed = cfg.replay.architecture == "proposed"
         self.spec = spec = ctx.spec
         self.rng = np.random.default_rng(ctx.seed())
-        share = batch_shares(cfg.replay.batch_size, len(topo.buffers))[topo.buffers.index(topo.rank)]
+        share = max_quota(cfg.replay.batch_size, len(topo.buffers), cfg.replay.shares)
         self.min_fill = max(1, int(np.ceil(cfg.replay.learning_starts / len(topo.buffers))))
 
         self.exp = experience_layout(spec, cfg.comm.send_batch)

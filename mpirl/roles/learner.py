@@ -24,12 +24,12 @@ import torch
 
 from mpirl.agents.dqn import DQNLearner, pick_device
 from mpirl.comm.backoff import Backoff, wait_until
-from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_REPLY, TAG_REQUEST, batch_shares, dump_layout,
-                                 request_layout, sample_layout)
+from mpirl.comm.messages import BYE, DUMP, SAMPLE, dump_layout, request_layout, sample_layout
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
 from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.quotas import RateMeter, even_quotas, max_quota, rate_quotas
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.comm.buffer_link import BufferLink
@@ -64,7 +64,10 @@ class Learner:
         self.agent = DQNLearner(ctx.obs_shape, ctx.n_actions, cfg.agent, pick_device(cfg.agent.device),
                                 seed=cfg.run.seed)
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
-        self.shares = batch_shares(cfg.replay.batch_size, len(topo.buffers))
+        n_buf = len(topo.buffers)
+        self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
+        self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate
+        self.consumed = [0] * n_buf  # samples trained on, per shard
         self.clock = Clock()
         self.rng = np.random.default_rng(ctx.seed())
         self.returns: deque = deque(maxlen=cfg.run.return_window)
@@ -87,6 +90,9 @@ class Learner:
             "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,
             "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, "bytes_in": I8, "samples_trained": I8,
             "return_mean20": F8, "episodes": I8, "param_version": I8})
+        # Per shard (one row per buffer per interval): the quota asked for, its size and insertion rate.
+        self.shard_table = self.file.table("shards", {
+            "time": F8, "buffer": I8, "quota": I8, "size": I8, "inserted_per_s": F8, "consumed": I8})
         self.tick = Interval(self.cfg.log.interval)
         self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
         self.last_steps, self.last_t = 0, time.perf_counter()
@@ -99,6 +105,7 @@ class Learner:
         lay = link.reply
         self.env_steps[b] = int(lay.get(buf, "env_steps"))
         self.sizes[b] = int(lay.get(buf, "shard_size"))
+        self.meters[b].update(time.perf_counter(), int(lay.get(buf, "inserted")))
         k = int(lay.get(buf, "episodes"))
         if k:
             self.returns.extend(lay.get(buf, "ep_return")[:k].tolist())
@@ -163,6 +170,10 @@ class Learner:
             return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
             episodes=self.episodes, param_version=self.version, **mean)
         self.last_steps, self.last_t = self.agent.steps, now
+        n = len(self.sizes)
+        self.shard_table.extend(time=np.full(n, self.ctx.now()), buffer=np.array(self.ctx.topo.buffers),
+                                quota=np.array(self.quotas), size=np.array(self.sizes),
+                                inserted_per_s=np.array([m.rate for m in self.meters]), consumed=np.array(self.consumed))
         for v in self.acc.values():
             v.clear()
         self.file.flush_if_due()
@@ -172,12 +183,13 @@ class Learner:
         topo = self.ctx.topo
         proposed = self.cfg.replay.architecture == "proposed"
         spec = self.ctx.spec
-        reply_layouts = [sample_layout(spec, s) if proposed else dump_layout(spec, self.cfg.replay.capacity)
-                         for s in self.shares]
+        rp = self.cfg.replay
+        most = max_quota(rp.batch_size, len(topo.buffers), rp.shares)
+        reply = sample_layout(spec, most) if proposed else dump_layout(spec, rp.capacity)
         depth = self.cfg.comm.prefetch + 1 if proposed else 1
-        self.links = [BufferLink(topo.learner, b + 1, request_layout(s), reply_layouts[b], depth,
+        self.links = [BufferLink(topo.learner, b + 1, request_layout(most), reply, depth,
                                  shaper=shaper_for(self.cfg.comm.link))
-                      for b, s in enumerate(self.shares)]
+                      for b in range(len(topo.buffers))]
         self.publish()  # version 1: every actor starts from the learner's initial weights
         (self.run_proposed if proposed else self.run_baseline)()
         self.shutdown()
@@ -188,7 +200,7 @@ class Learner:
         with clock.communicating():
             for _ in range(self.cfg.comm.prefetch + 1):
                 for b, link in enumerate(self.links):
-                    link.request(SAMPLE, self.shares[b], consumed=0)
+                    link.request(SAMPLE, self.quotas[b], consumed=0)
         backoff = Backoff()
         while not self.should_stop():
             with clock.communicating():  # polling, sleeping and taking the replies: all waiting on the link
@@ -204,11 +216,14 @@ class Learner:
             with clock.computing():
                 td = self.train_on(views)
             with clock.communicating():
+                if self.cfg.replay.shares == "rate":
+                    self.quotas = rate_quotas(self.cfg.replay.batch_size, [m.rate for m in self.meters])
                 start = 0
                 for b, link in enumerate(self.links):
                     v, rows = views[b], len(views[b]["ids"])
+                    self.consumed[b] += rows
                     link.release()
-                    link.request(SAMPLE, self.shares[b], consumed=self.agent.steps * self.shares[b],
+                    link.request(SAMPLE, self.quotas[b], consumed=self.consumed[b],
                                  ids=v["ids"], versions=v["versions"], priority=td[start:start + rows])
                     start += rows
             self.publish_due()
@@ -258,10 +273,12 @@ class Learner:
 
         The transfer counts as communication, rebuilding the local memory as compute.
         """
-        consumed = self.agent.steps * self.cfg.replay.batch_size
+        total = max(sum(self.sizes), 1)
         with self.clock.communicating():
             for b, link in enumerate(self.links):
-                link.request(DUMP, 0, consumed=consumed * self.shares[b] // self.cfg.replay.batch_size)
+                # The local replay mixes every shard: attribute training to shards by their size.
+                self.consumed[b] = self.agent.steps * self.cfg.replay.batch_size * self.sizes[b] // total
+                link.request(DUMP, 0, consumed=self.consumed[b])
             wait_until(self.replies_ready)
             dumps = [self.take_reply(b, link) for b, link in enumerate(self.links)]
         with self.clock.computing():
@@ -279,7 +296,7 @@ class Learner:
         """Last broadcast with the stop flag, goodbye to the buffers, drain every reply."""
         self.publish(stop=True)
         for link in self.links:
-            link.request(BYE, 0, consumed=self.agent.steps * self.cfg.replay.batch_size)
+            link.request(BYE, 0, consumed=self.consumed[self.links.index(link)])
         for link in self.links:
             link.close()
         self.params.close()

@@ -78,3 +78,19 @@ def test_world_size_message_gives_the_command_that_works():
     with pytest.raises(ConfigError, match=r"1 learner \+ 1 buffer\(s\) \+ 3 actor\(s\).*has 4"):
         config.check_world_size(cfg, 4)
     assert config.actor_count(cfg, 5) == 3
+
+
+@pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.toml")))
+def test_every_shipped_job_validates(job):
+    from mpirl.roles.checks import check_job
+    cfg, _ = config.load(JOBS / job)
+    n = cfg.world_size
+    if cfg.env.id.startswith("ALE/"):
+        pytest.importorskip("ale_py")
+    obs_shape, obs_dtype, n_actions = check_job(cfg, n, str(JOBS / job))
+    assert n_actions >= 2
+    if job.startswith("breakout_") and "small" not in job:
+        # The paper's setting.
+        assert (cfg.replay.batch_size, cfg.replay.capacity, cfg.agent.n_step, cfg.comm.n_update) == (512, 65_536, 3, 16)
+        assert n == 11 and cfg.topology.actors == 8 and obs_dtype == "uint8"
+        assert cfg.replay.architecture in job

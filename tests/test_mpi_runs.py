@@ -202,7 +202,7 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
     pytest.importorskip("ale_py", reason="ale-py is part of the test extra")
     from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
-                  "env.envs_per_actor=2", job=JOBS / "breakout_small.toml", timeout=240)
+                  "env.envs_per_actor=2", job=JOBS / "breakout_proposed_small.toml", timeout=240)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t = f["learner/train"]

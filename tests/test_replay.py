@@ -297,3 +297,14 @@ def test_nstep_emits_as_window_fills_and_short_episode():
     acc.clear()
     out = acc.push(o[0], 0, 2.0, o[1], True, True)  # terminated wins over truncated
     assert len(out) == 1 and out[0][4] is True and out[0][5] == pytest.approx(0.5)
+
+
+def test_atari_shard_bytes_per_slot():
+    """A 65,536-slot Atari shard holds uint8 frame stacks and little else: 56,493 B per slot."""
+    from mpirl.agents.dqn import transition_spec
+    from mpirl.replay.shard import PrioritizedShard
+    shard = PrioritizedShard(transition_spec((4, 84, 84), np.uint8), 65_536, alpha=0.6)
+    # obs + next_obs 2 x 28,224 B; action 8, reward 4, done 1, discount 4; version 8, raw priority 4;
+    # sum tree 2 x 8 B per leaf (65,536 is a power of two)
+    assert shard.nbytes == 65_536 * (2 * 28_224 + 8 + 4 + 1 + 4 + 8 + 4 + 16)
+    assert shard.store.fields["obs"].dtype == np.uint8

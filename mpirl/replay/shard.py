@@ -70,6 +70,12 @@ class PrioritizedShard:
         return self.tree.total
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the shard holds: records, slot versions, raw priorities and the sum tree."""
+        return (sum(a.nbytes for a in self.store.fields.values()) + self.store.versions.nbytes
+                + self.raw_priority.nbytes + self.tree.tree.nbytes)
+
+    @property
     def versions(self) -> np.ndarray:
         """int64 ``(capacity,)`` version of each slot (see RingStore)."""
         return self.store.versions

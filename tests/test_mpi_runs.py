@@ -31,6 +31,7 @@ def check_common(job, n_buffers):
         assert f["job"].attrs["topology.buffers"] == n_buffers
         train = f["learner/train"]
         assert train["train_steps"][-1] == 600
+        np.testing.assert_array_equal(f["learner/batches/train_step"][()], np.arange(1, 601))  # every batch
         assert train["samples_trained"][-1] == 600 * 64
         assert train["bytes_in"][-1] > 0 and train["compute_s"][-1] > 0 and train["comm_s"][-1] > 0
         assert np.isfinite(train["loss"][()]).any()

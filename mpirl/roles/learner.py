@@ -88,16 +88,27 @@ class Learner:
                                        "batch_size": self.cfg.replay.batch_size})
         self.table = self.file.table("train", {
             "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,
-            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, "bytes_in": I8, "samples_trained": I8,
+            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, "bytes_in": I8, "bytes_out": I8, "samples_trained": I8,
             "return_mean20": F8, "episodes": I8, "param_version": I8})
         # Per shard (one row per buffer per interval): the quota asked for, its size and insertion rate.
         self.shard_table = self.file.table("shards", {
             "time": F8, "buffer": I8, "quota": I8, "size": I8, "inserted_per_s": F8, "consumed": I8})
+        # One row per train step, for curves within an epoch (p_t: the last transfer's mean priority).
+        self.batch_table = self.file.table("batches", {"train_step": I8, "loss": F8, "p_s": F8, "p_t": F8,
+                                                       "td_abs": F8})
+        self.per_batch = {name: [] for name in ("train_step", "loss", "p_s", "p_t", "td_abs")}
+        self.last_p_t = math.nan
         self.tick = Interval(self.cfg.log.interval)
         self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
         self.last_steps, self.last_t = 0, time.perf_counter()
 
     # -- bookkeeping shared by both architectures -------------------------------
+    @property
+    def bytes_out(self) -> int:
+        """Bytes sent towards the buffers: requests with priorities, and parameter broadcasts."""
+        links = getattr(self, "links", [])
+        return sum(link.sends.bytes_sent for link in links) + self.params.broadcasts * self.params.nbytes
+
     def take_reply(self, b: int, link: BufferLink) -> dict[str, np.ndarray]:
         """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
         buf, nbytes = link.take()
@@ -151,9 +162,12 @@ class Learner:
                                self.cfg.replay.beta_steps)
         weights = importance_weights(probs, n_total, beta)
         loss, td = self.agent.train_step(batch, weights)
+        p_s, td_abs = float(sampled_priority.mean()), float(td.mean())
         self.acc["loss"].append(loss)
-        self.acc["p_s"].append(float(sampled_priority.mean()))
-        self.acc["td_abs"].append(float(td.mean()))
+        self.acc["p_s"].append(p_s)
+        self.acc["td_abs"].append(td_abs)
+        for key, value in zip(self.per_batch, (self.agent.steps, loss, p_s, self.last_p_t, td_abs)):
+            self.per_batch[key].append(value)
         return td
 
     def log(self, force: bool = False) -> None:
@@ -165,7 +179,7 @@ class Learner:
         self.table.append(
             time=self.ctx.now(), train_steps=self.agent.steps, env_steps=sum(self.env_steps),
             train_steps_per_s=(self.agent.steps - self.last_steps) / max(now - self.last_t, 1e-9),
-            compute_s=self.clock.compute, comm_s=self.clock.comm, bytes_in=self.bytes_in,
+            compute_s=self.clock.compute, comm_s=self.clock.comm, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
             samples_trained=self.agent.steps * self.cfg.replay.batch_size,
             return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
             episodes=self.episodes, param_version=self.version, **mean)
@@ -174,7 +188,9 @@ class Learner:
         self.shard_table.extend(time=np.full(n, self.ctx.now()), buffer=np.array(self.ctx.topo.buffers),
                                 quota=np.array(self.quotas), size=np.array(self.sizes),
                                 inserted_per_s=np.array([m.rate for m in self.meters]), consumed=np.array(self.consumed))
-        for v in self.acc.values():
+        if self.per_batch["train_step"]:
+            self.batch_table.extend(**{k: np.asarray(v) for k, v in self.per_batch.items()})
+        for v in (*self.acc.values(), *self.per_batch.values()):
             v.clear()
         self.file.flush_if_due()
 
@@ -239,7 +255,8 @@ class Learner:
         n = self.cfg.replay.batch_size
         probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
         prio = np.concatenate([v["priority"] for v in views])
-        self.acc["p_t"].append(float(prio.mean()))
+        self.last_p_t = float(prio.mean())
+        self.acc["p_t"].append(self.last_p_t)
         if len(views) == 1:
             batch = {name: views[0][name] for name in spec}
         else:
@@ -288,7 +305,8 @@ class Learner:
                 if len(prio):
                     local.add(v, prio)
             if local.size:
-                self.acc["p_t"].append(float(np.concatenate(priorities).mean()))
+                self.last_p_t = float(np.concatenate(priorities).mean())
+                self.acc["p_t"].append(self.last_p_t)
         for link in self.links:
             link.release()
 

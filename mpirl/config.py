@@ -116,6 +116,9 @@ class LinkConfig:
     """
     bandwidth_gbps: float = 0.0
     latency_ms: float = 0.0
+    # "zstd": compress requests, batches and dumps on this link (parameter broadcasts stay raw).
+    compression: str = "none"
+    level: int = 1
 
 
 @dataclass
@@ -172,6 +175,7 @@ _CHOICES = {
     "replay.architecture": ("proposed", "baseline"),
     "replay.shares": ("even", "rate"),
     "agent.device": ("auto", "cpu", "cuda"),
+    "comm.link.compression": ("none", "zstd"),
 }
 
 
@@ -262,8 +266,9 @@ def _need(ok: bool, key: str, message: str):
 def validate(cfg: JobConfig) -> None:
     """Values that cannot work, each named with its fix."""
     for key, choices in _CHOICES.items():
-        sec, name = key.split(".")
-        value = getattr(getattr(cfg, sec), name)
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
         _need(value in choices, key, f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
     r, t, a, rp, c, lg = cfg.run, cfg.topology, cfg.agent, cfg.replay, cfg.comm, cfg.log
     _need(bool(r.name) and "/" not in r.name, "run.name", "must be a non-empty name without '/'")
@@ -308,6 +313,7 @@ def validate(cfg: JobConfig) -> None:
     _need(c.prefetch >= 0, "comm.prefetch", f"must be >= 0, got {c.prefetch}")
     _need(c.link.bandwidth_gbps >= 0, "comm.link.bandwidth_gbps", "must be >= 0 (0: unlimited)")
     _need(c.link.latency_ms >= 0, "comm.link.latency_ms", "must be >= 0 (0: none)")
+    _need(1 <= c.link.level <= 22, "comm.link.level", f"zstd levels are 1..22, got {c.link.level}")
     _need(lg.interval > 0, "log.interval", f"must be > 0 seconds, got {lg.interval}")
     _need(0 < lg.flush_seconds <= 10, "log.flush_seconds",
           f"must be in (0, 10] so a killed job leaves recent data, got {lg.flush_seconds}")

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.comm.backoff import wait_until
+from mpirl.comm.codec import Codec
 from mpirl.comm.layout import Layout
 from mpirl.comm.link import LinkShaper
 from mpirl.comm.messages import BYE, TAG_REPLY, TAG_REQUEST
@@ -22,11 +23,14 @@ from mpirl.comm.pools import SendRing
 
 class BufferLink:
     def __init__(self, comm: MPI.Comm, dest: int, request: Layout, reply: Layout, depth: int,
-                 shaper: LinkShaper | None = None):
+                 shaper: LinkShaper | None = None, codec: Codec | None = None):
         self.comm, self.dest = comm, dest
         self.req, self.reply = request, reply
-        self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1, shaper=shaper)
+        self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1, shaper=shaper, codec=codec)
         self.buffers = [reply.buffer() for _ in range(depth)]
+        self.codec = codec
+        self.wire = [np.zeros(codec.bound(reply.max_nbytes), np.uint8) for _ in range(depth)] if codec else self.buffers
+        self.bytes_received = self.raw_bytes_received = 0
         self.free = list(range(depth))
         # [slot, request, bytes received or None] in the order the requests were sent
         self.outstanding: deque = deque()
@@ -40,7 +44,7 @@ class BufferLink:
             if not self.free:
                 raise RuntimeError("more requests outstanding than reply buffers (prefetch + 1)")
             slot = self.free.pop()
-            req = self.comm.Irecv([self.buffers[slot], MPI.BYTE], self.dest, TAG_REPLY)
+            req = self.comm.Irecv([self.wire[slot], MPI.BYTE], self.dest, TAG_REPLY)
             self.outstanding.append([slot, req, None])
         records = {} if ids is None else {"ids": ids, "versions": versions, "priority": priority}
         s, buf = self.sends.acquire()
@@ -62,11 +66,15 @@ class BufferLink:
         self.sends.pump()
         return self.ready()
 
-    def take(self) -> tuple[np.ndarray, int]:
-        """The oldest reply (after ``ready()``): its buffer and size. Hold it until ``release()``."""
+    def take(self) -> np.ndarray:
+        """The oldest reply (after ``ready()``), decompressed if need be. Hold it until ``release()``."""
         slot, _, nbytes = self.outstanding.popleft()
         self.held = slot
-        return self.buffers[slot], nbytes
+        self.bytes_received += nbytes
+        if self.codec is not None:
+            nbytes = self.codec.decompress_into(self.wire[slot][:nbytes], self.buffers[slot])
+        self.raw_bytes_received += nbytes
+        return self.buffers[slot]
 
     def release(self) -> None:
         """The held reply is no longer read: its buffer may receive again."""

@@ -3,7 +3,9 @@
 A :class:`SendRing` owns a few byte buffers for one destination; a buffer is
 handed out again only after ``Test`` says its ``Isend`` completed. With a
 :class:`~mpirl.comm.link.LinkShaper` the ring holds each message until its
-emulated arrival time; the owner calls ``pump()`` in its loop to release them. A
+emulated arrival time; the owner calls ``pump()`` in its loop to release them.
+With a :class:`~mpirl.comm.codec.Codec` both compress on the wire: ``bytes_*``
+count wire bytes, ``raw_bytes_*`` the messages as packed. A
 :class:`RecvPool` keeps ``depth`` receives posted per source; the owner handles
 a completed buffer and then reposts it. Both count bytes, and both complete or
 cancel every request in ``close()``.
@@ -18,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.comm.backoff import wait_until
+from mpirl.comm.codec import Codec
 from mpirl.comm.link import LinkShaper
 
 
@@ -25,11 +28,14 @@ class SendRing:
     """``size`` send buffers of ``nbytes`` for messages to ``dest`` on ``comm`` with ``tag``."""
 
     def __init__(self, comm: MPI.Comm, dest: int, tag: int, nbytes: int, size: int,
-                 shaper: LinkShaper | None = None):
+                 shaper: LinkShaper | None = None, codec: Codec | None = None):
         self.comm, self.dest, self.tag = comm, dest, tag
         self.buffers = [np.zeros(nbytes, dtype=np.uint8) for _ in range(size)]
+        self.codec = codec
+        self.wire = [np.zeros(codec.bound(nbytes), dtype=np.uint8) for _ in range(size)] if codec else self.buffers
         self.requests = [MPI.REQUEST_NULL] * size
         self.shaper = shaper
+        self.raw_bytes_sent = 0
         self.held: deque = deque()  # (release time, slot, nbytes) waiting for the emulated link
         self.busy = [False] * size
         self.bytes_sent = 0
@@ -63,6 +69,9 @@ class SendRing:
 
         The buffer stays untouched until the send has completed.
         """
+        self.raw_bytes_sent += nbytes
+        if self.codec is not None:
+            nbytes = self.codec.compress_into(self.buffers[slot][:nbytes], self.wire[slot])
         self.bytes_sent += nbytes
         self.messages += 1
         self._next = (slot + 1) % len(self.buffers)
@@ -74,7 +83,7 @@ class SendRing:
             self.pump()
 
     def _isend(self, slot: int, nbytes: int) -> None:
-        self.requests[slot] = self.comm.Isend([self.buffers[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+        self.requests[slot] = self.comm.Isend([self.wire[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
 
     def pump(self) -> bool:
         """Start the held sends whose emulated arrival time has come; True if any is still held."""
@@ -95,9 +104,13 @@ class SendRing:
 class RecvPool:
     """``depth`` posted receives of up to ``nbytes`` from each of ``sources`` on ``comm``/``tag``."""
 
-    def __init__(self, comm: MPI.Comm, sources: list[int], tag: int, nbytes: int, depth: int):
+    def __init__(self, comm: MPI.Comm, sources: list[int], tag: int, nbytes: int, depth: int,
+                 codec: Codec | None = None):
         self.comm, self.tag = comm, tag
         self.slots = [(src, np.zeros(nbytes, dtype=np.uint8)) for src in sources for _ in range(depth)]
+        self.codec = codec
+        self.wire = [np.zeros(codec.bound(nbytes), dtype=np.uint8) for _ in self.slots] if codec else None
+        self.raw_bytes_received = 0
         self.requests = [MPI.REQUEST_NULL] * len(self.slots)
         self.statuses = [MPI.Status() for _ in self.slots]
         self.bytes_received = 0
@@ -108,10 +121,11 @@ class RecvPool:
     def post(self, i: int) -> None:
         """(Re)post receive ``i``; call only after its last message has been handled."""
         src, buf = self.slots[i]
-        self.requests[i] = self.comm.Irecv([buf, MPI.BYTE], src, self.tag)
+        target = buf if self.codec is None else self.wire[i]
+        self.requests[i] = self.comm.Irecv([target, MPI.BYTE], src, self.tag)
 
     def poll(self) -> list[tuple[int, int, np.ndarray, int]]:
-        """Completed receives as ``(slot, source, buffer, nbytes)``; repost each with ``post(slot)``."""
+        """Completed receives as ``(slot, source, buffer, raw nbytes)``; repost each with ``post(slot)``."""
         statuses = self.statuses
         done = MPI.Request.Testsome(self.requests, statuses)
         if not done:
@@ -121,6 +135,9 @@ class RecvPool:
             nbytes = statuses[i].Get_count(MPI.BYTE)
             self.bytes_received += nbytes
             self.messages += 1
+            if self.codec is not None:
+                nbytes = self.codec.decompress_into(self.wire[i][:nbytes], self.slots[i][1])
+            self.raw_bytes_received += nbytes
             out.append((i, self.slots[i][0], self.slots[i][1], nbytes))
         return out
 

@@ -21,6 +21,7 @@ import numpy as np
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, dump_layout,
                                  experience_layout, request_layout, sample_layout)
+from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import RecvPool, SendRing
@@ -49,9 +50,11 @@ class Buffer:
         self.n_actors = topo.group.size - 1
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
-        self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1)
+        codec = codec_for(cfg.comm.link)
+        self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
-                                cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link))
+                                cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
+                                codec=codec)
         if self.proposed:
             self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps)
         else:  # the actors' priorities are stored as one more field and shipped with the records
@@ -76,6 +79,7 @@ class Buffer:
                                        "actors": ctx.topo.actors_of(ctx.topo.rank)})
         self.t_buffer = self.file.table("buffer", {
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
+            "bytes_out_raw": I8,
             "fill": I8, "stale_updates": I8, "priority_updates": I8, "consumed": I8, "alpha": F8,
             "total_priority": F8})
         self.t_episodes = self.file.table("episodes", {"time": F8, "actor": I8, "env_steps": I8,
@@ -190,7 +194,7 @@ class Buffer:
         self.last_in, self.last_t = self.inserted, t
         self.t_buffer.append(
             time=t, experiences_in=self.inserted, experiences_in_per_s=rate, bytes_in=self.exp_pool.bytes_received,
-            bytes_out=self.replies.bytes_sent, fill=self.store.size, stale_updates=self.stale,
+            bytes_out=self.replies.bytes_sent, bytes_out_raw=self.replies.raw_bytes_sent, fill=self.store.size, stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
             total_priority=self.store.total if self.proposed else np.nan)

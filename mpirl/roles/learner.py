@@ -25,6 +25,7 @@ import torch
 from mpirl.agents.dqn import DQNLearner, pick_device
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import BYE, DUMP, SAMPLE, dump_layout, request_layout, sample_layout
+from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
@@ -68,13 +69,13 @@ class Learner:
         self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
         self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate
         self.consumed = [0] * n_buf  # samples trained on, per shard
+        self.links = self._open_links()
         self.clock = Clock()
         self.rng = np.random.default_rng(ctx.seed())
         self.returns: deque = deque(maxlen=cfg.run.return_window)
         self.episodes = 0
         self.env_steps = [0] * len(topo.buffers)
         self.sizes = [0] * len(topo.buffers)
-        self.bytes_in = 0
         self.version = 0
         self.stop_reason = ""
         self.started = time.perf_counter()
@@ -88,7 +89,8 @@ class Learner:
                                        "batch_size": self.cfg.replay.batch_size})
         self.table = self.file.table("train", {
             "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,
-            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, "bytes_in": I8, "bytes_out": I8, "samples_trained": I8,
+            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8,
+            "bytes_in": I8, "bytes_in_raw": I8, "bytes_out": I8, "bytes_out_raw": I8, "samples_trained": I8,
             "return_mean20": F8, "episodes": I8, "param_version": I8})
         # Per shard (one row per buffer per interval): the quota asked for, its size and insertion rate.
         self.shard_table = self.file.table("shards", {
@@ -102,17 +104,33 @@ class Learner:
         self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
         self.last_steps, self.last_t = 0, time.perf_counter()
 
+    def _open_links(self) -> list[BufferLink]:
+        """One request/reply line per buffer (learner-side rank b + 1 on the learner communicator)."""
+        cfg, spec, n_buf = self.cfg, self.ctx.spec, len(self.ctx.topo.buffers)
+        most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
+        proposed = cfg.replay.architecture == "proposed"
+        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity)
+        depth = cfg.comm.prefetch + 1 if proposed else 1
+        return [BufferLink(self.ctx.topo.learner, b + 1, request_layout(most), reply, depth,
+                           shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link)) for b in range(n_buf)]
+
     # -- bookkeeping shared by both architectures -------------------------------
-    @property
-    def bytes_out(self) -> int:
-        """Bytes sent towards the buffers: requests with priorities, and parameter broadcasts."""
-        links = getattr(self, "links", [])
-        return sum(link.sends.bytes_sent for link in links) + self.params.broadcasts * self.params.nbytes
+    def link_bytes(self) -> dict:
+        """Bytes over the buffer <-> learner link so far: on the wire and before compression.
+
+        In: batches and dumps from the buffers. Out: requests with priorities, and the
+        parameter broadcasts (never compressed).
+        """
+        links = self.links
+        params = self.params.broadcasts * self.params.nbytes
+        return {"bytes_in": sum(link.bytes_received for link in links),
+                "bytes_in_raw": sum(link.raw_bytes_received for link in links),
+                "bytes_out": sum(link.sends.bytes_sent for link in links) + params,
+                "bytes_out_raw": sum(link.sends.raw_bytes_sent for link in links) + params}
 
     def take_reply(self, b: int, link: BufferLink) -> dict[str, np.ndarray]:
         """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
-        buf, nbytes = link.take()
-        self.bytes_in += nbytes
+        buf = link.take()
         lay = link.reply
         self.env_steps[b] = int(lay.get(buf, "env_steps"))
         self.sizes[b] = int(lay.get(buf, "shard_size"))
@@ -179,7 +197,7 @@ class Learner:
         self.table.append(
             time=self.ctx.now(), train_steps=self.agent.steps, env_steps=sum(self.env_steps),
             train_steps_per_s=(self.agent.steps - self.last_steps) / max(now - self.last_t, 1e-9),
-            compute_s=self.clock.compute, comm_s=self.clock.comm, bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+            compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
             samples_trained=self.agent.steps * self.cfg.replay.batch_size,
             return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
             episodes=self.episodes, param_version=self.version, **mean)
@@ -196,16 +214,7 @@ class Learner:
 
     # -- the loops ---------------------------------------------------------------
     def run(self) -> str:
-        topo = self.ctx.topo
         proposed = self.cfg.replay.architecture == "proposed"
-        spec = self.ctx.spec
-        rp = self.cfg.replay
-        most = max_quota(rp.batch_size, len(topo.buffers), rp.shares)
-        reply = sample_layout(spec, most) if proposed else dump_layout(spec, rp.capacity)
-        depth = self.cfg.comm.prefetch + 1 if proposed else 1
-        self.links = [BufferLink(topo.learner, b + 1, request_layout(most), reply, depth,
-                                 shaper=shaper_for(self.cfg.comm.link))
-                      for b in range(len(topo.buffers))]
         self.publish()  # version 1: every actor starts from the learner's initial weights
         (self.run_proposed if proposed else self.run_baseline)()
         self.shutdown()

@@ -66,6 +66,10 @@ class EnvConfig:
     noop_max: int = 30
     repeat_action_probability: float = 0.0
     env_threads: int = 1
+    # A lost life cuts the n-step bootstrap like a terminal (DQN/Ape-X practice); episodes go on.
+    terminal_on_life_loss: bool = True
+    # Press FIRE after a lost life, as the reset does (games that need it to go on, e.g. Breakout).
+    fire_on_life_loss: bool = True
 
 
 @dataclass

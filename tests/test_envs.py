@@ -202,3 +202,26 @@ def test_atari_vector_speed(capsys):
         print(f"\nAtariVector breakout k=4, 1 thread: {len(actions) / dt:.0f} vector steps/s, "
               f"{4 * len(actions) / dt:.0f} env steps/s")
     vec.close()
+
+
+def test_atari_life_loss_cuts_bootstrap_and_fires_again():
+    pytest.importorskip("ale_py")
+    from mpirl.config import EnvConfig
+    from mpirl.envs.vector import make_vector
+    envs = make_vector(EnvConfig(id="ALE/Breakout-v5", envs_per_actor=2), seed=0)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    lost = fired = 0
+    for _ in range(600):
+        chosen = rng.integers(0, 2, 2) * 2  # NOOP or RIGHT only: never FIRE by choice
+        executed = envs.forced(chosen)
+        fired += int((executed == 1).sum())
+        step = envs.step(executed)
+        assert not (step.life_lost & (step.terminated | step.truncated)).any()  # a game over is not a life loss
+        lost += int(step.life_lost.sum())
+        if step.life_lost.any():
+            assert (envs.forced(np.zeros(2, np.int64))[step.life_lost] == 1).all()  # FIRE comes next
+    assert lost > 0 and fired == lost - int(envs.fire_next.any())  # each lost life, then exactly one FIRE
+    off = make_vector(EnvConfig(id="ALE/Breakout-v5", terminal_on_life_loss=False, fire_on_life_loss=False), 0)
+    off.reset()
+    assert off.step(np.zeros(1, np.int64)).life_lost is None and off.fire is None

@@ -55,6 +55,9 @@ class StepResult(NamedTuple):
     terminated: np.ndarray
     truncated: np.ndarray
     final_obs: np.ndarray
+    # (k,) bool or None: a life was lost this step but the game goes on (Atari). Learners
+    # that treat it as terminal cut the bootstrap there; episode statistics are unaffected.
+    life_lost: np.ndarray | None = None
 
 
 def env_seeds(seed: int, k: int) -> np.ndarray:
@@ -104,6 +107,10 @@ class GymVector:
             for i, o in resets.items():
                 obs[i] = o
         return StepResult(obs, reward, terminated, truncated, final_obs)
+
+    def forced(self, actions: np.ndarray) -> np.ndarray:
+        """The actions to execute: as chosen (see :meth:`AtariVector.forced`)."""
+        return actions
 
     def _stack(self, rows: list) -> np.ndarray:
         return np.stack(rows).astype(self.obs_dtype, copy=False)
@@ -203,12 +210,29 @@ class AtariVector:
         self.obs_shape = tuple(self._env.single_observation_space.shape)
         self.obs_dtype = np.dtype(np.uint8)
         self.n_actions = int(self._env.single_action_space.n)
+        self.life_loss_terminal = cfg.terminal_on_life_loss
+        minimal = list(self._env.ale.get_action_set())
+        fire = [i for i, a in enumerate(minimal) if getattr(a, "name", str(a)).endswith("FIRE")]
+        # After a lost life the ball (Breakout) waits for FIRE: press it, as the reset does.
+        self.fire = fire[0] if fire and cfg.fire_on_life_loss else None
+        self.lives = None
+        self.fire_next = np.zeros(num_envs, dtype=bool)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Reset all games (seeds derived from ``seed``, default: the construction seed);
         returns obs (k, frame_stack, 84, 84) uint8 (older frames of the stack are zeros)."""
-        obs, _ = self._env.reset(seed=env_seeds(self.seed if seed is None else seed, self.num_envs))
+        obs, info = self._env.reset(seed=env_seeds(self.seed if seed is None else seed, self.num_envs))
+        self.lives = np.asarray(info["lives"]).copy()
+        self.fire_next[:] = False
         return obs
+
+    def forced(self, actions: np.ndarray) -> np.ndarray:
+        """The actions to execute (and record): FIRE for games that just lost a life."""
+        if self.fire is None or not self.fire_next.any():
+            return actions
+        actions = np.array(actions, copy=True)
+        actions[self.fire_next] = self.fire
+        return actions
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Step game i with ``actions[i]`` ((k,) integer array in [0, n_actions)).
@@ -223,7 +247,12 @@ class AtariVector:
         if ended.any():
             final_obs = info["final_obs"]
             final_obs[~ended] = obs[~ended]
-        return StepResult(obs, reward.astype(np.float32), terminated, truncated, final_obs)
+        lives = np.asarray(info["lives"])
+        life_lost = (lives < self.lives) & ~ended
+        self.lives = lives.copy()
+        self.fire_next = life_lost
+        return StepResult(obs, reward.astype(np.float32), terminated, truncated, final_obs,
+                          life_lost if self.life_loss_terminal else None)
 
     def close(self) -> None:
         self._env.close()

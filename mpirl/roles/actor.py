@@ -105,17 +105,18 @@ def run_actor(ctx: RoleContext) -> None:
             policy.load_flat(params.params)
             version = params.version
             params.post()
-        actions = policy.act(obs, epsilon, rng)
+        actions = envs.forced(policy.act(obs, epsilon, rng))
         step = envs.step(actions)
         env_steps += n_envs
         ep_return += step.reward
         ep_length += 1
         rewards = np.clip(step.reward, -clip, clip) if clip else step.reward
         ended = step.terminated | step.truncated
+        cut = step.terminated if step.life_lost is None else step.terminated | step.life_lost
         for k in range(n_envs):
             # The step's arrays are fresh: the n-step windows may keep views of their rows.
             for transition in nsteps[k].push(obs[k], actions[k], rewards[k], step.final_obs[k],
-                                             step.terminated[k], step.truncated[k]):
+                                             cut[k], step.truncated[k]):
                 staging.put(transition)
             if ended[k]:
                 episodes.append((float(ep_return[k]), int(ep_length[k])))

@@ -53,10 +53,14 @@ def measure(run_dir: Path) -> dict:
         steps = b["train_step"][()]
         half = steps > steps.max() / 2 if steps.size else steps.astype(bool)
         t = f["learner/train"]
-        wall = float(t["time"][-1] - t["time"][0]) or 1.0
-        inserted = sum(float(f[k]["buffer/experiences_in"][-1]) for k in f if k.startswith("buffer_"))
-        first_in = sum(float(f[k]["buffer/experiences_in"][0]) for k in f if k.startswith("buffer_"))
+        buffers = [f[k]["buffer/experiences_in"][()] for k in f if k.startswith("buffer_")]
+        inserted = sum(float(b[-1]) for b in buffers)
         trained = float(t["samples_trained"][-1])
+        # Rates over the logged span (after warm-up); a run shorter than two rows: since the start.
+        span = float(t["time"][-1] - t["time"][0])
+        wall = span if span > 0 else float(t["time"][-1])
+        first_in = sum(float(b[0]) for b in buffers) if span > 0 else 0.0
+        first_trained = float(t["samples_trained"][0]) if span > 0 else 0.0
         compute, comm = float(t["compute_s"][-1]), float(t["comm_s"][-1])
         return {
             "architecture": job["replay.architecture"], "seed": int(job["run.seed"]),
@@ -66,7 +70,7 @@ def measure(run_dir: Path) -> dict:
             "p_s": float(np.nanmean(b["p_s"][()][half])), "alpha": inserted / trained if trained else np.nan,
             "comm_pct": 100 * comm / (compute + comm) if compute + comm else np.nan,
             "actor_exp_s": (inserted - first_in) / wall,
-            "learner_exp_s": (trained - float(t["samples_trained"][0])) / wall,
+            "learner_exp_s": (trained - first_trained) / wall,
             "link_B_per_exp": (float(t["bytes_in"][-1]) + float(t["bytes_out"][-1])) / trained if trained else np.nan,
             "batches": {k: b[k][()] for k in ("train_step", "loss", "p_s", "p_t")},
         }

@@ -137,6 +137,9 @@ class CommConfig:
     n_update: int = 16
     # Batch requests in flight while the learner trains (proposed).
     prefetch: int = 2
+    # Largest single MPI message on the buffer -> learner path; bigger replies (baseline dumps)
+    # travel as several pieces. MPI counts are 32-bit, so it must stay below 2048.
+    max_message_mb: float = 1024.0
     link: LinkConfig = field(default_factory=LinkConfig)
 
 
@@ -315,6 +318,8 @@ def validate(cfg: JobConfig) -> None:
     _need(c.recv_depth >= 1, "comm.recv_depth", f"must be >= 1, got {c.recv_depth}")
     _need(c.n_update >= 1, "comm.n_update", f"must be >= 1, got {c.n_update}")
     _need(c.prefetch >= 0, "comm.prefetch", f"must be >= 0, got {c.prefetch}")
+    _need(0 < c.max_message_mb < 2048, "comm.max_message_mb",
+          f"must be in (0, 2048) MiB (MPI counts are 32-bit), got {c.max_message_mb}")
     _need(c.link.bandwidth_gbps >= 0, "comm.link.bandwidth_gbps", "must be >= 0 (0: unlimited)")
     _need(c.link.latency_ms >= 0, "comm.link.latency_ms", "must be >= 0 (0: none)")
     _need(1 <= c.link.level <= 22, "comm.link.level", f"zstd levels are 1..22, got {c.link.level}")

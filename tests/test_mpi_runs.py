@@ -249,3 +249,14 @@ def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
         assert raw / t["samples_trained"][-1] > 56_448  # the full uint8 frames were delivered
         assert wire < raw / 3  # Atari frames compress well
         assert t["bytes_out"][-1] < t["bytes_out_raw"][-1] + 1  # requests compressed, parameters raw
+
+
+def test_baseline_dumps_larger_than_one_message_arrive_in_pieces(tmp_path):
+    # 0.05 MiB pieces: a dump of a few thousand CartPole experiences (~50 B each) takes several.
+    job = run_mpi(4, tmp_path, *SHORT, "replay.architecture=baseline", "replay.n_replay=50",
+                  "comm.max_message_mb=0.05", "comm.link.compression=zstd")
+    run_dir, s = check_common(job, 1)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        buf, train = f["buffer_1/buffer"], f["learner/train"]
+        assert buf["bytes_out_raw"][-1] == train["bytes_in_raw"][-1] > 20 * 0.05 * 2**20
+        assert buf["bytes_out"][-1] == train["bytes_in"][-1]

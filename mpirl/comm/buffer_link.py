@@ -18,12 +18,12 @@ from mpirl.comm.codec import Codec
 from mpirl.comm.layout import Layout
 from mpirl.comm.link import LinkShaper
 from mpirl.comm.messages import BYE, TAG_REPLY, TAG_REQUEST
-from mpirl.comm.pools import SendRing
+from mpirl.comm.pools import SendRing, chunking, pieces
 
 
 class BufferLink:
     def __init__(self, comm: MPI.Comm, dest: int, request: Layout, reply: Layout, depth: int,
-                 shaper: LinkShaper | None = None, codec: Codec | None = None):
+                 shaper: LinkShaper | None = None, codec: Codec | None = None, chunk_bytes: int = 0):
         self.comm, self.dest = comm, dest
         self.req, self.reply = request, reply
         self.sends = SendRing(comm, dest, TAG_REQUEST, request.max_nbytes, depth + 1, shaper=shaper, codec=codec)
@@ -31,11 +31,13 @@ class BufferLink:
         self.codec = codec
         self.wire = [np.zeros(codec.bound(reply.max_nbytes), np.uint8) for _ in range(depth)] if codec else self.buffers
         self.bytes_received = self.raw_bytes_received = 0
+        # Replies over MPI's 2 GiB message limit come as pieces (see comm.pools.chunking).
+        self.n_pieces, self.piece = chunking(self.wire[0].nbytes, chunk_bytes)
+        self.statuses = [MPI.Status() for _ in range(self.n_pieces)]
         self.free = list(range(depth))
         # [slot, request, bytes received or None] in the order the requests were sent
         self.outstanding: deque = deque()
         self.held: int | None = None
-        self.status = MPI.Status()
         self.seq = 0
 
     def request(self, kind: int, want: int, consumed: int, ids=None, versions=None, priority=None) -> None:
@@ -44,8 +46,10 @@ class BufferLink:
             if not self.free:
                 raise RuntimeError("more requests outstanding than reply buffers (prefetch + 1)")
             slot = self.free.pop()
-            req = self.comm.Irecv([self.wire[slot], MPI.BYTE], self.dest, TAG_REPLY)
-            self.outstanding.append([slot, req, None])
+            wire = self.wire[slot]
+            reqs = [self.comm.Irecv([piece, MPI.BYTE], self.dest, TAG_REPLY)
+                    for piece in pieces(wire, wire.nbytes, self.n_pieces, self.piece)]
+            self.outstanding.append([slot, reqs, None])
         records = {} if ids is None else {"ids": ids, "versions": versions, "priority": priority}
         s, buf = self.sends.acquire()
         nbytes = self.req.pack(buf, records, kind=kind, seq=self.seq, want=want, consumed=consumed)
@@ -57,8 +61,8 @@ class BufferLink:
         if not self.outstanding:
             return False
         head = self.outstanding[0]
-        if head[2] is None and head[1].Test(self.status):
-            head[2] = self.status.Get_count(MPI.BYTE)
+        if head[2] is None and MPI.Request.Testall(head[1], self.statuses):
+            head[2] = sum(st.Get_count(MPI.BYTE) for st in self.statuses)
         return head[2] is not None
 
     def progress(self) -> bool:

@@ -24,16 +24,35 @@ from mpirl.comm.codec import Codec
 from mpirl.comm.link import LinkShaper
 
 
+def chunking(buffer_nbytes: int, chunk_bytes: int) -> tuple[int, int]:
+    """(pieces, bytes per piece) for messages held in a buffer of ``buffer_nbytes``.
+
+    MPI counts are 32-bit: a message over 2 GiB (a baseline dump of 65,536 Atari
+    experiences is 3.7 GB) goes as a fixed number of pieces of at most ``chunk_bytes``,
+    the unused tail pieces empty. Sender and receiver derive the same number from the
+    same buffer size, so the k-th posted receive always gets the k-th piece.
+    """
+    if chunk_bytes <= 0 or buffer_nbytes <= chunk_bytes:
+        return 1, max(buffer_nbytes, 1)
+    return -(-buffer_nbytes // chunk_bytes), chunk_bytes
+
+
+def pieces(buf: np.ndarray, nbytes: int, n: int, size: int) -> list[np.ndarray]:
+    """The ``n`` consecutive pieces of ``buf[:nbytes]`` (each ``size`` bytes, the last ones short or empty)."""
+    return [buf[min(i * size, nbytes):min((i + 1) * size, nbytes)] for i in range(n)]
+
+
 class SendRing:
     """``size`` send buffers of ``nbytes`` for messages to ``dest`` on ``comm`` with ``tag``."""
 
     def __init__(self, comm: MPI.Comm, dest: int, tag: int, nbytes: int, size: int,
-                 shaper: LinkShaper | None = None, codec: Codec | None = None):
+                 shaper: LinkShaper | None = None, codec: Codec | None = None, chunk_bytes: int = 0):
         self.comm, self.dest, self.tag = comm, dest, tag
         self.buffers = [np.zeros(nbytes, dtype=np.uint8) for _ in range(size)]
         self.codec = codec
         self.wire = [np.zeros(codec.bound(nbytes), dtype=np.uint8) for _ in range(size)] if codec else self.buffers
-        self.requests = [MPI.REQUEST_NULL] * size
+        self.requests: list[list] = [[] for _ in range(size)]  # the pieces in flight, per buffer
+        self.n_pieces, self.piece = chunking(self.wire[0].nbytes, chunk_bytes)
         self.shaper = shaper
         self.raw_bytes_sent = 0
         self.held: deque = deque()  # (release time, slot, nbytes) waiting for the emulated link
@@ -47,8 +66,7 @@ class SendRing:
         self.pump()
         for k in range(len(self.buffers)):
             i = (self._next + k) % len(self.buffers)
-            if not self.busy[i] and (self.requests[i] == MPI.REQUEST_NULL or self.requests[i].Test()):
-                self.requests[i] = MPI.REQUEST_NULL
+            if not self.busy[i] and self._sent(i):
                 return i
         return None
 
@@ -83,7 +101,14 @@ class SendRing:
             self.pump()
 
     def _isend(self, slot: int, nbytes: int) -> None:
-        self.requests[slot] = self.comm.Isend([self.wire[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+        self.requests[slot] = [self.comm.Isend([piece, MPI.BYTE], self.dest, self.tag)
+                               for piece in pieces(self.wire[slot], nbytes, self.n_pieces, self.piece)]
+
+    def _sent(self, slot: int) -> bool:
+        if self.requests[slot] and not MPI.Request.Testall(self.requests[slot]):
+            return False
+        self.requests[slot] = []
+        return True
 
     def pump(self) -> bool:
         """Start the held sends whose emulated arrival time has come; True if any is still held."""
@@ -97,8 +122,7 @@ class SendRing:
 
     def close(self) -> None:
         """Wait (polling) until every held message is sent and every send has completed."""
-        wait_until(lambda: not self.pump() and all(r == MPI.REQUEST_NULL or r.Test() for r in self.requests))
-        self.requests = [MPI.REQUEST_NULL] * len(self.buffers)
+        wait_until(lambda: not self.pump() and all([self._sent(i) for i in range(len(self.buffers))]))
 
 
 class RecvPool:

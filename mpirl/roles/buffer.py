@@ -54,7 +54,7 @@ class Buffer:
         self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
                                 cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
-                                codec=codec)
+                                codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
         if self.proposed:
             self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps)
         else:  # the actors' priorities are stored as one more field and shipped with the records

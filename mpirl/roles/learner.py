@@ -112,7 +112,8 @@ class Learner:
         reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity)
         depth = cfg.comm.prefetch + 1 if proposed else 1
         return [BufferLink(self.ctx.topo.learner, b + 1, request_layout(most), reply, depth,
-                           shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link)) for b in range(n_buf)]
+                           shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),
+                           chunk_bytes=int(cfg.comm.max_message_mb * 2**20)) for b in range(n_buf)]
 
     # -- bookkeeping shared by both architectures -------------------------------
     def link_bytes(self) -> dict:
@@ -277,15 +278,23 @@ class Learner:
         total = cfg.replay.capacity * len(self.links)
         local = PrioritizedShard(self.ctx.spec, total, cfg.replay.alpha, cfg.replay.priority_eps)
         batch = {name: np.zeros((cfg.replay.batch_size, *shape), dtype) for name, (shape, dtype) in self.ctx.spec.items()}
-        backoff = Backoff(first=1e-3, longest=50e-3)
+        need = max(cfg.replay.learning_starts, 1)
+        next_try = 0.0
         while not self.should_stop():
             self.pump()
-            if self.agent.steps % cfg.replay.n_replay == 0 or local.size < cfg.replay.learning_starts:
+            if local.size < need and time.perf_counter() < next_try:
+                self.log()
+                with clock.communicating():  # waiting for the buffers to fill
+                    time.sleep(0.01)
+                continue
+            if self.agent.steps % cfg.replay.n_replay == 0 or local.size < need:
                 self.refresh(local)
-                if local.size < max(cfg.replay.learning_starts, 1):
-                    self.log()
-                    with clock.communicating():  # waiting for experiences
-                        backoff.sleep()
+                if local.size < need:
+                    # Not enough yet: ask again when the buffers' insertion rate says there will be,
+                    # instead of shipping the whole (possibly GB-sized) memory again and again.
+                    rate = np.nansum([m.rate for m in self.meters])
+                    wait = (need - local.size) / rate if rate > 0 else 0.2
+                    next_try = time.perf_counter() + min(max(wait, 0.05), 5.0)
                     continue
             with clock.computing():
                 s = local.sample(cfg.replay.batch_size, self.rng, out=batch)

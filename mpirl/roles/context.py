@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ class RoleContext:
     def spec(self) -> dict:
         return transition_spec(self.obs_shape, self.obs_dtype)
 
-    @property
+    @cached_property
     def n_params(self) -> int:
         """Length of the flat parameter vector every broadcast carries."""
         net = build_network(self.obs_shape, self.n_actions, self.cfg.agent.hidden)

@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.comm.backoff import wait_until
+from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.codec import Codec
 from mpirl.comm.link import LinkShaper
 
@@ -59,7 +59,6 @@ class SendRing:
         self.busy = [False] * size
         self.bytes_sent = 0
         self.messages = 0
-        self.wait_seconds = 0.0
         self._next = 0
 
     def _free_slot(self) -> int | None:
@@ -72,15 +71,12 @@ class SendRing:
 
     def acquire(self) -> tuple[int, np.ndarray]:
         """A free buffer, waiting (with back-off) for an in-flight send to finish if needed."""
+        backoff = Backoff()
         slot = self._free_slot()
-        if slot is None:
-            found = []
-            wait_until(lambda: found.append(self._free_slot()) or found[-1] is not None, timer=self)
-            slot = found[-1]
+        while slot is None:
+            backoff.sleep()
+            slot = self._free_slot()
         return slot, self.buffers[slot]
-
-    def add(self, seconds: float) -> None:
-        self.wait_seconds += seconds
 
     def send(self, slot: int, nbytes: int) -> None:
         """Send the first ``nbytes`` of buffer ``slot`` (now, or when the emulated link delivers it).

@@ -105,6 +105,11 @@ class RingStore:
                 raise ValueError(f"field {name!r} has {len(arr)} rows, expected {n}")
         return int(n)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: every field's rows and the slot versions."""
+        return sum(a.nbytes for a in self.fields.values()) + self.versions.nbytes
+
     def gather(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
         """Copy rows ``ids`` of every field into preallocated ``out[name]``.
 

@@ -72,8 +72,7 @@ class PrioritizedShard:
     @property
     def nbytes(self) -> int:
         """Bytes the shard holds: records, slot versions, raw priorities and the sum tree."""
-        return (sum(a.nbytes for a in self.store.fields.values()) + self.store.versions.nbytes
-                + self.raw_priority.nbytes + self.tree.tree.nbytes)
+        return self.store.nbytes + self.raw_priority.nbytes + self.tree.tree.nbytes
 
     @property
     def versions(self) -> np.ndarray:

@@ -75,7 +75,7 @@ class Buffer:
         self.file = MetricsFile(ctx.run_dir / f"buffer_{ctx.topo.rank}.h5", flush_seconds=ctx.cfg.log.flush_seconds,
                                 attrs={"role": "buffer", "rank": ctx.topo.rank, "capacity": self.cfg.replay.capacity,
                                        "architecture": self.cfg.replay.architecture,
-                                       "bytes_per_slot": getattr(self.store, "nbytes", 0) / self.cfg.replay.capacity,
+                                       "bytes_per_slot": self.store.nbytes / self.cfg.replay.capacity,
                                        "actors": ctx.topo.actors_of(ctx.topo.rank)})
         self.t_buffer = self.file.table("buffer", {
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,

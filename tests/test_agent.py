@@ -77,3 +77,20 @@ def test_nature_cnn_on_frame_stacks():
     assert 3.1e6 < n_params < 3.4e6  # Nature DQN torso + 512-wide dueling streams: 3,292,837
     # Pixels are scaled inside: uint8 frames and their float values give the same Q.
     torch.testing.assert_close(net(frames.float()), q)
+
+
+def test_bf16_autocast_trains_in_float32_state():
+    from types import SimpleNamespace
+
+    import torch
+
+    from mpirl.agents.dqn import DQNLearner
+    cfg = SimpleNamespace(hidden=[32], lr=1e-3, adam_eps=1e-8, grad_clip=10.0, target_update=100, precision="bf16")
+    agent = DQNLearner((4,), 2, cfg, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    batch = {"obs": rng.normal(size=(64, 4)).astype(np.float32), "action": rng.integers(0, 2, 64),
+             "reward": np.ones(64, np.float32), "next_obs": rng.normal(size=(64, 4)).astype(np.float32),
+             "done": np.ones(64, bool), "discount": np.full(64, 0.99, np.float32)}
+    losses = [agent.train_step(batch, np.ones(64, np.float32))[0] for _ in range(200)]
+    assert all(np.isfinite(losses)) and losses[-1] < 0.1 * losses[0]  # regresses onto r = 1
+    assert all(p.dtype == torch.float32 for p in agent.online.parameters())

@@ -65,3 +65,20 @@ def test_request_without_priorities():
     buf = lay.buffer()
     n = lay.pack(buf, {}, kind=1, seq=5, want=32, consumed=100)
     assert n == lay.header_len * 8 and lay.rows(buf) == 0 and lay.get(buf, "want") == 32
+
+
+def test_counted_field_has_its_own_row_count():
+    lay = Layout({"kind": 1}, {"idx": ((4,), np.int32), "priority": ((), np.float32)}, 10,
+                 counted={"frames": ((3, 3), np.uint8, 40)})
+    buf = lay.buffer()
+    assert lay.max_nbytes >= lay.header_len * 8 + 10 * 16 + 10 * 4 + 40 * 9
+    views = lay.views(buf, 5, frames=40)  # a writer's view: room for the most frames
+    views["idx"][:] = np.arange(20).reshape(5, 4)
+    views["frames"][:7] = np.arange(63, dtype=np.uint8).reshape(7, 3, 3)
+    lay.set(buf, rows=5, kind=2, frames_rows=7)
+    n = lay.nbytes(5, frames=7)
+    assert n < lay.nbytes(5, frames=40)
+    got = lay.views(np.frombuffer(buf[:n].tobytes(), dtype=np.uint8))  # only n bytes arrived
+    assert got["frames"].shape == (7, 3, 3) and got["idx"].shape == (5, 4)
+    np.testing.assert_array_equal(got["frames"].reshape(-1), np.arange(63))
+    np.testing.assert_array_equal(got["idx"].reshape(-1), np.arange(20))

@@ -217,6 +217,27 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
         crossed = (t["train_steps"][-1] + 3) * 32
         assert 56_493 * crossed <= t["bytes_in"][-1] <= 56_493 * crossed + 2_000 * (crossed // 32)
         assert f["learner"].attrs["n_params"] > 3_000_000  # the Nature-CNN dueling network
+        # The shard keeps each distinct frame once: at most 16 KB a slot, not 56 KB of stacks.
+        assert f["buffer_1"].attrs["dedup_frames"]
+        assert f["buffer_1"].attrs["bytes_per_slot"] <= 16_384 * f["buffer_1/buffer/fill"][-1] / 2048
+
+
+def test_atari_baseline_dumps_carry_each_frame_once(tmp_path):
+    pytest.importorskip("ale_py", reason="ale-py is part of the test extra")
+    from conftest import JOBS
+    job = run_mpi(4, tmp_path, "run.train_steps=40", "replay.learning_starts=300", "replay.capacity=1024",
+                  "replay.n_replay=20", "env.envs_per_actor=2", job=JOBS / "breakout_baseline_small.toml",
+                  timeout=240)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        t, b = f["learner/train"], f["buffer_1/buffer"]
+        assert t["train_steps"][-1] == 40 and np.isfinite(t["loss"][()]).any()
+        assert b["bytes_out"][-1] == t["bytes_in"][-1] > 0
+        # Two or more dumps of up to 1,024 slots went out; as stacks each slot would be 56,493 B.
+        # With each frame once a slot costs about one 7,056 B frame plus 45 B of the rest.
+        assert f["buffer_1"].attrs["bytes_per_slot"] <= 16_384
+        dumps = t["bytes_in"][-1] / max(b["fill"][-1], 1)
+        assert dumps < 2 * 16_384 * 3, dumps  # at most 3 dumps' worth, each far below 56 KB a slot
 
 
 def test_rate_shares_follow_the_faster_shard(tmp_path):
@@ -262,3 +283,21 @@ def test_baseline_dumps_larger_than_one_message_arrive_in_pieces(tmp_path):
         buf, train = f["buffer_1/buffer"], f["learner/train"]
         assert buf["bytes_out_raw"][-1] == train["bytes_in_raw"][-1] > 20 * 0.05 * 2**20
         assert buf["bytes_out"][-1] == train["bytes_in"][-1]
+
+
+def test_samples_per_insert_holds_actors_to_the_learner(tmp_path):
+    # Uneven groups (2 actors on one buffer, 1 on the other): the lone actor's buffer must
+    # still fill to learning_starts / 2, or the job would wait forever.
+    ratio = 8
+    job = run_mpi(6, tmp_path, *SHORT, "topology.buffers=2", f"replay.samples_per_insert={ratio}")
+    run_dir, s = check_common(job, 2)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        inserted = sum(int(f[b]["buffer/experiences_in"][-1]) for b in ("buffer_1", "buffer_2"))
+        throttled = np.concatenate([f[b]["actors/throttled_s"][()] for b in ("buffer_1", "buffer_2")])
+    # Each of 3 actors: warm-up share + one broadcast ahead + what 600 batches of 64 buy at 1/8,
+    # plus at most one send batch (50) and n-step tail (3) past its budget.
+    trained = 600 * 64
+    warm = 2 * (250 // 2 + 53) + (250 + 53)
+    bound = warm + trained / ratio + 3 * (16 * 64 / ratio / 3) + 3 * 53
+    assert trained / ratio < inserted <= bound, (inserted, bound)
+    assert throttled.max() > 0  # CartPole actors outrun the learner and had to wait

@@ -55,8 +55,9 @@ def td_errors(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
 @torch.no_grad()
 def n_step_target(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
     """y = R + gamma^m * (1 - done) * Q_target(s', argmax_a Q_online(s', a))."""
-    next_action = online(b["next_obs"]).argmax(dim=1, keepdim=True)
-    next_q = target(b["next_obs"]).gather(1, next_action).squeeze(1)
+    q_next_online = online(b["next_obs"])
+    q_next_target = q_next_online if target is online else target(b["next_obs"])  # actors: one net
+    next_q = q_next_target.gather(1, q_next_online.argmax(dim=1, keepdim=True)).squeeze(1)
     return b["reward"] + b["discount"] * (~b["done"]).float() * next_q
 
 
@@ -74,14 +75,16 @@ class DQNLearner:
         self.grad_clip = agent_cfg.grad_clip
         self.target_update = agent_cfg.target_update
         self.steps = 0
+        self.bf16 = getattr(agent_cfg, "precision", "fp32") == "bf16"
         self.n_params = sum(p.numel() for p in self.online.parameters())
 
     def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
         """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy)."""
         b = to_tensors(batch, self.device)
         w = torch.as_tensor(weights, device=self.device)
-        y = n_step_target(self.online, self.target, b)
-        q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            y = n_step_target(self.online, self.target, b).float()
+            q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
         loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

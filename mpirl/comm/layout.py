@@ -6,6 +6,10 @@ aligned). The first header slot is always ``rows``, so a receiver reads ``n``
 from the header and builds zero-copy views over the same bytes. Only the bytes
 of the ``n`` rows are sent: a short message costs what it holds.
 
+A layout may also have *counted* fields whose row count is not the message's:
+each keeps its own count in a header slot ``<name>_rows`` and follows the row
+fields (a baseline dump carries N slots and the F distinct frames they share).
+
 No MPI here: layouts are plain numpy and are tested without a communicator.
 """
 
@@ -29,29 +33,35 @@ class Layout:
     a buffer that can hold any message of this layout.
     """
 
-    def __init__(self, header: dict[str, int], fields: dict[str, tuple[tuple, np.dtype]], max_rows: int):
+    def __init__(self, header: dict[str, int], fields: dict[str, tuple[tuple, np.dtype]], max_rows: int,
+                 counted: dict[str, tuple[tuple, np.dtype, int]] | None = None):
+        counted = counted or {}
+        self.counted = {name: (tuple(shape), np.dtype(dtype), int(most)) for name, (shape, dtype, most) in counted.items()}
         self.header_slots: dict[str, slice] = {}
         pos = 0
-        for name, length in {"rows": 1, **header}.items():
+        for name, length in {"rows": 1, **header, **{f"{c}_rows": 1 for c in self.counted}}.items():
             self.header_slots[name] = slice(pos, pos + length)
             pos += length
         self.header_len = pos
         self.fields = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in fields.items()}
         self.row_nbytes = {name: int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                           for name, (shape, dt) in self.fields.items()}
+                           for name, (shape, dt, *_) in {**self.fields, **self.counted}.items()}
         self.max_rows = int(max_rows)
-        self.max_nbytes = self.nbytes(self.max_rows)
+        self.max_nbytes = self.nbytes(self.max_rows, **{c: most for c, (_, _, most) in self.counted.items()})
 
-    def nbytes(self, rows: int) -> int:
-        """Bytes of a message carrying ``rows`` records."""
-        return self._offsets(rows)[1]
+    def nbytes(self, rows: int, **counts: int) -> int:
+        """Bytes of a message carrying ``rows`` records (and ``counts`` rows of counted fields)."""
+        return self._offsets(rows, tuple(counts.get(c, 0) for c in self.counted))[1]
 
     @lru_cache(maxsize=64)
-    def _offsets(self, rows: int) -> tuple[dict[str, int], int]:
+    def _offsets(self, rows: int, counts: tuple = ()) -> tuple[dict[str, int], int]:
         offsets, pos = {}, self.header_len * 8
         for name in self.fields:
             offsets[name] = pos
             pos = _aligned(pos + rows * self.row_nbytes[name])
+        for name, n in zip(self.counted, counts):
+            offsets[name] = pos
+            pos = _aligned(pos + n * self.row_nbytes[name])
         return offsets, pos
 
     def buffer(self) -> np.ndarray:
@@ -86,14 +96,21 @@ class Layout:
     def rows(self, buf: np.ndarray) -> int:
         return int(self.header(buf)[0])
 
-    def views(self, buf: np.ndarray, rows: int | None = None) -> dict[str, np.ndarray]:
-        """Zero-copy ``(rows, *shape)`` views of every field; ``rows`` defaults to the header's."""
+    def views(self, buf: np.ndarray, rows: int | None = None, **counts: int) -> dict[str, np.ndarray]:
+        """Zero-copy ``(rows, *shape)`` views of every field; ``rows`` defaults to the header's.
+
+        Counted fields get ``counts[name]`` rows, by default their header slot's count.
+        """
         rows = self.rows(buf) if rows is None else rows
-        offsets, _ = self._offsets(rows)
+        n = tuple(int(counts[c]) if c in counts else int(self.get(buf, f"{c}_rows")) for c in self.counted)
+        offsets, _ = self._offsets(rows, n)
         out = {}
         for name, (shape, dt) in self.fields.items():
             start = offsets[name]
             out[name] = buf[start: start + rows * self.row_nbytes[name]].view(dt).reshape((rows, *shape))
+        for (name, (shape, dt, _)), k in zip(self.counted.items(), n):
+            start = offsets[name]
+            out[name] = buf[start: start + k * self.row_nbytes[name]].view(dt).reshape((k, *shape))
         return out
 
     def pack(self, buf: np.ndarray, records: dict[str, np.ndarray], **header) -> int:

@@ -10,7 +10,9 @@
   versions, sampling probabilities and raw priorities; the header carries the
   shard's size and total priority and the group's counters and finished episodes.
 * dump (buffer -> learner, ``TAG_REPLY``, baseline): every stored experience with
-  the priority its actor gave it.
+  the priority its actor gave it. With frames stored once (Atari), the frame
+  stacks travel as int32 indices (``obs_idx``, ``next_obs_idx``) into a counted
+  ``frames`` field holding each distinct frame once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpirl.comm.layout import Layout
+from mpirl.replay.frames import framed_fields
 
 TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY = 11, 12, 13
 SAMPLE, DUMP, BYE = 1, 2, 3
@@ -30,7 +33,7 @@ F32, F64, I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 def experience_layout(spec: dict, send_batch: int) -> Layout:
     header = {"actor": 1, "env_steps": 1, "param_version": 1, "epsilon": 1, "steps_per_s": 1,
-              "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
+              "throttled_s": 1, "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
     return Layout(header, {**spec, "priority": ((), F32)}, send_batch)
 
 
@@ -54,5 +57,15 @@ def sample_layout(spec: dict, max_share: int) -> Layout:
     return Layout(_reply_header(EPISODE_SLOTS), fields, max_share)
 
 
-def dump_layout(spec: dict, capacity: int) -> Layout:
-    return Layout(_reply_header(DUMP_EPISODE_SLOTS), {**spec, "priority": ((), F32)}, capacity)
+def dump_layout(spec: dict, capacity: int, dedup_frames: bool = False) -> Layout:
+    framed = framed_fields(spec) if dedup_frames else {}
+    if not framed:
+        return Layout(_reply_header(DUMP_EPISODE_SLOTS), {**spec, "priority": ((), F32)}, capacity)
+    fields = {name: v for name, v in spec.items() if name not in framed}
+    fields.update({f"{name}_idx": ((depth,), np.dtype(np.int32)) for name, (depth, _) in framed.items()})
+    fields["priority"] = ((), F32)
+    frame_shape = next(iter(framed.values()))[1]
+    # Room for the worst case, no frame shared; only the bytes a dump fills are touched or sent.
+    most = capacity * sum(depth for depth, _ in framed.values())
+    return Layout(_reply_header(DUMP_EPISODE_SLOTS), fields, capacity,
+                  counted={"frames": (frame_shape, np.dtype(np.uint8), most)})

@@ -12,12 +12,19 @@ Field arrays have shape ``(capacity, *shape)`` and keep the spec's dtype
 record is overwritten (FIFO).  Each slot carries a *version*: the global
 insertion number of the record currently in it (``-1`` = never written), so a
 sampled ``(slot, version)`` pair can tell whether the slot was overwritten.
+
+With ``dedup_frames`` the uint8 frame-stack fields (Atari's obs and next_obs)
+are not stored as stacks: each slot keeps int32 indices into one shared
+:class:`~mpirl.replay.frames.FramePool` that holds every distinct frame once,
+and ``gather``/``export`` rebuild the stacks. Callers see the same records.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 import numpy as np
+
+from .frames import FramePool, framed_fields
 
 Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -34,7 +41,7 @@ class RingStore:
         fields: ``{name: array (capacity, *shape) of dtype}``.
     """
 
-    def __init__(self, spec: Spec, capacity: int) -> None:
+    def __init__(self, spec: Spec, capacity: int, dedup_frames: bool = False) -> None:
         capacity = int(capacity)
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -43,8 +50,18 @@ class RingStore:
         self.spec = {name: (tuple(shape), np.dtype(dtype))
                      for name, (shape, dtype) in spec.items()}
         self.capacity = capacity
+        self.framed = framed_fields(self.spec) if dedup_frames else {}
         self.fields = {name: np.zeros((capacity, *shape), dtype=dtype)
-                       for name, (shape, dtype) in self.spec.items()}
+                       for name, (shape, dtype) in self.spec.items() if name not in self.framed}
+        self.frame_idx = {name: np.zeros((capacity, depth), dtype=np.int32)
+                          for name, (depth, _) in self.framed.items()}
+        self.pool = None
+        if self.framed:
+            shapes = {shape for _, shape in self.framed.values()}
+            if len(shapes) > 1:
+                raise ValueError(f"frame-stack fields with different frame shapes: {sorted(shapes)}")
+            depth = sum(d for d, _ in self.framed.values())
+            self.pool = FramePool(shapes.pop(), capacity * depth)  # room for no sharing at all
         self.versions = np.full(capacity, -1, dtype=np.int64)
         self.size = 0
         self.inserted = 0
@@ -52,6 +69,8 @@ class RingStore:
 
     def clear(self) -> None:
         """Forget every record (field memory is kept, not zeroed)."""
+        if self.pool is not None:
+            self.pool.clear()
         self.versions.fill(-1)
         self.size = 0
         self._head = 0
@@ -68,6 +87,42 @@ class RingStore:
         capacity).
         """
         n = self.count_rows(records)
+        ids, skip = self._write_plain(records, n)
+        for name, (depth, shape) in self.framed.items():
+            frames = np.asarray(records[name][skip:]).reshape(-1, *shape)
+            self.frame_idx[name][ids] = self.pool.intern(frames).reshape(-1, depth)
+        self._advance(ids, skip, n)
+        return ids
+
+    def add_framed(self, records: Mapping[str, np.ndarray], frames: np.ndarray) -> np.ndarray:
+        """Append records whose frame stacks come as indices into ``frames`` (a dump's layout).
+
+        ``records``: the plain fields plus ``<name>_idx`` (n, depth) int32 for each
+        frame-stack field, indexing ``frames`` (F, *frame_shape), in which each
+        distinct frame appears once. Returns the slot ids as :meth:`add` does.
+        """
+        plain = {k: v for k, v in records.items() if k in self.fields}
+        n = len(next(iter(plain.values())))
+        ids, skip = self._write_plain(plain, n)
+        if self.framed:
+            local = np.concatenate([np.asarray(records[f"{name}_idx"][skip:]).reshape(-1)
+                                    for name in self.framed]).astype(np.int64)
+            refs = np.bincount(local, minlength=len(frames)).astype(np.int32)
+            keep = np.flatnonzero(refs)
+            where = np.zeros(len(frames), dtype=np.int32)
+            where[keep] = self.pool.adopt(frames[keep], refs[keep])
+            pos = 0
+            for name, (depth, _) in self.framed.items():
+                k = (n - skip) * depth
+                self.frame_idx[name][ids] = where[local[pos:pos + k]].reshape(-1, depth)
+                pos += k
+        self._advance(ids, skip, n)
+        return ids
+
+    def _write_plain(self, records: Mapping[str, np.ndarray], n: int) -> tuple[np.ndarray, int]:
+        """Copy the plain fields of the rows that will be kept; returns (slot ids, rows skipped).
+
+        Frames of the slots about to be overwritten are released here."""
         cap = self.capacity
         m = min(n, cap)
         skip = n - m  # leading input rows that would be overwritten at once
@@ -81,16 +136,23 @@ class RingStore:
         ids = np.arange(start, start + m, dtype=np.int64)
         if first < m:
             ids[first:] -= cap
+        if self.pool is not None:
+            old = ids[self.versions[ids] >= 0]
+            if len(old):
+                self.pool.release(np.concatenate([self.frame_idx[name][old].reshape(-1) for name in self.framed]))
+        return ids, skip
+
+    def _advance(self, ids: np.ndarray, skip: int, n: int) -> None:
+        cap = self.capacity
         self.versions[ids] = np.arange(self.inserted + skip, self.inserted + n,
                                        dtype=np.int64)
         self.inserted += n
         self._head = (self._head + n) % cap
         self.size = min(cap, self.size + n)
-        return ids
 
     def count_rows(self, records: Mapping[str, np.ndarray]) -> int:
         """Number of rows in ``records``; checks fields and per-record shapes."""
-        missing = self.fields.keys() - records.keys()
+        missing = self.spec.keys() - records.keys()
         if missing:
             raise KeyError(f"records lack fields {sorted(missing)}")
         n = None
@@ -107,8 +169,12 @@ class RingStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: every field's rows and the slot versions."""
-        return sum(a.nbytes for a in self.fields.values()) + self.versions.nbytes
+        """Bytes held: every field's rows, the slot versions and, with frames stored once,
+        the frame indices and the pool memory in use (see :class:`FramePool`)."""
+        held = sum(a.nbytes for a in self.fields.values()) + self.versions.nbytes
+        if self.pool is not None:
+            held += sum(a.nbytes for a in self.frame_idx.values()) + self.pool.resident_nbytes
+        return held
 
     def gather(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
         """Copy rows ``ids`` of every field into preallocated ``out[name]``.
@@ -124,12 +190,22 @@ class RingStore:
             raise IndexError(f"ids outside filled slots [0, {self.size})")
         for name, field in self.fields.items():
             np.take(field, ids, axis=0, out=out[name][:k], mode="clip")
+        for name, idx in self.frame_idx.items():
+            np.take(self.pool.frames, idx[ids], axis=0, out=out[name][:k], mode="clip")
 
     def export(self, out: Mapping[str, np.ndarray]) -> int:
         """Copy all filled rows, oldest first, into ``out[name][:n]``; returns n.
 
         ``out[name]``: preallocated array with at least ``size`` rows.
         """
+        n = self._export_plain(out)
+        if self.framed:
+            order = self.oldest_first()
+            for name, idx in self.frame_idx.items():
+                np.take(self.pool.frames, idx[order], axis=0, out=out[name][:n], mode="clip")
+        return n
+
+    def _export_plain(self, out: Mapping[str, np.ndarray]) -> int:
         n = self.size
         # When full, the oldest record sits at the write head; else at slot 0.
         start = self._head if n == self.capacity else 0
@@ -139,6 +215,23 @@ class RingStore:
             dst[:tail] = field[start:n]
             dst[tail:n] = field[:start]
         return n
+
+    def export_framed(self, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> tuple[int, int]:
+        """Like :meth:`export`, with each distinct frame once: returns (records, frames).
+
+        ``out`` holds the plain fields and ``<name>_idx`` (>= size, depth) int32 per
+        frame-stack field; the frames they index go to ``frames_out[:frames]``.
+        """
+        n = self._export_plain(out)
+        order = self.oldest_first()
+        used = np.concatenate([idx[order].reshape(-1) for idx in self.frame_idx.values()])
+        uniq, local = np.unique(used, return_inverse=True)
+        np.take(self.pool.frames, uniq, axis=0, out=frames_out[:len(uniq)], mode="clip")
+        pos = 0
+        for name, (depth, _) in self.framed.items():
+            out[f"{name}_idx"][:n] = local[pos:pos + n * depth].reshape(n, depth)
+            pos += n * depth
+        return n, len(uniq)
 
     def oldest_first(self) -> np.ndarray:
         """Slot ids of the filled rows, oldest first (int64, (size,))."""

@@ -44,12 +44,13 @@ class PrioritizedShard:
         raw_priority: float32 ``(capacity,)`` raw priority per slot.
     """
 
-    def __init__(self, spec: Spec, capacity: int, alpha: float, eps: float = 1e-6) -> None:
+    def __init__(self, spec: Spec, capacity: int, alpha: float, eps: float = 1e-6,
+                 dedup_frames: bool = False) -> None:
         if alpha < 0 or eps < 0:
             raise ValueError("alpha and eps must be >= 0")
         self.alpha = float(alpha)
         self.eps = float(eps)
-        self.store = RingStore(spec, capacity)
+        self.store = RingStore(spec, capacity, dedup_frames)
         self.tree = SumTree(capacity)
         self.raw_priority = np.zeros(self.store.capacity, dtype=np.float32)
         self._arange: np.ndarray = np.arange(0, dtype=np.float64)  # grown on demand
@@ -75,6 +76,11 @@ class PrioritizedShard:
         return self.store.nbytes + self.raw_priority.nbytes + self.tree.tree.nbytes
 
     @property
+    def framed(self) -> dict:
+        """The frame-stack fields kept as indices into a frame pool (empty without dedup)."""
+        return self.store.framed
+
+    @property
     def versions(self) -> np.ndarray:
         """int64 ``(capacity,)`` version of each slot (see RingStore)."""
         return self.store.versions
@@ -94,7 +100,14 @@ class PrioritizedShard:
         priorities = np.asarray(priorities).reshape(-1)
         if len(priorities) != self.store.count_rows(records):
             raise ValueError("priorities must have one value per record")
-        ids = self.store.add(records)
+        return self._prioritize(self.store.add(records), priorities)
+
+    def add_framed(self, records: Mapping[str, np.ndarray], frames: np.ndarray,
+                   priorities: np.ndarray) -> np.ndarray:
+        """:meth:`add` for records whose frame stacks index ``frames`` (see RingStore.add_framed)."""
+        return self._prioritize(self.store.add_framed(records, frames), np.asarray(priorities).reshape(-1))
+
+    def _prioritize(self, ids: np.ndarray, priorities: np.ndarray) -> np.ndarray:
         kept = np.abs(priorities[len(priorities) - len(ids):])
         self.raw_priority[ids] = kept
         order = np.argsort(ids, kind="stable")  # ids are unique; wrap breaks order

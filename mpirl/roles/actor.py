@@ -17,12 +17,13 @@ import numpy as np
 import torch
 
 from mpirl.agents.dqn import ActingPolicy, apex_epsilon
-from mpirl.comm.backoff import wait_until
+from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
 from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
+from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
 
 
@@ -66,9 +67,14 @@ def run_actor(ctx: RoleContext) -> None:
     # Each env step emits at most n transitions (on episode end), so this never overflows.
     staging = Staging(ctx.spec, batch + n_envs * cfg.agent.n_step)
     episodes: deque = deque()  # (return, length) not yet reported
-    env_steps, version = 0, -1
+    env_steps, version, sent, throttled = 0, -1, 0, 0.0
+    rp = cfg.replay
+    budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
+                          rp.learning_starts, len(topo.buffers), topo.group.size - 1,
+                          slack=batch + n_envs * cfg.agent.n_step)
 
     def send(rows: int, final: bool = False) -> None:
+        nonlocal sent
         slot, buf = ring.acquire()
         records = staging.take(rows)
         priorities = policy.priorities(records) if rows else np.zeros(0, np.float32)
@@ -77,10 +83,11 @@ def run_actor(ctx: RoleContext) -> None:
         elapsed = max(time.perf_counter() - started, 1e-9)
         nbytes = layout.pack(buf, {**records, "priority": priorities}, actor=topo.rank, env_steps=env_steps,
                              param_version=version, epsilon=epsilon, steps_per_s=env_steps / elapsed,
-                             final=int(final), episodes=k, ep_return=[r for r, _ in done_eps],
+                             throttled_s=throttled, final=int(final), episodes=k, ep_return=[r for r, _ in done_eps],
                              ep_length=[n for _, n in done_eps])
         ring.send(slot, nbytes)
         staging.drop(rows)
+        sent += rows
 
     params.post()
     wait_until(params.arrived, first=1e-4, longest=10e-3)
@@ -96,15 +103,22 @@ def run_actor(ctx: RoleContext) -> None:
     ep_return, ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
     clip = cfg.agent.reward_clip
     started = time.perf_counter()
+    waiting = Backoff(first=1e-4, longest=10e-3)
 
     while not stopped:
         if params.arrived():
+            waiting.reset()
             stopped = params.stop
             if stopped:
                 break
             policy.load_flat(params.params)
             version = params.version
             params.post()
+        if budget.over(sent, version):  # ahead of the learner: sleep until it publishes again
+            t0 = time.perf_counter()
+            waiting.sleep()
+            throttled += time.perf_counter() - t0
+            continue
         actions = envs.forced(policy.act(obs, epsilon, rng))
         step = envs.step(actions)
         env_steps += n_envs

@@ -46,7 +46,8 @@ class Buffer:
 
         self.exp = experience_layout(spec, cfg.comm.send_batch)
         self.req = request_layout(share)
-        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity)
+        dedup = cfg.replay.dedup_frames
+        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity, dedup)
         self.n_actors = topo.group.size - 1
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
@@ -56,9 +57,10 @@ class Buffer:
                                 cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
                                 codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
         if self.proposed:
-            self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps)
+            self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps,
+                                          dedup_frames=dedup)
         else:  # the actors' priorities are stored as one more field and shipped with the records
-            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity)
+            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup)
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
         self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
 
@@ -75,17 +77,18 @@ class Buffer:
         self.file = MetricsFile(ctx.run_dir / f"buffer_{ctx.topo.rank}.h5", flush_seconds=ctx.cfg.log.flush_seconds,
                                 attrs={"role": "buffer", "rank": ctx.topo.rank, "capacity": self.cfg.replay.capacity,
                                        "architecture": self.cfg.replay.architecture,
-                                       "bytes_per_slot": self.store.nbytes / self.cfg.replay.capacity,
+                                       "dedup_frames": bool(self.store.framed),
                                        "actors": ctx.topo.actors_of(ctx.topo.rank)})
         self.t_buffer = self.file.table("buffer", {
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
             "bytes_out_raw": I8,
             "fill": I8, "stale_updates": I8, "priority_updates": I8, "consumed": I8, "alpha": F8,
-            "total_priority": F8})
+            "total_priority": F8, "bytes_held": I8})
         self.t_episodes = self.file.table("episodes", {"time": F8, "actor": I8, "env_steps": I8,
                                                        "return": F8, "length": I8})
         self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
-                                                   "env_steps_per_s": F8, "epsilon": F8, "param_version": I8})
+                                                   "env_steps_per_s": F8, "epsilon": F8, "param_version": I8,
+                                                   "throttled_s": F8})
         self.tick = Interval(self.cfg.log.interval)
         self.last_in, self.last_t = 0, ctx.now()
 
@@ -111,7 +114,8 @@ class Buffer:
         if self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=exp.get(buf, "steps_per_s"),
-                                 epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")))
+                                 epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
+                                 throttled_s=exp.get(buf, "throttled_s"))
         return bool(exp.get(buf, "final"))
 
     # -- the learner's requests ------------------------------------------------
@@ -130,13 +134,15 @@ class Buffer:
         elif kind == BYE:
             self.bye = True
 
-    def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int) -> None:
+    def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0) -> None:
         k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
         rets = [self.to_learner.popleft() for _ in range(k)]
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
                        shard_total=self.store.total if self.proposed else 0.0,
                        env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
-        self.replies.send(slot, self.reply.nbytes(rows))
+        if self.reply.counted:
+            self.reply.set(buf, frames_rows=frames)
+        self.replies.send(slot, self.reply.nbytes(rows, frames=frames))
 
     def serve_sample(self, seq: float, want: int) -> None:
         """Sample ``want`` records straight into a reply buffer (fewer only at shutdown)."""
@@ -152,9 +158,13 @@ class Buffer:
     def serve_dump(self, seq: float) -> None:
         """Ship every stored experience, oldest first (baseline)."""
         slot, buf = self.replies.acquire()
-        rows = self.store.size
-        self.store.export(self.reply.views(buf, rows))
-        self._send_reply(slot, buf, DUMP, seq, rows)
+        rows, frames = self.store.size, 0
+        if self.reply.counted:  # frames once, stacks as indices
+            views = self.reply.views(buf, rows, frames=self.reply.counted["frames"][2])
+            rows, frames = self.store.export_framed(views, views["frames"])
+        else:
+            self.store.export(self.reply.views(buf, rows))
+        self._send_reply(slot, buf, DUMP, seq, rows, frames)
 
     # -- the loop ----------------------------------------------------------------
     def finished(self) -> bool:
@@ -197,7 +207,7 @@ class Buffer:
             bytes_out=self.replies.bytes_sent, bytes_out_raw=self.replies.raw_bytes_sent, fill=self.store.size, stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
-            total_priority=self.store.total if self.proposed else np.nan)
+            total_priority=self.store.total if self.proposed else np.nan, bytes_held=self.store.nbytes)
 
     def run(self) -> None:
         self.params_in.post()
@@ -208,6 +218,8 @@ class Buffer:
             else:
                 backoff.sleep()
         self.write_row()
+        # Memory per slot as the run left it (frames stored once fill lazily, so not known at start).
+        self.file.set_attrs(bytes_per_slot=self.store.nbytes / self.cfg.replay.capacity)
         self.replies.close()
         self.exp_pool.close()
         self.req_pool.close()

@@ -109,7 +109,7 @@ class Learner:
         cfg, spec, n_buf = self.cfg, self.ctx.spec, len(self.ctx.topo.buffers)
         most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
         proposed = cfg.replay.architecture == "proposed"
-        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity)
+        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity, cfg.replay.dedup_frames)
         depth = cfg.comm.prefetch + 1 if proposed else 1
         return [BufferLink(self.ctx.topo.learner, b + 1, request_layout(most), reply, depth,
                            shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),
@@ -276,7 +276,8 @@ class Learner:
     def run_baseline(self) -> None:
         cfg, clock = self.cfg, self.clock
         total = cfg.replay.capacity * len(self.links)
-        local = PrioritizedShard(self.ctx.spec, total, cfg.replay.alpha, cfg.replay.priority_eps)
+        local = PrioritizedShard(self.ctx.spec, total, cfg.replay.alpha, cfg.replay.priority_eps,
+                                 dedup_frames=cfg.replay.dedup_frames)
         batch = {name: np.zeros((cfg.replay.batch_size, *shape), dtype) for name, (shape, dtype) in self.ctx.spec.items()}
         need = max(cfg.replay.learning_starts, 1)
         next_try = 0.0
@@ -320,7 +321,11 @@ class Learner:
             local.clear()
             priorities = [v.pop("priority") for v in dumps]
             for v, prio in zip(dumps, priorities):
-                if len(prio):
+                if not len(prio):
+                    continue
+                if "frames" in v:  # each distinct frame once, stacks as indices into them
+                    local.add_framed(v, v.pop("frames"), prio)
+                else:
                     local.add(v, prio)
             if local.size:
                 self.last_p_t = float(np.concatenate(priorities).mean())

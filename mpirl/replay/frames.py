@@ -1,0 +1,155 @@
+"""Frames stored once: a content-addressed, reference-counted pool of image frames.
+
+An Atari transition carries two stacks of 4 frames (obs and next_obs), but
+consecutive transitions of one game share all but one frame: transition t's
+next_obs is frames t+n-3..t+n, transition t+1's obs is frames t-2..t+1. Storing
+stacks costs 8 frames (56 KB) per slot; storing each distinct frame once and
+8 int32 indices per slot costs about one frame (7 KB) per slot.
+
+The pool finds duplicates by content, so it needs no knowledge of which actor,
+game or time step a frame came from: a 64-bit fingerprint of the frame's bytes
+picks a candidate and a byte comparison confirms it (a fingerprint collision
+stores the frame again; it never aliases two different frames). Each frame
+counts the slot references to it; when a slot is overwritten its references
+are released and frames nobody references go back to a free list.
+
+Memory is reserved for the worst case (no frame shared at all: ``max_frames``)
+but only touched as frames are used: the free list hands out the lowest free
+index first and ``numpy.zeros`` maps untouched pages lazily, so the resident
+size follows the live frames (``resident_nbytes``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MULT_SEED = 0x6D70_6972  # fixed: fingerprints must agree between runs of the same data
+
+
+class FramePool:
+    """Up to ``max_frames`` frames of ``frame_shape`` uint8, each held once with a reference count."""
+
+    def __init__(self, frame_shape: tuple[int, ...], max_frames: int):
+        self.frame_shape = tuple(frame_shape)
+        self.max_frames = int(max_frames)
+        self.frames = np.zeros((self.max_frames, *self.frame_shape), dtype=np.uint8)
+        self.refs = np.zeros(self.max_frames, dtype=np.int32)
+        self.keys = np.zeros(self.max_frames, dtype=np.uint64)
+        self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64))
+        # Free list as a stack whose top is the lowest index: frames fill the pool from 0 up.
+        self._free = np.arange(self.max_frames - 1, -1, -1, dtype=np.int64)
+        self._top = self.max_frames
+        self._index: dict[int, int] = {}  # fingerprint -> frame holding that content
+        self.high_water = 0  # frames ever touched: what the pool costs in RAM
+        words = self.frame_nbytes // 8 if self.frame_nbytes % 8 == 0 else self.frame_nbytes
+        rng = np.random.default_rng(_MULT_SEED)
+        self._mult = rng.integers(1, 2**63, size=words, dtype=np.uint64) | np.uint64(1)
+
+    # -- sizes -------------------------------------------------------------------
+    @property
+    def live(self) -> int:
+        """Frames referenced by at least one slot."""
+        return self.max_frames - self._top
+
+    @property
+    def resident_nbytes(self) -> int:
+        """Bytes of pool memory in use: touched frames plus their counters and fingerprints."""
+        return self.high_water * (self.frame_nbytes + self.refs.itemsize + self.keys.itemsize)
+
+    # -- content -----------------------------------------------------------------
+    def fingerprints(self, frames: np.ndarray) -> np.ndarray:
+        """uint64 fingerprint of each frame in ``frames`` (m, *frame_shape)."""
+        flat = np.ascontiguousarray(frames).reshape(len(frames), -1)
+        words = flat.view(np.uint64) if self.frame_nbytes % 8 == 0 else flat.astype(np.uint64)
+        return (words * self._mult).sum(axis=1, dtype=np.uint64)
+
+    def _alloc(self) -> int:
+        if self._top == 0:
+            raise MemoryError(f"frame pool full ({self.max_frames} frames)")
+        self._top -= 1
+        j = int(self._free[self._top])
+        if j >= self.high_water:
+            self.high_water = j + 1
+        return j
+
+    def intern(self, frames: np.ndarray) -> np.ndarray:
+        """Take one reference to each of ``frames`` (m, *frame_shape); returns their int32 indices.
+
+        A frame whose content is already in the pool reuses that frame; others are copied in.
+        """
+        m = len(frames)
+        out = np.empty(m, dtype=np.int32)
+        keys = self.fingerprints(frames)
+        index, pool, refs = self._index, self.frames, self.refs
+        for i in range(m):
+            key = int(keys[i])
+            j = index.get(key)
+            if j is not None and np.array_equal(pool[j], frames[i]):
+                refs[j] += 1
+            else:
+                j = self._alloc()
+                pool[j] = frames[i]
+                refs[j] = 1
+                self.keys[j] = key
+                if key not in index:
+                    index[key] = j
+            out[i] = j
+        return out
+
+    def adopt(self, frames: np.ndarray, refs: np.ndarray) -> np.ndarray:
+        """Copy ``frames`` in as new frames with the given reference counts; returns their indices.
+
+        For a whole memory arriving at once (a baseline dump): no content lookup, the
+        sender already stored each frame once.
+        """
+        m = len(frames)
+        if m > self._top:
+            raise MemoryError(f"frame pool full ({self.max_frames} frames)")
+        idx = self._free[self._top - m:self._top][::-1].copy()
+        self._top -= m
+        if m:
+            self.frames[idx] = frames
+            self.refs[idx] = refs
+            self.keys[idx] = 0
+            self.high_water = max(self.high_water, int(idx.max()) + 1)
+        return idx.astype(np.int32)
+
+    def release(self, idx: np.ndarray) -> None:
+        """Drop one reference per entry of ``idx`` (repeats allowed); free frames left unreferenced."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if not len(idx):
+            return
+        np.subtract.at(self.refs, idx, 1)
+        if (self.refs[idx] < 0).any():
+            raise RuntimeError("frame released more often than referenced")
+        dead = np.unique(idx[self.refs[idx] == 0])
+        if not len(dead):
+            return
+        index = self._index
+        for j, key in zip(dead.tolist(), self.keys[dead].tolist()):
+            if index.get(key) == j:
+                del index[key]
+        # Push the highest first so the lowest freed index is reused first.
+        n = len(dead)
+        self._free[self._top:self._top + n] = dead[::-1]
+        self._top += n
+
+    def clear(self) -> None:
+        """Forget every frame (memory already touched stays mapped)."""
+        self.refs.fill(0)
+        self._index.clear()
+        self._free = np.arange(self.max_frames - 1, -1, -1, dtype=np.int64)
+        self._top = self.max_frames
+
+
+def framed_fields(spec: dict) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Fields of ``spec`` that are uint8 stacks of frames: name -> (stack depth, frame shape).
+
+    A field of shape (S, H, W) and dtype uint8 (Atari's frame stacks) qualifies;
+    every such field shares one pool, so obs and next_obs reuse each other's frames.
+    """
+    out = {}
+    for name, (shape, dtype) in spec.items():
+        if np.dtype(dtype) == np.uint8 and len(shape) == 3:
+            out[name] = (int(shape[0]), tuple(int(s) for s in shape[1:]))
+    return out

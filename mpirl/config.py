@@ -85,14 +85,15 @@ class AgentConfig:
     # Clip each reward to [-reward_clip, reward_clip] before the n-step return (0: no clipping).
     # Episode returns are always reported unclipped.
     reward_clip: float = 0.0
-    # Ape-X exploration: actor i of N uses epsilon ** (1 + epsilon_alpha * i / (N - 1)).
+    # Ape-X exploration: actor i of N uses epsilon ** (1 + epsilon_alpha * i / (N - 1)); with
+    # several games per actor, each game counts as one Ape-X actor (game j of actor i is i*k + j).
     epsilon: float = 0.4
     epsilon_alpha: float = 7.0
     device: str = "auto"
     torch_threads: int = 1
     # "bf16": the learner's forward and backward passes run under bfloat16 autocast (weights,
     # optimizer, targets and loss stay float32). Faster on CPUs with AMX/AVX-512 BF16 and on
-    # recent GPUs; slower on CPUs without them.
+    # recent GPUs; slower on CPUs without them. "auto": bf16 where the device has it natively.
     precision: str = "fp32"
 
 
@@ -192,7 +193,7 @@ _CHOICES = {
     "replay.architecture": ("proposed", "baseline"),
     "replay.shares": ("even", "rate"),
     "agent.device": ("auto", "cpu", "cuda"),
-    "agent.precision": ("fp32", "bf16"),
+    "agent.precision": ("fp32", "bf16", "auto"),
     "comm.link.compression": ("none", "zstd"),
 }
 

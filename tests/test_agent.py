@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.agents.dqn import ActingPolicy, DQNLearner, apex_epsilon, n_step_target, td_errors, to_tensors
+from mpirl.agents.dqn import (ActingPolicy, DQNLearner, apex_epsilon, env_epsilons, n_step_target, td_errors,
+                              to_tensors)
 from mpirl.config import AgentConfig
 
 
@@ -94,3 +95,10 @@ def test_bf16_autocast_trains_in_float32_state():
     losses = [agent.train_step(batch, np.ones(64, np.float32))[0] for _ in range(200)]
     assert all(np.isfinite(losses)) and losses[-1] < 0.1 * losses[0]  # regresses onto r = 1
     assert all(p.dtype == torch.float32 for p in agent.online.parameters())
+
+
+def test_each_game_of_an_actor_is_one_apex_actor():
+    # 2 actors x 4 games = the 8 epsilons of Ape-X with N = 8, in order.
+    eps = np.concatenate([env_epsilons(i, 2, 4) for i in range(2)])
+    np.testing.assert_allclose(eps, [apex_epsilon(i, 8) for i in range(8)])
+    np.testing.assert_allclose(env_epsilons(1, 3, 1), [apex_epsilon(1, 3)])  # one game each: unchanged

@@ -34,6 +34,32 @@ def apex_epsilon(index: int, actors: int, base: float = 0.4, alpha: float = 7.0)
     return base ** (1.0 + alpha * index / (actors - 1))
 
 
+def env_epsilons(actor_index: int, actors: int, envs_per_actor: int, base: float = 0.4,
+                 alpha: float = 7.0) -> np.ndarray:
+    """Ape-X epsilons for the ``envs_per_actor`` games of one actor.
+
+    Ape-X gives each of its N single-game actors its own epsilon; with k games per
+    actor rank every game plays that role: game j of actor i is Ape-X actor i*k + j
+    of N*k, so the whole spread from ``base`` down to ``base ** (1 + alpha)`` is used.
+    """
+    k = envs_per_actor
+    return np.array([apex_epsilon(actor_index * k + j, actors * k, base, alpha) for j in range(k)])
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bfloat16 matrix products natively (AMX / AVX-512 BF16 CPUs, GPUs)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(p() for p in probes if p is not None)
+
+
+def pick_precision(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "bf16" if native_bf16(device) else "fp32"
+    return name
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -75,7 +101,8 @@ class DQNLearner:
         self.grad_clip = agent_cfg.grad_clip
         self.target_update = agent_cfg.target_update
         self.steps = 0
-        self.bf16 = getattr(agent_cfg, "precision", "fp32") == "bf16"
+        self.precision = pick_precision(getattr(agent_cfg, "precision", "fp32"), device)
+        self.bf16 = self.precision == "bf16"
         self.n_params = sum(p.numel() for p in self.online.parameters())
 
     def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
@@ -113,8 +140,8 @@ class ActingPolicy:
         torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-        """Actions for a batch of observations ``(k, *obs_shape)``."""
+    def act(self, obs: np.ndarray, epsilon, rng: np.random.Generator) -> np.ndarray:
+        """Actions for a batch of observations ``(k, *obs_shape)``; ``epsilon``: one or one per row."""
         greedy = self.net(torch.as_tensor(obs)).argmax(dim=1).numpy()
         explore = rng.random(len(greedy)) < epsilon
         return np.where(explore, rng.integers(self.n_actions, size=len(greedy)), greedy)

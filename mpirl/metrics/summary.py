@@ -81,8 +81,10 @@ def _buffer(name: str, entry: dict) -> dict[str, Any]:
            "capacity": attrs.get("capacity"), "architecture": attrs.get("architecture"),
            "rows": len(t.get("time", ())), "time_s": _last(t, "time")}
     for col in ("experiences_in", "fill", "stale_updates", "priority_updates", "consumed",
-                "alpha", "bytes_in", "bytes_out", "total_priority"):
+                "alpha", "bytes_in", "bytes_out", "total_priority", "bytes_held"):
         out[col] = _last(t, col)
+    # Memory per filled slot (frames stored once are only counted as they are touched).
+    out["bytes_per_slot"] = _ratio(out["bytes_held"], out["fill"]) if out["bytes_held"] is not None else None
     out["experiences_in_per_s"] = _ratio(out["experiences_in"], out["time_s"])
     out["experiences_in_per_s_recent"] = _tail_mean(t, "experiences_in_per_s")
     out["fill_fraction"] = _ratio(out["fill"], out["capacity"])
@@ -130,7 +132,7 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
             if a not in latest or t["time"][i] >= latest[a]["time_s"]:
                 latest[a] = {"actor": a, "buffer": name, "time_s": plain(t["time"][i]),
                              **{c: plain(t[c][i]) if c in t else None for c in
-                                ("env_steps", "env_steps_per_s", "epsilon", "param_version")}}
+                                ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s")}}
     return [latest[a] for a in sorted(latest)]
 
 
@@ -229,12 +231,13 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"  return (last 20)    {_f(L['return_mean20'], ',.2f'):>14}   "
                 f"param version {_f(L['param_version'])}"]
     out += ["", f"buffers       {'exp in':>12} {'exp/s':>10} {'fill / capacity':>22} "
-                f"{'stale':>8} {'alpha':>7}"]
+                f"{'stale':>8} {'alpha':>7} {'KB/slot':>8}"]
     for b in s["buffers"]:
         fill = f"{_f(b['fill'])}/{_f(b['capacity'])} ({_f(100 * b['fill_fraction'], '.0f', '%')})"
         out.append(f"  {b['name']:<11} {_f(b['experiences_in']):>12} "
                    f"{_f(b['experiences_in_per_s'], ',.1f'):>10} {fill:>22} "
-                   f"{_f(b['stale_updates']):>8} {_f(b['alpha'], '.2f'):>7}")
+                   f"{_f(b['stale_updates']):>8} {_f(b['alpha'], '.2f'):>7} "
+                   f"{_f(b['bytes_per_slot'] / 1e3 if b['bytes_per_slot'] else None, ',.1f'):>8}")
     e = s["episodes"]
     out += ["", f"episodes      {e['count']} over all buffers   mean length {_f(e['mean_length'], ',.1f')}",
             f"  return        first 20 {_f(e['first20_mean'], ',.2f')}   last 20 "
@@ -244,7 +247,8 @@ def format_summary(s: dict[str, Any]) -> str:
         out += [f"  curve ({len(c['t_mid'])} bins of {_f(c['bin_seconds'], ',.1f', ' s')})",
                 "    t [s]  " + "".join(f"{_f(x, ',.0f'):>9}" for x in c["t_mid"]),
                 "    return " + "".join(f"{_f(x, ',.1f'):>9}" for x in c["mean_return"])]
-    out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9}"]
+    out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9} {'held back s':>12}"]
     out += [f"  {a['actor']:<11} {a['buffer']:<10} {_f(a['epsilon'], '.4f'):>8} "
-            f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9}" for a in s["actors"]]
+            f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
+            f"{_f(a.get('throttled_s'), ',.1f'):>12}" for a in s["actors"]]
     return "\n".join(out)

@@ -1,7 +1,7 @@
 """The actor loop (Ape-X): step environments, build n-step transitions, ship them.
 
 An actor waits for the first parameter broadcast, then acts epsilon-greedily
-with its own epsilon, accumulates n-step transitions in a staging batch,
+with an Ape-X epsilon per game (see ``env_epsilons``), accumulates n-step transitions in a staging batch,
 computes their initial priorities with its local network, and sends each full
 batch to its buffer with ``Isend`` from a ring of preallocated buffers. New
 parameters are picked up between steps; the broadcast with the stop flag ends
@@ -16,7 +16,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from mpirl.agents.dqn import ActingPolicy, apex_epsilon
+from mpirl.agents.dqn import ActingPolicy, env_epsilons
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
 from mpirl.comm.params import ParamBroadcast
@@ -58,7 +58,8 @@ def run_actor(ctx: RoleContext) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     torch.set_num_threads(1)
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
-    epsilon = apex_epsilon(topo.actor_index, topo.n_actors, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    epsilon = float(epsilons.mean())  # reported: the mean over this actor's games
     rng = np.random.default_rng(ctx.seed())
     policy = ActingPolicy(ctx.obs_shape, ctx.n_actions, cfg.agent)
     layout = experience_layout(ctx.spec, batch)
@@ -119,7 +120,7 @@ def run_actor(ctx: RoleContext) -> None:
             waiting.sleep()
             throttled += time.perf_counter() - t0
             continue
-        actions = envs.forced(policy.act(obs, epsilon, rng))
+        actions = envs.forced(policy.act(obs, epsilons, rng))
         step = envs.step(actions)
         env_steps += n_envs
         ep_return += step.reward

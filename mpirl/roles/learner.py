@@ -15,6 +15,7 @@ last broadcast carries the stop flag.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -61,7 +62,10 @@ class Learner:
     def __init__(self, ctx: RoleContext):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
-        torch.set_num_threads(cfg.agent.torch_threads)
+        # More compute threads than cores the rank may run on only makes them wait for each other.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.threads = min(cfg.agent.torch_threads, cores)
+        torch.set_num_threads(self.threads)
         self.agent = DQNLearner(ctx.obs_shape, ctx.n_actions, cfg.agent, pick_device(cfg.agent.device),
                                 seed=cfg.run.seed)
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
@@ -85,7 +89,9 @@ class Learner:
         ctx = self.ctx
         self.file = MetricsFile(ctx.run_dir / "learner.h5", flush_seconds=self.cfg.log.flush_seconds,
                                 attrs={"role": "learner", "rank": 0, "architecture": self.cfg.replay.architecture,
-                                       "device": str(self.agent.device), "n_params": self.agent.n_params,
+                                       "device": str(self.agent.device), "precision": self.agent.precision,
+                                       "torch_threads": self.threads,
+                                       "n_params": self.agent.n_params,
                                        "batch_size": self.cfg.replay.batch_size})
         self.table = self.file.table("train", {
             "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,

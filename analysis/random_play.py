@@ -5,7 +5,9 @@
 
 Random play is uniform random actions through the same environment the actors
 step (same preprocessing, same FIRE after a lost life, same episode ends), so
-it is the level a learner must clear to have learned anything. For each run
+it is the level a learner must clear to have learned anything. ``--constant``
+also plays every fixed action (a network that has learned one habit, such as
+"always LEFT" in Breakout, scores that) and reports the best. For each run
 the script takes the episodes finished in the last ``--tail`` fraction of the
 run, over all actors and per actor, and reports their mean against random
 play's with a z score on the difference of means (standard errors combined).
@@ -28,14 +30,16 @@ from mpirl.config import load  # noqa: E402
 from mpirl.envs.vector import make_vector  # noqa: E402
 
 
-def random_returns(job: str, episodes: int, seed: int, sets=()) -> np.ndarray:
+def random_returns(job: str, episodes: int, seed: int, sets=(), action: int | None = None) -> np.ndarray:
+    """Returns of ``episodes`` episodes under uniform random actions (or always ``action``)."""
     cfg, _ = load(job, sets)
     envs = make_vector(cfg.env, seed=seed)
     rng = np.random.default_rng(seed)
     envs.reset()
     out, ret = [], np.zeros(envs.num_envs)
     while len(out) < episodes:
-        step = envs.step(envs.forced(rng.integers(envs.n_actions, size=envs.num_envs)))
+        acts = rng.integers(envs.n_actions, size=envs.num_envs) if action is None else np.full(envs.num_envs, action)
+        step = envs.step(envs.forced(acts))
         ret += step.reward
         ended = step.terminated | step.truncated
         out.extend(ret[ended].tolist())
@@ -76,9 +80,19 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", nargs="*", default=[], type=Path)
     ap.add_argument("--tail", type=float, default=0.2, help="fraction of each run's time to compare (default 0.2)")
     ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--constant", action="store_true", help="also play every fixed action; report the best")
     args = ap.parse_args(argv)
     rand = stats(random_returns(args.job, args.episodes, args.seed, args.sets))
     print(f"random play     mean {rand[0]:6.2f} ± {rand[1]:.2f} (s.e.)  over {rand[2]} episodes")
+    if args.constant:
+        cfg, _ = load(args.job, args.sets)
+        probe = make_vector(cfg.env, seed=0)
+        n_actions = probe.n_actions
+        probe.close()
+        fixed = [stats(random_returns(args.job, args.episodes // 4 or 1, args.seed, args.sets, a)) for a in range(n_actions)]
+        best = int(np.nanargmax([f[0] for f in fixed]))
+        print(f"fixed action    best is action {best}: mean {fixed[best][0]:6.2f} ± {fixed[best][1]:.2f}  "
+              f"(all: {', '.join(f'{f[0]:.2f}' for f in fixed)})")
     for run in args.runs:
         r, a, _ = run_episodes(run, args.tail)
         rows = [("all actors", r)] + [(f"actor {int(k)}", r[a == k]) for k in np.unique(a)]

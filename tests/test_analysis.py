@@ -44,3 +44,16 @@ def test_solve_table_and_curves_read_the_runs(pair):
     run_dir = next((pair / "link-none-base").glob("*/run.h5")).parent
     proc = script("analysis/curves.py", str(run_dir), "-o", str(pair / "c.png"))
     assert proc.returncode == 0 and (pair / "c.png").exists()
+
+
+def test_random_play_level_and_runs_against_it(pair):
+    runs = [str(p.parent) for p in (pair / "link-none-base").glob("*/run.h5")]
+    proc = script("analysis/random_play.py", "jobs/cartpole.toml", "--episodes", "50", "--runs", *runs)
+    assert proc.returncode == 0, proc.stderr
+    level = float(proc.stdout.split("random play")[1].split()[1])
+    assert 10 < level < 40  # CartPole-v1 under uniform random actions: about 22
+    rows = [line for line in proc.stdout.splitlines() if line.strip().startswith("all actors")]
+    assert len(rows) == len(runs) == 2
+    for row in rows:
+        z = float(row.split("z")[-1])
+        assert z > 3  # 300 train steps already play CartPole far better than chance

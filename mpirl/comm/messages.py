@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from mpirl.comm.layout import Layout
-from mpirl.replay.frames import framed_fields
 
 TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY = 11, 12, 13
 SAMPLE, DUMP, BYE = 1, 2, 3
@@ -57,8 +56,8 @@ def sample_layout(spec: dict, max_share: int) -> Layout:
     return Layout(_reply_header(EPISODE_SLOTS), fields, max_share)
 
 
-def dump_layout(spec: dict, capacity: int, dedup_frames: bool = False) -> Layout:
-    framed = framed_fields(spec) if dedup_frames else {}
+def dump_layout(spec: dict, capacity: int, framed: dict | None = None) -> Layout:
+    """``framed``: the frame-stack fields stored once, name -> (stack depth, frame shape)."""
     if not framed:
         return Layout(_reply_header(DUMP_EPISODE_SLOTS), {**spec, "priority": ((), F32)}, capacity)
     fields = {name: v for name, v in spec.items() if name not in framed}

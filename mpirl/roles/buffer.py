@@ -27,6 +27,7 @@ from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
+from mpirl.replay.frames import framed_fields
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard
 from mpirl.roles.context import Interval, RoleContext
@@ -47,7 +48,8 @@ class Buffer:
         self.exp = experience_layout(spec, cfg.comm.send_batch)
         self.req = request_layout(share)
         dedup = cfg.replay.dedup_frames
-        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity, dedup)
+        framed = framed_fields(spec) if dedup else {}
+        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
         self.n_actors = topo.group.size - 1
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)

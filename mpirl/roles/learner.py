@@ -32,6 +32,7 @@ from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import RateMeter, even_quotas, max_quota, rate_quotas
+from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.comm.buffer_link import BufferLink
@@ -115,7 +116,8 @@ class Learner:
         cfg, spec, n_buf = self.cfg, self.ctx.spec, len(self.ctx.topo.buffers)
         most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
         proposed = cfg.replay.architecture == "proposed"
-        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity, cfg.replay.dedup_frames)
+        framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
+        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity, framed)
         depth = cfg.comm.prefetch + 1 if proposed else 1
         return [BufferLink(self.ctx.topo.learner, b + 1, request_layout(most), reply, depth,
                            shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),

@@ -4,13 +4,16 @@ Marked ``learning``: it runs in CI (about a minute here) and fails with the
 reason in the message: the stop reason, the returns reached, the budget spent.
 """
 
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pytest
 
 from mpirl.metrics.summary import summarize
 
-from conftest import run_mpi
+from conftest import ROOT, run_mpi
 
 ENV_STEP_BUDGET = 200_000
 
@@ -31,4 +34,12 @@ def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
     assert eps["first20_mean"] < 60 < 195 <= s["learner"]["return_mean20"]  # returns rose from random play
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         ret = f["learner/train/return_mean20"][()]
-        assert np.nanmax(ret) >= 195 and np.nanmin(ret) < 60
+        # The learner's own record ends where the stop condition fired (its first row, a second in,
+        # may already be far above random play: the rise itself is checked on the episodes above).
+        assert ret[-1] >= 195
+    # The analysis script agrees: the run's last episodes beat uniform random play (about 22) by far.
+    proc = subprocess.run([sys.executable, "analysis/random_play.py", "jobs/cartpole.toml", "--episodes", "50",
+                           "--runs", str(job.run_dir)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("all actors"))
+    assert float(row[-1]) > 3, proc.stdout

@@ -154,6 +154,18 @@ class PrioritizedShard:
             self.store.gather(ids, out)
         return sample
 
+    def sample_into(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray]) -> Sample:
+        """:meth:`sample` ``k`` records straight into a reply message's views.
+
+        ``out`` holds the record fields and ``ids``, ``versions``, ``probs`` and
+        ``priority`` arrays of at least k rows (the buffer's sample reply layout);
+        all of them are filled.
+        """
+        s = self.sample(k, rng, out=out)
+        out["ids"][:k], out["versions"][:k] = s.ids, s.versions
+        out["probs"][:k], out["priority"][:k] = s.probs, s.priorities
+        return s
+
     def update_priorities(self, ids: np.ndarray, versions: np.ndarray,
                           priorities: np.ndarray) -> int:
         """Set new raw priorities for sampled slots; returns the stale count.

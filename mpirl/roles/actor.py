@@ -1,11 +1,16 @@
 """The actor loop (Ape-X): step environments, build n-step transitions, ship them.
 
 An actor waits for the first parameter broadcast, then acts epsilon-greedily
-with an Ape-X epsilon per game (see ``env_epsilons``), accumulates n-step transitions in a staging batch,
-computes their initial priorities with its local network, and sends each full
-batch to its buffer with ``Isend`` from a ring of preallocated buffers. New
-parameters are picked up between steps; the broadcast with the stop flag ends
-the loop, and a final message tells the buffer this actor is done.
+with an Ape-X epsilon per game (see ``env_epsilons``), accumulates n-step
+transitions in a staging batch, computes their initial priorities with its local
+network, and sends each full batch to its buffer with ``Isend`` from a ring of
+preallocated buffers. New parameters are picked up between steps; the broadcast
+with the stop flag ends the loop, and a final message tells the buffer this
+actor is done.
+
+:class:`Acting` is everything an actor does without MPI (games, policy, n-step
+windows, priorities) and :class:`ExperienceSender` is its line to the buffer;
+``mpirl bench actor`` runs the first with and without the second.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
 from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import SendRing
+from mpirl.config import JobConfig
 from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
@@ -54,55 +60,132 @@ class Staging:
         self.count = rest
 
 
+class Acting:
+    """One actor's games, local network and n-step windows; no MPI.
+
+    ``step()`` plays one step of every game and stages the transitions that
+    became complete; ``take(n)`` hands out the first n with their initial
+    priorities (|TD| from the local network) and ``drop(n)`` forgets them.
+    Finished episodes wait in ``episodes`` as (return, length).
+    """
+
+    def __init__(self, cfg: JobConfig, obs_shape: tuple, n_actions: int, spec: dict, epsilons: np.ndarray,
+                 seed: int):
+        self.cfg = cfg
+        n_envs, n_step = cfg.env.envs_per_actor, cfg.agent.n_step
+        self.epsilons = epsilons
+        self.rng = np.random.default_rng(seed)
+        self.policy = ActingPolicy(obs_shape, n_actions, cfg.agent)
+        # Each env step emits at most n transitions (on episode end), so this never overflows.
+        self.staging = Staging(spec, cfg.comm.send_batch + n_envs * n_step)
+        self.episodes: deque = deque()
+        self.env_steps = 0
+        self.seed = seed
+        self.envs = None
+
+    def start(self) -> None:
+        """Build and reset the games (after the first parameters arrived)."""
+        cfg = self.cfg
+        n_envs = cfg.env.envs_per_actor
+        self.envs = make_vector(cfg.env, seed=self.seed)
+        self.obs = self.envs.reset()
+        self.nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
+        self.ep_return, self.ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
+
+    def step(self) -> None:
+        envs, clip = self.envs, self.cfg.agent.reward_clip
+        actions = envs.forced(self.policy.act(self.obs, self.epsilons, self.rng))
+        step = envs.step(actions)
+        self.env_steps += envs.num_envs
+        self.ep_return += step.reward
+        self.ep_length += 1
+        rewards = np.clip(step.reward, -clip, clip) if clip else step.reward
+        ended = step.terminated | step.truncated
+        cut = step.terminated if step.life_lost is None else step.terminated | step.life_lost
+        for k in range(envs.num_envs):
+            # The step's arrays are fresh: the n-step windows may keep views of their rows.
+            for transition in self.nsteps[k].push(self.obs[k], actions[k], rewards[k], step.final_obs[k],
+                                                  cut[k], step.truncated[k]):
+                self.staging.put(transition)
+            if ended[k]:
+                self.episodes.append((float(self.ep_return[k]), int(self.ep_length[k])))
+        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
+        self.obs = step.obs
+
+    @property
+    def staged(self) -> int:
+        return self.staging.count
+
+    def take(self, rows: int) -> tuple[dict, np.ndarray]:
+        """The first ``rows`` staged transitions (views) and their initial priorities."""
+        records = self.staging.take(rows)
+        priorities = self.policy.priorities(records) if rows else np.zeros(0, np.float32)
+        return records, priorities
+
+    def drop(self, rows: int) -> None:
+        self.staging.drop(rows)
+
+    def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
+
+
+class ExperienceSender:
+    """An actor's line to its buffer: batches packed into a ring of send buffers, ``Isend``."""
+
+    def __init__(self, comm, spec: dict, send_batch: int, ring_size: int, rank: int):
+        self.layout = experience_layout(spec, send_batch)
+        self.ring = SendRing(comm, dest=0, tag=TAG_EXPERIENCE, nbytes=self.layout.max_nbytes, size=ring_size)
+        self.rank = rank
+        self.sent = 0
+
+    def send(self, records: dict, priorities: np.ndarray, episodes: deque, final: bool = False, **header) -> None:
+        """Pack and send ``records`` with their priorities and up to EPISODE_SLOTS finished episodes."""
+        slot, buf = self.ring.acquire()
+        k = min(len(episodes), EPISODE_SLOTS)
+        done_eps = [episodes.popleft() for _ in range(k)]
+        nbytes = self.layout.pack(buf, {**records, "priority": priorities}, actor=self.rank, final=int(final),
+                                  episodes=k, ep_return=[r for r, _ in done_eps], ep_length=[n for _, n in done_eps],
+                                  **header)
+        self.ring.send(slot, nbytes)
+        self.sent += len(priorities)
+
+    def close(self) -> None:
+        self.ring.close()
+
+
 def run_actor(ctx: RoleContext) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     torch.set_num_threads(1)
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
     epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
     epsilon = float(epsilons.mean())  # reported: the mean over this actor's games
-    rng = np.random.default_rng(ctx.seed())
-    policy = ActingPolicy(ctx.obs_shape, ctx.n_actions, cfg.agent)
-    layout = experience_layout(ctx.spec, batch)
-    ring = SendRing(topo.group, dest=0, tag=TAG_EXPERIENCE, nbytes=layout.max_nbytes, size=cfg.comm.send_ring)
-    params = ParamBroadcast(topo.group_params, policy.n_params)
-    # Each env step emits at most n transitions (on episode end), so this never overflows.
-    staging = Staging(ctx.spec, batch + n_envs * cfg.agent.n_step)
-    episodes: deque = deque()  # (return, length) not yet reported
-    env_steps, version, sent, throttled = 0, -1, 0, 0.0
+    acting = Acting(cfg, ctx.obs_shape, ctx.n_actions, ctx.spec, epsilons, ctx.seed())
+    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
+    params = ParamBroadcast(topo.group_params, acting.policy.n_params)
+    version, throttled = -1, 0.0
     rp = cfg.replay
     budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
                           rp.learning_starts, len(topo.buffers), topo.group.size - 1,
                           slack=batch + n_envs * cfg.agent.n_step)
 
     def send(rows: int, final: bool = False) -> None:
-        nonlocal sent
-        slot, buf = ring.acquire()
-        records = staging.take(rows)
-        priorities = policy.priorities(records) if rows else np.zeros(0, np.float32)
-        k = min(len(episodes), EPISODE_SLOTS)
-        done_eps = [episodes.popleft() for _ in range(k)]
+        records, priorities = acting.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
-        nbytes = layout.pack(buf, {**records, "priority": priorities}, actor=topo.rank, env_steps=env_steps,
-                             param_version=version, epsilon=epsilon, steps_per_s=env_steps / elapsed,
-                             throttled_s=throttled, final=int(final), episodes=k, ep_return=[r for r, _ in done_eps],
-                             ep_length=[n for _, n in done_eps])
-        ring.send(slot, nbytes)
-        staging.drop(rows)
-        sent += rows
+        sender.send(records, priorities, acting.episodes, final=final, env_steps=acting.env_steps,
+                    param_version=version, epsilon=epsilon, steps_per_s=acting.env_steps / elapsed,
+                    throttled_s=throttled)
+        acting.drop(rows)
 
     params.post()
     wait_until(params.arrived, first=1e-4, longest=10e-3)
     stopped = params.stop
     if not stopped:
-        policy.load_flat(params.params)
+        acting.policy.load_flat(params.params)
         version = params.version
         params.post()
 
-    envs = make_vector(cfg.env, seed=ctx.seed())
-    obs = envs.reset()
-    nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
-    ep_return, ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
-    clip = cfg.agent.reward_clip
+    acting.start()
     started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
@@ -112,38 +195,22 @@ def run_actor(ctx: RoleContext) -> None:
             stopped = params.stop
             if stopped:
                 break
-            policy.load_flat(params.params)
+            acting.policy.load_flat(params.params)
             version = params.version
             params.post()
-        if budget.over(sent, version):  # ahead of the learner: sleep until it publishes again
+        if budget.over(sender.sent, version):  # ahead of the learner: sleep until it publishes again
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0
             continue
-        actions = envs.forced(policy.act(obs, epsilons, rng))
-        step = envs.step(actions)
-        env_steps += n_envs
-        ep_return += step.reward
-        ep_length += 1
-        rewards = np.clip(step.reward, -clip, clip) if clip else step.reward
-        ended = step.terminated | step.truncated
-        cut = step.terminated if step.life_lost is None else step.terminated | step.life_lost
-        for k in range(n_envs):
-            # The step's arrays are fresh: the n-step windows may keep views of their rows.
-            for transition in nsteps[k].push(obs[k], actions[k], rewards[k], step.final_obs[k],
-                                             cut[k], step.truncated[k]):
-                staging.put(transition)
-            if ended[k]:
-                episodes.append((float(ep_return[k]), int(ep_length[k])))
-        ep_return[ended], ep_length[ended] = 0.0, 0
-        obs = step.obs
-        while staging.count >= batch:
+        acting.step()
+        while acting.staged >= batch:
             send(batch)
 
     # Unsent transitions are dropped: the learner has stopped. Report episodes, then say goodbye.
-    staging.count = 0
-    while len(episodes) > EPISODE_SLOTS:
+    acting.drop(acting.staged)
+    while len(acting.episodes) > EPISODE_SLOTS:
         send(0)
     send(0, final=True)
-    ring.close()
-    envs.close()
+    sender.close()
+    acting.close()

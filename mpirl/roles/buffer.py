@@ -152,9 +152,7 @@ class Buffer:
         rows = want if self.store.size else 0
         views = self.reply.views(buf, rows)
         if rows:
-            s = self.store.sample(rows, self.rng, out={name: views[name] for name in self.spec})
-            views["ids"][:], views["versions"][:] = s.ids, s.versions
-            views["probs"][:], views["priority"][:] = s.probs, s.priorities
+            self.store.sample_into(rows, self.rng, views)
         self._send_reply(slot, buf, SAMPLE, seq, rows)
 
     def serve_dump(self, seq: float) -> None:

@@ -66,6 +66,53 @@ def test_fingerprint_collisions_never_alias_frames(monkeypatch):
         np.testing.assert_array_equal(pool.frames[j], frames[i])
 
 
+def test_collision_with_a_pool_frame_stores_the_new_content_apart(monkeypatch):
+    pool = FramePool((H, W), 8)
+    monkeypatch.setattr(pool, "fingerprints", lambda frames: np.zeros(len(frames), np.uint64))
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 256, (2, H, W), dtype=np.uint8)
+    ia = pool.intern(a[None])
+    ib = pool.intern(np.stack([b, b]))  # one fingerprint, equal bytes inside the batch, differs from the pool's
+    assert ib.tolist() == [ib[0]] * 2 and ib[0] != ia[0] and pool.refs[ib[0]] == 2
+    np.testing.assert_array_equal(pool.frames[ib[0]], b)
+    assert pool.intern(a[None]).tolist() == ia.tolist() and pool.refs[ia[0]] == 2
+
+
+def test_interning_matches_a_reference_model():
+    # Batches drawn from a few distinct contents with repeats inside and across batches;
+    # the pool must hand out frames with the right bytes and count references exactly.
+    rng = np.random.default_rng(4)
+    contents = rng.integers(0, 256, (12, H, W), dtype=np.uint8)
+    pool = FramePool((H, W), 64)
+    held = []  # (frame index, content number) references still held
+    for _ in range(200):
+        pick = rng.integers(0, len(contents), rng.integers(1, 20))
+        idx = pool.intern(contents[pick])
+        for j, c in zip(idx.tolist(), pick.tolist()):
+            np.testing.assert_array_equal(pool.frames[j], contents[c])
+        held += list(zip(idx.tolist(), pick.tolist()))
+        rng.shuffle(held)
+        k = int(rng.integers(0, len(held) + 1))
+        pool.release(np.array([j for j, _ in held[:k]], dtype=np.int64))
+        held = held[k:]
+        counts = np.bincount([j for j, _ in held], minlength=64)
+        np.testing.assert_array_equal(pool.refs, counts)
+        assert pool.live == len({c for _, c in held})  # each live content exactly once
+
+
+def test_frames_given_in_a_wider_dtype_are_stored_as_uint8_and_shared():
+    from mpirl.replay.ring import RingStore
+    spec = {"obs": ((2, 3, 5), np.uint8), "action": ((), np.int64)}
+    store = RingStore(spec, 4, dedup_frames=True)
+    obs = np.arange(30).reshape(1, 2, 3, 5)  # int64 values of uint8 frames (15 bytes each)
+    for _ in range(2):
+        store.add({"obs": obs, "action": np.zeros(1, np.int64)})
+    assert store.pool.live == 2  # the two distinct frames, once each across both records
+    out = {"obs": np.zeros((2, 2, 3, 5), np.uint8), "action": np.zeros(2, np.int64)}
+    store.gather(np.array([0, 1]), out)
+    np.testing.assert_array_equal(out["obs"], np.concatenate([obs, obs]).astype(np.uint8))
+
+
 def test_over_releasing_is_an_error():
     pool = FramePool((2, 2), 4)
     idx = pool.intern(np.ones((1, 2, 2), np.uint8))

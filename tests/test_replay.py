@@ -5,7 +5,7 @@ import pytest
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
-from mpirl.replay.sumtree import SumTree
+from mpirl.replay.sumtree import SumTree, last_unique
 
 SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
         "next_obs": ((4,), np.float32), "done": ((), np.bool_), "discount": ((), np.float32)}
@@ -91,6 +91,49 @@ def test_sumtree_never_returns_zero_leaf():
     cs = np.cumsum(vals)
     for b in (np.nextafter(cs, 0.0), cs, np.nextafter(cs, np.inf)):
         assert (vals[t.find(b)] > 0).all()
+
+
+def test_sumtree_wide_tree_prefix_level_and_descent():
+    # 70,000 slots: 131,072 leaves, a prefix-summed level of 4,096 nodes, then 5 levels of descent.
+    rng = np.random.default_rng(2)
+    n = 70_000
+    vals = rng.random(n) * 10.0 ** rng.integers(-8, 3, n)
+    vals[rng.random(n) < 0.3] = 0.0
+    t = SumTree(n)
+    t.update(np.arange(n), vals)
+    cs = np.cumsum(vals)
+    u = np.concatenate([rng.random(50_000) * cs[-1], np.nextafter(cs, 0.0)[::7], cs[::7], [cs[-1], 1e300, -1.0]])
+    idx = t.find(u)
+    assert (vals[idx] > 0).all()
+    inside = u[:50_000]  # draws away from boundaries land where a plain prefix-sum search puts them
+    np.testing.assert_array_equal(idx[:50_000], np.searchsorted(cs, inside, side="right"))
+    # sparse updates of a few slots keep every ancestor exact (same sums as a full rebuild)
+    for k in (1, 64, 512, 5000):
+        ids = rng.integers(0, n, k)
+        new = rng.random(k)
+        t.update(ids, new)
+        uniq, pos = last_unique(ids)  # SumTree promises the last value of a repeated id
+        vals[uniq] = new[pos]
+        ref = SumTree(n)
+        ref.update(np.arange(n), vals)
+        np.testing.assert_array_equal(t.tree, ref.tree)
+
+
+def test_sumtree_refuses_values_that_would_poison_the_total():
+    t = SumTree(8)
+    for bad in (np.nan, np.inf, -1.0):
+        with pytest.raises(ValueError):
+            t.update(np.array([1]), np.array([bad]))
+    t.update(np.array([2]), np.array([1.0]))
+    assert t.find(np.array([np.nan])).tolist() == [2]  # a NaN draw is read as 0, never out of range
+
+
+def test_sumtree_sorted_ids_with_repeats_keep_the_last_value():
+    t = SumTree(10_000)
+    t.update(np.array([3, 3, 5, 9000, 9000, 9000]), np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    assert t.get(np.array([3, 5, 9000])).tolist() == [2.0, 3.0, 6.0] and t.total == 11.0
+    t.update(np.array([9000, 3, 9000]), np.array([7.0, 0.5, 8.0]))  # unsorted: the general path
+    assert t.get(np.array([3, 9000])).tolist() == [0.5, 8.0] and t.total == 11.5
 
 
 # ---------------------------------------------------------------- ring store

@@ -58,41 +58,80 @@ class FramePool:
 
     # -- content -----------------------------------------------------------------
     def fingerprints(self, frames: np.ndarray) -> np.ndarray:
-        """uint64 fingerprint of each frame in ``frames`` (m, *frame_shape)."""
+        """uint64 fingerprint of each frame in ``frames`` (m, *frame_shape): a random linear form of its words.
+
+        Multiplying by odd numbers modulo 2**64 keeps a difference's lowest bit in place, so
+        frames that differ only in the top byte of some words may share a fingerprint. That
+        costs a duplicate frame (matches are always confirmed byte for byte), never an alias.
+        """
         flat = np.ascontiguousarray(frames).reshape(len(frames), -1)
         words = flat.view(np.uint64) if self.frame_nbytes % 8 == 0 else flat.astype(np.uint64)
-        return (words * self._mult).sum(axis=1, dtype=np.uint64)
+        return np.matmul(words, self._mult)  # integer matmul: a C loop, wraps modulo 2**64
 
-    def _alloc(self) -> int:
-        if self._top == 0:
+    def _alloc_many(self, n: int) -> np.ndarray:
+        """``n`` free frames, lowest indices first (int64)."""
+        if n > self._top:
             raise MemoryError(f"frame pool full ({self.max_frames} frames)")
-        self._top -= 1
-        j = int(self._free[self._top])
-        if j >= self.high_water:
-            self.high_water = j + 1
-        return j
+        idx = self._free[self._top - n:self._top][::-1].copy()
+        self._top -= n
+        if n:
+            self.high_water = max(self.high_water, int(idx.max()) + 1)
+        return idx
 
     def intern(self, frames: np.ndarray) -> np.ndarray:
         """Take one reference to each of ``frames`` (m, *frame_shape); returns their int32 indices.
 
         A frame whose content is already in the pool reuses that frame; others are copied in.
+        Vectorized over the batch: one fingerprint per frame, frames repeated within the batch
+        grouped by fingerprint, one index lookup per distinct frame. Every match is confirmed
+        byte for byte (within the batch and against the pool); if two different frames of one
+        batch share a fingerprint, the batch goes frame by frame instead.
         """
         m = len(frames)
-        out = np.empty(m, dtype=np.int32)
-        keys = self.fingerprints(frames)
-        index, pool, refs = self._index, self.frames, self.refs
-        for i in range(m):
+        if m == 0:
+            return np.zeros(0, dtype=np.int32)
+        flat = np.ascontiguousarray(frames).reshape(m, -1)
+        keys = self.fingerprints(flat)
+        uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        rep = first[inv]  # the first frame of the batch with the same fingerprint
+        dup = np.flatnonzero(rep != np.arange(m))
+        if dup.size:
+            raw = {i: flat[i].tobytes() for i in np.union1d(dup, rep[dup]).tolist()}
+            if not all(raw[i] == raw[j] for i, j in zip(dup.tolist(), rep[dup].tolist())):
+                return self._intern_one_by_one(flat, keys)
+        # One lookup per distinct frame; a hit counts only if the pool's frame has the same bytes.
+        index, pool = self._index, self.frames.reshape(self.max_frames, -1)
+        js = np.array([index.get(k, -1) for k in uniq.tolist()], dtype=np.int64)
+        for h in np.flatnonzero(js >= 0).tolist():
+            if pool[js[h]].tobytes() != flat[first[h]].tobytes():
+                js[h] = -1  # a fingerprint collision: store this content as a frame of its own
+        new = np.flatnonzero(js < 0)
+        if new.size:
+            slots = self._alloc_many(len(new))
+            pool[slots] = flat[first[new]]
+            self.keys[slots] = uniq[new]
+            for key, j in zip(uniq[new].tolist(), slots.tolist()):
+                index.setdefault(key, j)
+            js[new] = slots
+        self.refs[js] += np.bincount(inv, minlength=len(uniq)).astype(np.int32)
+        return js[inv].astype(np.int32)
+
+    def _intern_one_by_one(self, flat: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """:meth:`intern` for a batch in which different frames share a fingerprint."""
+        out = np.empty(len(flat), dtype=np.int32)
+        index, pool, refs = self._index, self.frames.reshape(self.max_frames, -1), self.refs
+        for i in range(len(flat)):
             key = int(keys[i])
             j = index.get(key)
-            if j is not None and np.array_equal(pool[j], frames[i]):
+            if j is not None and np.array_equal(pool[j], flat[i]):
                 refs[j] += 1
             else:
-                j = self._alloc()
-                pool[j] = frames[i]
+                j = int(self._alloc_many(1)[0])
+                pool[j] = flat[i]
                 refs[j] = 1
                 self.keys[j] = key
-                if key not in index:
-                    index[key] = j
+                index.setdefault(key, j)
             out[i] = j
         return out
 
@@ -102,16 +141,11 @@ class FramePool:
         For a whole memory arriving at once (a baseline dump): no content lookup, the
         sender already stored each frame once.
         """
-        m = len(frames)
-        if m > self._top:
-            raise MemoryError(f"frame pool full ({self.max_frames} frames)")
-        idx = self._free[self._top - m:self._top][::-1].copy()
-        self._top -= m
-        if m:
+        idx = self._alloc_many(len(frames))
+        if len(idx):
             self.frames[idx] = frames
             self.refs[idx] = refs
             self.keys[idx] = 0
-            self.high_water = max(self.high_water, int(idx.max()) + 1)
         return idx.astype(np.int32)
 
     def release(self, idx: np.ndarray) -> None:
@@ -119,10 +153,12 @@ class FramePool:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if not len(idx):
             return
-        np.subtract.at(self.refs, idx, 1)
-        if (self.refs[idx] < 0).any():
+        frames, counts = np.unique(idx, return_counts=True)
+        left = self.refs[frames] - counts
+        if (left < 0).any():
             raise RuntimeError("frame released more often than referenced")
-        dead = np.unique(idx[self.refs[idx] == 0])
+        self.refs[frames] = left
+        dead = frames[left == 0]
         if not len(dead):
             return
         index = self._index

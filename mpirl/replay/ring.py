@@ -89,7 +89,7 @@ class RingStore:
         n = self.count_rows(records)
         ids, skip = self._write_plain(records, n)
         for name, (depth, shape) in self.framed.items():
-            frames = np.asarray(records[name][skip:]).reshape(-1, *shape)
+            frames = np.asarray(records[name][skip:], dtype=np.uint8).reshape(-1, *shape)
             self.frame_idx[name][ids] = self.pool.intern(frames).reshape(-1, depth)
         self._advance(ids, skip, n)
         return ids

@@ -13,7 +13,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from .ring import RingStore, Spec
-from .sumtree import SumTree, last_unique
+from .sumtree import SumTree, sorted_last
 
 
 class Sample(NamedTuple):
@@ -186,8 +186,7 @@ class PrioritizedShard:
         if n_fresh < len(ids):
             ids, priorities = ids[fresh], priorities[fresh]
         if n_fresh:
-            uniq, pos = last_unique(ids)
-            raw = np.abs(priorities[pos])
+            uniq, raw = sorted_last(ids, np.abs(priorities))
             self.raw_priority[uniq] = raw
             self.tree.update(uniq, self._p(raw), assume_sorted_unique=True)
         return len(fresh) - n_fresh

@@ -1,4 +1,4 @@
-"""``mpirl`` command line: run, launch, validate, info.
+"""``mpirl`` command line: run, launch, validate, info, bench.
 
 ``run`` is what every MPI rank executes; ``launch`` wraps ``mpiexec`` with the
 right flags; ``validate`` checks a job without running it; ``info`` summarizes
@@ -62,8 +62,8 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return found
 
 
-def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str]) -> tuple[list[str], dict]:
-    """The mpiexec command line and environment for ``n`` ranks of ``job``."""
+def launch_env(mpiexec: str) -> tuple[list[str], dict]:
+    """The flags and environment every local mpiexec of ours needs (Open MPI: oversubscribe, root)."""
     env = dict(os.environ)
     flags: list[str] = []
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
@@ -72,6 +72,12 @@ def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[
         flags += ["--oversubscribe", "--bind-to", "none"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return flags, env
+
+
+def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str]) -> tuple[list[str], dict]:
+    """The mpiexec command line and environment for ``n`` ranks of ``job``."""
+    flags, env = launch_env(mpiexec)
     cmd = [mpiexec, "-n", str(n), *flags, *extra, sys.executable, "-m", "mpirl", "run", job]
     for item in sets:
         cmd += ["--set", item]
@@ -119,6 +125,18 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import datetime as dt
+
+    from mpirl.bench.suite import run
+    if args.reps < 5:
+        return _fail(f"--reps: at least 5 repetitions make a median with a range, got {args.reps}")
+    out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
+    if out.exists():
+        return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
+    return run(args.what, args.reps, out)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpirl", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -148,6 +166,12 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("info", help="summarize a run directory (finished or running) from its HDF5 files")
     sp.add_argument("run_dir", help="a run directory, or a directory of runs (the newest is shown)")
     sp.set_defaults(func=cmd_info)
+
+    sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
+    sp.add_argument("what", choices=["all", "replay", "transport", "pipeline", "actor", "solve"])
+    sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
+    sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
+    sp.set_defaults(func=cmd_bench)
     return p
 
 

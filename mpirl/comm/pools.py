@@ -62,20 +62,23 @@ class SendRing:
         self._next = 0
 
     def _free_slot(self) -> int | None:
-        self.pump()
-        for k in range(len(self.buffers)):
-            i = (self._next + k) % len(self.buffers)
+        if self.held:
+            self.pump()
+        n = len(self.buffers)
+        for k in range(n):
+            i = (self._next + k) % n
             if not self.busy[i] and self._sent(i):
                 return i
         return None
 
     def acquire(self) -> tuple[int, np.ndarray]:
         """A free buffer, waiting (with back-off) for an in-flight send to finish if needed."""
-        backoff = Backoff()
         slot = self._free_slot()
-        while slot is None:
-            backoff.sleep()
-            slot = self._free_slot()
+        if slot is None:
+            backoff = Backoff()
+            while slot is None:
+                backoff.sleep()
+                slot = self._free_slot()
         return slot, self.buffers[slot]
 
     def send(self, slot: int, nbytes: int) -> None:
@@ -97,11 +100,17 @@ class SendRing:
             self.pump()
 
     def _isend(self, slot: int, nbytes: int) -> None:
-        self.requests[slot] = [self.comm.Isend([piece, MPI.BYTE], self.dest, self.tag)
-                               for piece in pieces(self.wire[slot], nbytes, self.n_pieces, self.piece)]
+        if self.n_pieces == 1:  # the common case: one request, tested on its own (cheaper than Testall)
+            self.requests[slot] = self.comm.Isend([self.wire[slot][:nbytes], MPI.BYTE], self.dest, self.tag)
+        else:
+            self.requests[slot] = [self.comm.Isend([piece, MPI.BYTE], self.dest, self.tag)
+                                   for piece in pieces(self.wire[slot], nbytes, self.n_pieces, self.piece)]
 
     def _sent(self, slot: int) -> bool:
-        if self.requests[slot] and not MPI.Request.Testall(self.requests[slot]):
+        req = self.requests[slot]
+        if not req:  # nothing in flight (an empty list, or a completed request: MPI.REQUEST_NULL is falsy)
+            return True
+        if not (req.Test() if isinstance(req, MPI.Request) else MPI.Request.Testall(req)):
             return False
         self.requests[slot] = []
         return True

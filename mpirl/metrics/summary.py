@@ -252,3 +252,37 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
             f"{_f(a.get('throttled_s'), ',.1f'):>12}" for a in s["actors"]]
     return "\n".join(out)
+
+
+def first_reach(run_dir: Path, target: float, window: int = 20, actors: list[int] | None = None) -> dict[str, Any]:
+    """When the mean return of the last ``window`` episodes first reached ``target``, from the episode rows.
+
+    ``actors``: count only these actors' episodes (e.g. the least exploring one, as an
+    evaluator would); default all. Returns ``{"seconds", "env_steps", "episodes"}``
+    (None each if never): seconds since the job's start, and env steps summed over
+    all actors as their messages last reported them by then. Exact per episode,
+    unlike the learner's per-interval rows.
+    """
+    files = load_run(Path(run_dir))["files"]
+    rows = [e["tables"].get("episodes", {}) for name, e in files.items() if name.startswith("buffer_")]
+    rows = [r for r in rows if len(r.get("time", ()))]
+    none = {"seconds": None, "env_steps": None, "episodes": None}
+    if not rows:
+        return none
+    t = np.concatenate([r["time"] for r in rows]).astype(float)
+    ret = np.concatenate([r["return"] for r in rows]).astype(float)
+    actor = np.concatenate([r["actor"] for r in rows]).astype(int)
+    steps = np.concatenate([r["env_steps"] for r in rows]).astype(float)
+    order = np.argsort(t, kind="stable")
+    t, ret, actor, steps = t[order], ret[order], actor[order], steps[order]
+    mine = np.isin(actor, actors) if actors is not None else np.ones(len(t), bool)
+    if mine.sum() < window:
+        return none
+    means = np.convolve(ret[mine], np.ones(window) / window, mode="valid")  # means[i]: episodes i .. i+window-1
+    hit = np.flatnonzero(means >= target)
+    if not hit.size:
+        return none
+    i = int(np.flatnonzero(mine)[hit[0] + window - 1])  # the episode that completed the window
+    before = t <= t[i]
+    latest = {a: steps[before & (actor == a)].max() for a in np.unique(actor[before])}
+    return {"seconds": float(t[i]), "env_steps": int(sum(latest.values())), "episodes": int(hit[0] + window)}

@@ -1,0 +1,1 @@
+"""Benchmarks: ours against a reference or the physical limit, side by side in one run."""

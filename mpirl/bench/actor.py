@@ -1,0 +1,103 @@
+"""Actor overhead: env steps/s of an actor rank that sends its experiences vs the same loop without MPI.
+
+    mpirl bench actor [--reps 5]
+
+The loop is the actor's own (:class:`mpirl.roles.actor.Acting`): epsilon-greedy
+actions from the local network, n-step transitions, initial priorities from the
+local network for every batch. Without MPI the batches are dropped once their
+priorities are computed; with MPI (``mpiexec -n 2``) they are packed into the send
+ring and sent to a rank that receives them as a buffer does. Both use one torch
+thread, as actors do. CartPole (one game per actor, the cheapest env: MPI's share
+is largest) and Breakout (four games in ale-py's vector env).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mpirl.agents.dqn import env_epsilons, transition_spec
+from mpirl.bench.report import MIN_REPS, Row
+from mpirl.bench.run_mpi import mpiexec_json
+from mpirl.config import JobConfig
+from mpirl.envs.vector import vector_spaces
+from mpirl.roles.actor import Acting
+
+ENVS = [("CartPole-v1", 1), ("ALE/Breakout-v5", 4)]
+
+
+def acting_for(env_id: str, envs: int) -> tuple[Acting, JobConfig, dict]:
+    """An actor's acting loop for ``env_id`` with ``envs`` games, as actor 0 of 2 of a default job."""
+    torch.set_num_threads(1)
+    cfg = JobConfig()
+    cfg.env.id, cfg.env.envs_per_actor = env_id, envs
+    if env_id.startswith("ALE/"):
+        cfg.agent.hidden, cfg.agent.reward_clip, cfg.comm.send_batch = [512], 1.0, 64
+    obs_shape, obs_dtype, n_actions = vector_spaces(cfg.env)
+    spec = transition_spec(obs_shape, obs_dtype)
+    eps = env_epsilons(0, 2, envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    return Acting(cfg, obs_shape, n_actions, spec, eps, seed=1), cfg, spec
+
+
+def receive_until_final(comm, env_id: str, envs: int) -> int:
+    """Rank 0: receive experience messages like a buffer until the actor's final one; returns the count."""
+    from mpirl.comm.backoff import Backoff
+    from mpirl.comm.messages import TAG_EXPERIENCE, experience_layout
+    from mpirl.comm.pools import RecvPool
+    cfg = JobConfig()
+    cfg.env.id, cfg.env.envs_per_actor = env_id, envs
+    batch = 64 if env_id.startswith("ALE/") else cfg.comm.send_batch
+    obs_shape, obs_dtype, _ = vector_spaces(cfg.env)
+    layout = experience_layout(transition_spec(obs_shape, obs_dtype), batch)
+    pool = RecvPool(comm, [1], TAG_EXPERIENCE, layout.max_nbytes, cfg.comm.recv_depth)
+    backoff, got, final = Backoff(), 0, False
+    while not final:
+        done = pool.poll()
+        if not done:
+            backoff.sleep()
+            continue
+        backoff.reset()
+        for slot, _src, buf, _n in done:
+            got += 1
+            final = final or bool(layout.get(buf, "final"))
+            if not final:
+                pool.post(slot)
+    pool.close()
+    return got
+
+
+def bare(env_id: str, envs: int, seconds: float, reps: int) -> list[float]:
+    acting, cfg, _ = acting_for(env_id, envs)
+    batch = cfg.comm.send_batch
+    acting.start()
+    rates = []
+    for rep in range(reps + 1):
+        steps0, t0 = acting.env_steps, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            acting.step()
+            while acting.staged >= batch:
+                acting.take(batch)
+                acting.drop(batch)
+                acting.episodes.clear()
+        if rep:
+            rates.append((acting.env_steps - steps0) / (time.perf_counter() - t0))
+    acting.close()
+    return rates
+
+
+def run(reps: int = MIN_REPS, seconds: float = 1.0) -> list[Row]:
+    rows = []
+    for env_id, envs in ENVS:
+        if env_id.startswith("ALE/"):
+            try:
+                import ale_py  # noqa: F401
+            except ImportError:
+                continue
+        r = Row(f"actor {env_id} x{envs}", "env steps/s", "actor rank sending (MPI)", "same loop, no MPI", target=0.9)
+        r.values[r.reference] = bare(env_id, envs, seconds, reps)
+        out = mpiexec_json("actor", {"env": env_id, "envs": envs, "seconds": seconds, "reps": reps},
+                           timeout=60 + 3 * seconds * reps)
+        r.values[r.ours] = out["rates"]
+        rows.append(r)
+    return rows

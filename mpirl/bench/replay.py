@@ -1,0 +1,227 @@
+"""Replay shard against cpprb and the machine's gather floor, at the paper's shape.
+
+    mpirl bench replay [--reps 5] [--capacity 65536]
+
+Shapes: Atari (uint8 (4, 84, 84) frame stacks, as actors send them) and CartPole
+(float32 (4,)). Capacity 65,536, learner batch 512, actor messages of 64. In the
+same process, one after the other:
+
+* **insert**: add a message of 64 transitions with their priorities to a full
+  memory (so old records are overwritten, as in a running job).
+* **sample**: a prioritized batch of 512 *including* gathering the records into
+  the outgoing message buffer (ours: straight into a reply layout, as the
+  buffer rank does) and the importance weights.
+* **priority update**: new priorities for the 512 ids of a batch.
+* **gather floor** (Atari): ``numpy.take(rows, 512 random ids, out=preallocated,
+  mode='clip')`` of 56,448-byte rows: copying the batch's bytes and nothing else.
+
+The Atari stream is synthetic but shaped like a real one: four games interleaved,
+each step one new frame (every frame unique), a transition's ``obs`` the last four
+frames and its ``next_obs`` the four frames three steps later, so consecutive
+transitions share frames exactly as an actor's do. Every frame unique is the worst
+case for storing frames once; real games repeat frames and cost less.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+from mpirl.agents.dqn import transition_spec
+from mpirl.bench.report import MIN_REPS, Row
+from mpirl.comm.messages import sample_layout
+from mpirl.replay.shard import PrioritizedShard, importance_weights
+
+INSERT, BATCH, N_STEP, GAMES = 64, 512, 3, 4
+ATARI, CARTPOLE = ((4, 84, 84), np.uint8), ((4,), np.float32)
+
+
+class Stream:
+    """Messages of ``INSERT`` transitions from ``GAMES`` interleaved games (see the module docstring)."""
+
+    def __init__(self, obs_shape: tuple, dtype, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.shape, self.dtype = obs_shape, np.dtype(dtype)
+        self.image = len(obs_shape) == 3
+        self.t = 0
+        if self.image:
+            depth, h, w = obs_shape
+            self.base = self.rng.integers(0, 256, size=(h, w), dtype=np.uint8)
+            self.depth = depth
+
+    def _frames(self, numbers: np.ndarray) -> np.ndarray:
+        """Unique frames: the base image with the frame number in its first 8 bytes."""
+        out = np.broadcast_to(self.base, (*numbers.shape, *self.base.shape)).copy()
+        flat = out.reshape(*numbers.shape, -1)
+        flat[..., :8] = numbers.astype("<u8")[..., None].view(np.uint8).reshape(*numbers.shape, 8)
+        return out
+
+    def next(self) -> dict[str, np.ndarray]:
+        steps = INSERT // GAMES
+        t = self.t + np.repeat(np.arange(steps), GAMES)  # step of each row
+        game = np.tile(np.arange(GAMES), steps)
+        self.t += steps
+        rec = {"action": self.rng.integers(0, 4, INSERT), "reward": self.rng.random(INSERT, np.float32),
+               "done": np.zeros(INSERT, bool), "discount": np.full(INSERT, 0.99 ** N_STEP, np.float32)}
+        if self.image:
+            back = np.arange(-self.depth + 1, 1)
+            number = lambda step: (step[:, None] + back) * GAMES + game[:, None]  # noqa: E731
+            rec["obs"], rec["next_obs"] = self._frames(number(t)), self._frames(number(t + N_STEP))
+        else:
+            rec["obs"] = self.rng.standard_normal((INSERT, *self.shape)).astype(self.dtype)
+            rec["next_obs"] = self.rng.standard_normal((INSERT, *self.shape)).astype(self.dtype)
+        return rec
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+class Ours:
+    name = "mpirl PrioritizedShard"
+
+    def __init__(self, spec: dict, capacity: int, seed: int = 1):
+        self.shard = PrioritizedShard(spec, capacity, alpha=0.6, eps=1e-6, dedup_frames=True)
+        self.layout = sample_layout(spec, BATCH)
+        self.reply = self.layout.buffer()  # the outgoing message
+        self.views = self.layout.views(self.reply, BATCH)
+        self.rng = np.random.default_rng(seed)
+        self.last = None
+
+    def insert(self, rec: dict, prio: np.ndarray) -> None:
+        self.shard.add(rec, prio)
+
+    def sample(self) -> None:
+        self.last = self.shard.sample_into(BATCH, self.rng, self.views)
+        importance_weights(self.last.probs, self.shard.size, 0.4)
+
+    def update(self, prio: np.ndarray) -> None:
+        s = self.last
+        self.shard.update_priorities(s.ids, s.versions, prio)
+
+    @property
+    def size(self) -> int:
+        return self.shard.size
+
+    @property
+    def bytes_per_slot(self) -> float:
+        return self.shard.nbytes / self.shard.size
+
+
+class Cpprb:
+    name = "cpprb PrioritizedReplayBuffer"
+
+    def __init__(self, spec: dict, capacity: int, seed: int = 1):
+        import cpprb
+        np.random.seed(seed)  # cpprb samples with numpy's global generator
+        env = {name: {"shape": shape or 1, "dtype": dtype} for name, (shape, dtype) in spec.items()}
+        self.rb = cpprb.PrioritizedReplayBuffer(capacity, env, alpha=0.6, eps=1e-6)
+        self.last = None
+        self.per_slot = sum(int(np.prod(shape or (1,))) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
+
+    def insert(self, rec: dict, prio: np.ndarray) -> None:
+        self.rb.add(priorities=prio, **rec)
+
+    def sample(self) -> None:
+        self.last = self.rb.sample(BATCH, beta=0.4)
+
+    def update(self, prio: np.ndarray) -> None:
+        self.rb.update_priorities(self.last["indexes"], prio)
+
+    @property
+    def size(self) -> int:
+        return self.rb.get_stored_size()
+
+    @property
+    def bytes_per_slot(self) -> float:
+        return float(self.per_slot)
+
+
+def _timed(op, prepare=None, reps: int = MIN_REPS, seconds: float = 0.3, per_call: float = 1.0) -> list[float]:
+    """Per repetition: ``per_call`` x calls/s of ``op`` alone, with ``prepare()`` untimed before each call."""
+    out = []
+    for rep in range(reps + 1):  # the first is a warm-up
+        spent, calls = 0.0, 0
+        while spent < seconds or calls < 3:
+            arg = prepare() if prepare else None
+            t = time.perf_counter()
+            op() if prepare is None else op(*arg)
+            spent += time.perf_counter() - t
+            calls += 1
+        if rep:
+            out.append(per_call * calls / spent)
+    return out
+
+
+def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float, with_cpprb: bool) -> list[Row]:
+    spec = transition_spec(*obs)
+    impls = [Ours]
+    if with_cpprb:
+        impls.append(Cpprb)
+    rows = {key: Row(f"{label} {key}", unit, Ours.name, Cpprb.name, target=target)
+            for key, unit, target in (("insert (messages of 64)", "transitions/s", 1.0),
+                                      ("sample 512 + IS weights into the message", "batches/s", 2.0),
+                                      ("priority update of 512 ids", "ids/s", 1.0))}
+    memory = Row(f"{label} memory per slot", "bytes", Ours.name, Cpprb.name, higher_is_better=False,
+                 at_most=16_384 if len(obs[0]) == 3 else None)
+    prio_rng = np.random.default_rng(7)
+    for impl in impls:
+        gc.collect()
+        before = _rss()
+        mem = impl(spec, capacity)
+        stream = Stream(*obs, seed=3)
+        while mem.size < capacity:  # fill, untimed
+            mem.insert(stream.next(), prio_rng.random(INSERT) * 2)
+        grown = _rss() - before
+        memory.values[impl.name] = [mem.bytes_per_slot]
+        if len(obs[0]) == 3:  # GB-sized: the process's resident memory confirms the count (small ones hide in the heap)
+            memory.values[f"{impl.name} (process RSS growth)"] = [grown / capacity]
+        ins, smp, upd = rows.values()
+        ins.values[impl.name] = _timed(mem.insert, lambda: (stream.next(), prio_rng.random(INSERT) * 2),
+                                       reps, seconds, INSERT)
+        smp.values[impl.name] = _timed(mem.sample, reps=reps, seconds=seconds)
+        mem.sample()
+        new = prio_rng.random(BATCH) * 2
+        upd.values[impl.name] = _timed(lambda: mem.update(new), reps=reps, seconds=seconds, per_call=BATCH)
+        del mem, stream
+    out = list(rows.values())
+    if len(obs[0]) == 3:
+        out.append(memory)
+        out.append(gather_floor(spec, capacity, reps, seconds, rows[next(k for k in rows if k.startswith("sample"))]))
+    else:
+        out.append(memory)
+    if not with_cpprb:
+        for r in out:
+            r.note = "cpprb not installed: pip install 'mpirl[bench]'"
+    return out
+
+
+def gather_floor(spec: dict, capacity: int, reps: int, seconds: float, sample_row: Row) -> Row:
+    """``np.take`` of BATCH random rows of obs + next_obs bytes into a preallocated buffer."""
+    row_bytes = 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
+    rows = np.zeros((capacity, row_bytes), np.uint8)
+    rows[:, ::4096] = 1  # touch every page once so the gather reads resident memory
+    out = np.empty((BATCH, row_bytes), np.uint8)
+    rng = np.random.default_rng(11)
+    floor = _timed(lambda ids: np.take(rows, ids, axis=0, out=out, mode="clip"),
+                   lambda: (rng.integers(0, capacity, BATCH),), reps, seconds)
+    r = Row("atari sample 512 vs the gather floor", "batches/s", sample_row.ours, "numpy take floor", target=0.8,
+            note=f"floor: np.take of {BATCH} random {row_bytes:,} B rows into a preallocated buffer")
+    r.values[sample_row.ours] = sample_row.values[sample_row.ours]
+    r.values["numpy take floor"] = floor
+    del rows
+    return r
+
+
+def run(reps: int = MIN_REPS, capacity: int = 65_536, seconds: float = 0.3) -> list[Row]:
+    try:
+        import cpprb  # noqa: F401
+        with_cpprb = True
+    except ImportError:
+        with_cpprb = False
+    rows = bench_shape("atari", ATARI, capacity, reps, seconds, with_cpprb)
+    rows += bench_shape("cartpole", CARTPOLE, capacity, reps, seconds, with_cpprb)
+    return rows

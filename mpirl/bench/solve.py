@@ -1,0 +1,130 @@
+"""Solve: wall time and env steps to CartPole-v1 mean return 195 and 475, mpirl vs Stable-Baselines3 DQN.
+
+    mpirl bench solve [--reps 5]
+
+Per seed, back to back on this machine: ``jobs/cartpole.toml`` on 4 ranks (learner,
+buffer, two actors), then SB3's ``DQN`` in one process with the RL Zoo's CartPole-v1
+hyper-parameters (lr 2.3e-3, batch 64, buffer 100,000, learning_starts 1,000, gamma
+0.99, target update every 10 steps, train every 256 steps with 128 gradient steps,
+epsilon to 0.04 over the first 8,000 steps, MLP 256x256). Both get ``--budget`` env
+steps (the Zoo's own budget is 50,000; epsilon's decay is kept at 8,000 steps).
+
+What is timed: the first episode after which the mean return of the last 20
+episodes reached the threshold. SB3 counts its own training episodes (epsilon
+0.04). mpirl's actors explore with Ape-X epsilons from 0.4 down to 0.4**8, and
+an actor playing 40 % random actions can never average 475, so mpirl counts the
+episodes of its least exploring actor (epsilon 0.0007: an evaluator's view) and
+the env steps of all actors. Times run from the start of learning (MPI start-up
+and imports excluded for mpirl; imports and model construction for SB3). A seed
+that never reaches a threshold within the budget counts as not reached (infinite
+time): a median over seeds is then "not reached" when half or more missed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mpirl.bench.report import MIN_REPS, Row
+from mpirl.cli import find_mpiexec, launch_command
+
+ROOT = Path(__file__).resolve().parents[2]
+THRESHOLDS = (195.0, 475.0)
+ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+           target_update_interval=10, train_freq=256, gradient_steps=128, exploration_final_eps=0.04)
+ZOO_STEPS, ZOO_EXPLORATION = 50_000, 0.16
+
+
+def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
+    from mpirl.metrics.summary import first_reach
+    sets = [f"run.seed={seed}", "run.target_return=nan", f"run.env_steps={budget}", f"run.wall_seconds={wall}",
+            f'run.out_dir="{out}"', f'run.name="solve-s{seed}"']
+    cmd, env = launch_command(find_mpiexec(), 4, str(ROOT / "jobs" / "cartpole.toml"), sets, [])
+    cmd.append("--quiet")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=wall + 180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mpirl solve run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    run_dir = sorted(out.glob(f"solve-s{seed}-*/run.h5"))[-1].parent
+    evaluator = [3]  # world ranks 2 and 3 are the actors; the last explores least (epsilon 0.4 ** 8)
+    return {str(t): first_reach(run_dir, t, actors=evaluator) for t in THRESHOLDS}
+
+
+def sb3(seed: int, budget: int, wall: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "mpirl.bench.solve", "--sb3", str(seed), str(budget), str(wall)],
+                          capture_output=True, text=True, timeout=wall + 180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SB3 solve run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sb3_main(seed: int, budget: int, wall: float) -> None:
+    """One SB3 DQN run (in its own process); prints the crossings as one JSON line."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.monitor import Monitor
+
+    class Watch(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.returns, self.hits = [], {}
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", []):
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+                    if len(self.returns) >= 20:
+                        mean = float(np.mean(self.returns[-20:]))
+                        for t in THRESHOLDS:
+                            if mean >= t and str(t) not in self.hits:
+                                self.hits[str(t)] = {"seconds": time.perf_counter() - self.t0,
+                                                     "env_steps": int(self.num_timesteps),
+                                                     "episodes": len(self.returns)}
+            return len(self.hits) < len(THRESHOLDS) and time.perf_counter() - self.t0 < wall
+
+    env = Monitor(gym.make("CartPole-v1"))
+    model = DQN("MlpPolicy", env, exploration_fraction=ZOO_EXPLORATION * ZOO_STEPS / budget,
+                policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu", verbose=0, **ZOO)
+    watch = Watch()
+    model.learn(total_timesteps=budget, callback=watch)
+    none = {"seconds": None, "env_steps": None, "episodes": None}
+    print(json.dumps({str(t): watch.hits.get(str(t), none) for t in THRESHOLDS}))
+
+
+def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 150.0) -> list[Row]:
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        raise RuntimeError("the solve benchmark needs Stable-Baselines3: pip install 'mpirl[bench]'") from None
+    results = {"mpirl 4 ranks": [], "SB3 DQN (zoo)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, reps + 1):
+            results["mpirl 4 ranks"].append(ours(seed, budget, wall, Path(tmp)))
+            results["SB3 DQN (zoo)"].append(sb3(seed, budget, wall))
+    rows = []
+    for t in THRESHOLDS:
+        for key, unit in (("seconds", "s"), ("env_steps", "env steps")):
+            r = Row(f"solve CartPole-v1 to {t:g} ({'wall time' if key == 'seconds' else 'env steps'})", unit,
+                    "mpirl 4 ranks", "SB3 DQN (zoo)", higher_is_better=False,
+                    target=1.0 if key == "seconds" else None)
+            missed = []
+            for impl, runs in results.items():
+                r.values[impl] = [math.inf if res[str(t)][key] is None else float(res[str(t)][key]) for res in runs]
+                missed += [f"{impl} seed {seed}" for seed, v in enumerate(r.values[impl], start=1) if v == math.inf]
+            r.note = f"budget {budget:,} env steps" + (f"; not reached: {', '.join(missed)}" if missed else "")
+            rows.append(r)
+    return rows
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--sb3"]:
+        sb3_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))

@@ -118,25 +118,36 @@ def transport(comm, reps: int, seconds: float) -> dict:
 
 
 def actor(comm, env_id: str, envs: int, seconds: float, reps: int) -> dict:
-    """Env steps/s of the acting loop on rank 1 sending every batch to rank 0."""
+    """Env steps/s of the acting loop on rank 1, alternately without and with sending every batch to rank 0.
+
+    Both halves of a repetition run in the same process on the same games, one after
+    the other, so drifts of the machine (clock, memory, other load) hit both alike.
+    The half without sending makes no MPI call at all: batches are dropped once their
+    priorities are computed.
+    """
     from mpirl.bench.actor import acting_for, receive_until_final
     from mpirl.roles.actor import ExperienceSender
     if comm.rank == 0:
         return {"received": receive_until_final(comm, env_id, envs)}
     acting, cfg, spec = acting_for(env_id, envs)
-    sender = ExperienceSender(comm, spec, cfg.comm.send_batch, cfg.comm.send_ring, 1)
-    rates = []
+    batch = cfg.comm.send_batch
+    sender = ExperienceSender(comm, spec, batch, cfg.comm.send_ring, 1)
+    rates = {"send": [], "bare": []}
     acting.start()
-    for rep in range(reps + 1):
-        steps0, t0 = acting.env_steps, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            acting.step()
-            while acting.staged >= cfg.comm.send_batch:
-                records, prio = acting.take(cfg.comm.send_batch)
-                sender.send(records, prio, acting.episodes, env_steps=acting.env_steps)
-                acting.drop(cfg.comm.send_batch)
-        if rep:
-            rates.append((acting.env_steps - steps0) / (time.perf_counter() - t0))
+    for rep in range(reps + 1):  # the first is a warm-up
+        for mode in ("bare", "send"):
+            steps0, t0 = acting.env_steps, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                acting.step()
+                while acting.staged >= batch:
+                    records, prio = acting.take(batch)
+                    if mode == "send":
+                        sender.send(records, prio, acting.episodes, env_steps=acting.env_steps)
+                    else:
+                        acting.episodes.clear()
+                    acting.drop(batch)
+            if rep:
+                rates[mode].append((acting.env_steps - steps0) / (time.perf_counter() - t0))
     rec, prio = acting.take(0)
     sender.send(rec, prio, acting.episodes, final=True)
     sender.close()

@@ -136,6 +136,10 @@ def test_summary_values(run_dir: Path) -> None:
     assert a5["buffer"] == "buffer_4" and a5["time_s"] == ROWS
     assert a5["env_steps"] == 100 * ROWS + 5 and a5["epsilon"] == pytest.approx(0.4 ** 6)
     assert a5["env_steps_per_s"] == pytest.approx(105.0)
+    own = 2.0 * np.arange(1, ROWS + 1, dtype=float)[::2] + 5  # actor 5's returns, in time order
+    assert a5["episodes"] == len(own) == 25
+    assert a5["last20_mean"] == pytest.approx(own[-20:].mean())
+    assert a5["best20_mean"] == pytest.approx(own[-20:].mean())  # its returns rise
 
 
 def test_format_summary(run_dir: Path) -> None:
@@ -146,7 +150,9 @@ def test_format_summary(run_dir: Path) -> None:
                 "compute / comm", "75.0 %", "25.0 %", "bytes in / sample", "123 B",
                 "buffer_1", "buffer_4", "first 20", "last 20", "curve (8 bins", "return "):
         assert key in text, key
-    assert any(ln.split()[:2] == ["5", "buffer_4"] for ln in lines)
+    row = next(ln.split() for ln in lines if ln.split()[:2] == ["5", "buffer_4"])
+    own = 2.0 * np.arange(1, ROWS + 1, dtype=float)[::2] + 5
+    assert row[-3:] == ["25", f"{own[-20:].mean():.1f}", f"{own[-20:].mean():.1f}"]  # episodes, last 20, best 20
 
 
 def test_run_file(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,8 @@ table or a file that cannot be opened becomes a line in ``notes``, not an error.
     episodes: {count, first20_mean, last20_mean, best, mean_length,
         curve {bin_seconds, t_mid [s], mean_return, count} (~8 equal time bins)}
     actors: [{actor, buffer, time_s, env_steps, env_steps_per_s, epsilon,
-        param_version}] (latest row per actor) sorted by actor
+        param_version, throttled_s} (latest row per actor), episodes, last20_mean,
+        best20_mean (its own episodes' mean return over 20)] sorted by actor
 """
 from __future__ import annotations
 
@@ -133,7 +134,25 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
                 latest[a] = {"actor": a, "buffer": name, "time_s": plain(t["time"][i]),
                              **{c: plain(t[c][i]) if c in t else None for c in
                                 ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s")}}
+    for a, entry in latest.items():
+        entry.update(_actor_returns(buffers, a))
     return [latest[a] for a in sorted(latest)]
+
+
+def _actor_returns(buffers: dict[str, dict], actor: int, window: int = 20) -> dict[str, Any]:
+    """One actor's episodes: mean return of its last ``window`` and the best such window."""
+    t, r = [], []
+    for entry in buffers.values():
+        e = entry["tables"].get("episodes", {})
+        if len(e.get("actor", ())) and "return" in e and "time" in e:
+            mine = np.asarray(e["actor"]) == actor
+            t.append(np.asarray(e["time"], float)[mine])
+            r.append(np.asarray(e["return"], float)[mine])
+    ret = np.concatenate(r)[np.argsort(np.concatenate(t), kind="stable")] if r else np.zeros(0)
+    if len(ret) < window:
+        return {"episodes": int(len(ret)), "last20_mean": None, "best20_mean": None}
+    means = np.convolve(ret, np.ones(window) / window, mode="valid")
+    return {"episodes": int(len(ret)), "last20_mean": plain(means[-1]), "best20_mean": plain(means.max())}
 
 
 def _actor_count(world_size, buffers: int, actors: list) -> int:
@@ -247,10 +266,12 @@ def format_summary(s: dict[str, Any]) -> str:
         out += [f"  curve ({len(c['t_mid'])} bins of {_f(c['bin_seconds'], ',.1f', ' s')})",
                 "    t [s]  " + "".join(f"{_f(x, ',.0f'):>9}" for x in c["t_mid"]),
                 "    return " + "".join(f"{_f(x, ',.1f'):>9}" for x in c["mean_return"])]
-    out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9} {'held back s':>12}"]
+    out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9} {'held back s':>12}"
+            f" {'episodes':>9} {'return last 20':>15} {'best 20':>8}"]
     out += [f"  {a['actor']:<11} {a['buffer']:<10} {_f(a['epsilon'], '.4f'):>8} "
             f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
-            f"{_f(a.get('throttled_s'), ',.1f'):>12}" for a in s["actors"]]
+            f"{_f(a.get('throttled_s'), ',.1f'):>12} {_f(a.get('episodes')):>9} "
+            f"{_f(a.get('last20_mean'), ',.1f'):>15} {_f(a.get('best20_mean'), ',.1f'):>8}" for a in s["actors"]]
     return "\n".join(out)
 
 

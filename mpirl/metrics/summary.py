@@ -21,9 +21,9 @@ table or a file that cannot be opened becomes a line in ``notes``, not an error.
         bytes_out [B], total_priority, episodes, actors [ranks]}] sorted by rank
     episodes: {count, first20_mean, last20_mean, best, mean_length,
         curve {bin_seconds, t_mid [s], mean_return, count} (~8 equal time bins)}
-    actors: [{actor, buffer, time_s, env_steps, env_steps_per_s, epsilon,
-        param_version, throttled_s} (latest row per actor), episodes, last20_mean,
-        best20_mean (its own episodes' mean return over 20)] sorted by actor
+    actors: [{actor, buffer, time_s, env_steps, env_steps_per_s, epsilon, param_version,
+        throttled_s (its latest row), episodes, last20_mean, best20_mean (the mean return
+        of its own last 20 episodes and of its best 20 in a row)}] sorted by actor
 """
 from __future__ import annotations
 

@@ -42,6 +42,10 @@ class RunConfig:
     # Stop once the mean return of the last `return_window` episodes reaches this (nan: never).
     target_return: float = math.nan
     return_window: int = 20
+    # Whose episodes that window (and the learner's return_mean20) holds: "all" actors', or
+    # "least_exploring": only the last actor rank's (the smallest Ape-X epsilons; an evaluator's
+    # view, since an actor playing 40 % random actions may never reach a high target).
+    return_from: str = "all"
 
 
 @dataclass
@@ -190,6 +194,7 @@ class JobConfig:
 
 _SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
 _CHOICES = {
+    "run.return_from": ("all", "least_exploring"),
     "replay.architecture": ("proposed", "baseline"),
     "replay.shares": ("even", "rate"),
     "agent.device": ("auto", "cpu", "cuda"),

@@ -24,6 +24,18 @@ def test_row_ratio_and_targets():
     cap = Row("m", "bytes", "ours", "ref", values={"ours": [7000.0], "ref": [56000.0]}, higher_is_better=False,
               at_most=16_384)
     assert cap.met and "met" in format_rows("t", [cap]) and "MISSED" in summary({"b": [slow]})
+    # Times to a threshold, lower is better; inf: never reached within the budget.
+    inf = float("inf")
+    only_ours = Row("t", "s", "ours", "ref", values={"ours": [20.0, 30.0, 25.0], "ref": [inf, 40.0, inf]},
+                    higher_is_better=False, target=1.0)
+    assert only_ours.ratio == float("inf") and only_ours.met is True
+    assert "infx  target >= 1x: met" in format_rows("t", [only_ours]) and ": met" in summary({"b": [only_ours]})
+    only_ref = Row("t", "s", "ours", "ref", values={"ours": [inf] * 3, "ref": [20.0, 30.0, 25.0]},
+                   higher_is_better=False, target=1.0)
+    assert only_ref.ratio == 0 and only_ref.met is False
+    neither = Row("t", "s", "ours", "ref", values={"ours": [inf], "ref": [inf]},
+                  higher_is_better=False, target=1.0)
+    assert np.isnan(neither.ratio) and neither.met is None and "MISSED" in summary({"b": [neither]})
 
 
 def test_replay_bench_measures_ours_cpprb_and_the_floor(tmp_path):

@@ -306,3 +306,24 @@ def test_samples_per_insert_holds_actors_to_the_learner(tmp_path):
     bound = warm + trained / ratio + 3 * (16 * 64 / ratio / 3) + 3 * 53
     assert trained / ratio < inserted <= bound, (inserted, bound)
     assert throttled.max() > 0  # CartPole actors outrun the learner and had to wait
+
+
+def test_return_window_of_the_least_exploring_actor(tmp_path):
+    """run.return_from = "least_exploring": the stop window holds only the last actor rank's episodes."""
+    job = run_mpi(5, tmp_path, "run.train_steps=100000", "run.target_return=1", "run.return_from=least_exploring",
+                  "replay.learning_starts=300")
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == "mean return of the last 20 episodes of actor 4 reached 1"
+        ep = f["buffer_1/episodes"]
+        actor, ret, t = ep["actor"][()], ep["return"][()], ep["time"][()]
+        windows = f["learner/train/return_mean20"][()]
+    assert set(actor) == {2, 3, 4}
+    mine = ret[np.argsort(t, kind="stable")][actor[np.argsort(t, kind="stable")] == 4]
+    assert len(mine) >= 20
+    # Every mean the learner recorded is the mean of a prefix or of 20 consecutive episodes of actor 4.
+    candidates = [mine[:k].mean() for k in range(1, 20)] + [mine[i:i + 20].mean() for i in range(len(mine) - 19)]
+    recorded = windows[np.isfinite(windows)]
+    assert len(recorded) >= 1
+    for w in recorded:
+        assert np.isclose(candidates, w, rtol=1e-12, atol=0).any(), (w, mine)

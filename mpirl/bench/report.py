@@ -84,9 +84,19 @@ class Row:
     def met(self) -> bool | None:
         if self.at_most is not None:
             return bool(self.median(self.ours) <= self.at_most)
-        if self.target is None or not np.isfinite(self.ratio):
+        if self.target is None or np.isnan(self.ratio):
             return None
-        return self.ratio >= self.target
+        return self.ratio >= self.target  # inf (only ours reached it) meets any target, 0 none
+
+    @property
+    def ratio_text(self) -> str:
+        """The ratio for a table: "-" when undefined, "inf" when only ours reached a threshold."""
+        x = self.ratio
+        if np.isnan(x):
+            return "-"
+        if np.isinf(x):
+            return "inf"
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def _fmt(x: float) -> str:
@@ -112,7 +122,7 @@ def format_rows(title: str, rows: list[Row]) -> str:
             verdict = f"  target >= {r.target:g}x: {'met' if r.met else 'MISSED'}"
         if r.at_most is not None:
             verdict = f"  target: {r.ours} <= {_fmt(r.at_most)} {r.unit}: {'met' if r.met else 'MISSED'}"
-        lines.append(f"    {'ratio ' + r.ours + ' / ' + r.reference:34s} {_fmt(r.ratio):>12s}x{verdict}"
+        lines.append(f"    {'ratio ' + r.ours + ' / ' + r.reference:34s} {r.ratio_text:>12s}x{verdict}"
                      + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ def summary(results: dict[str, list[Row]]) -> str:
             else:
                 continue
             verdict = "met" if r.met else "MISSED"
-            ratio = f"{r.ratio:.2f}x" if r.ratio == r.ratio else "-"
+            ratio = "-" if r.ratio_text == "-" else r.ratio_text + "x"
             lines.append(f"  {r.name[:70]:70s} {ratio:>8s}  {tgt}: {verdict}")
     return "\n".join(lines)
 

@@ -78,6 +78,8 @@ class Learner:
         self.clock = Clock()
         self.rng = np.random.default_rng(ctx.seed())
         self.returns: deque = deque(maxlen=cfg.run.return_window)
+        # run.return_from = "least_exploring": only the last actor rank's episodes count.
+        self.counted_actor = max(topo.buffer_of) if cfg.run.return_from == "least_exploring" else None
         self.episodes = 0
         self.env_steps = [0] * len(topo.buffers)
         self.sizes = [0] * len(topo.buffers)
@@ -146,7 +148,10 @@ class Learner:
         self.meters[b].update(time.perf_counter(), int(lay.get(buf, "inserted")))
         k = int(lay.get(buf, "episodes"))
         if k:
-            self.returns.extend(lay.get(buf, "ep_return")[:k].tolist())
+            rets = lay.get(buf, "ep_return")[:k]
+            if self.counted_actor is not None:
+                rets = rets[lay.get(buf, "ep_actor")[:k] == self.counted_actor]
+            self.returns.extend(rets.tolist())
             self.episodes += k
         return lay.views(buf)
 
@@ -171,7 +176,8 @@ class Learner:
             self.stop_reason = f"wall_seconds {r.wall_seconds:g} reached"
         elif (not math.isnan(r.target_return) and len(self.returns) == self.returns.maxlen
               and np.mean(self.returns) >= r.target_return):
-            self.stop_reason = f"mean return of the last {r.return_window} episodes reached {r.target_return:g}"
+            whose = "" if self.counted_actor is None else f" of actor {self.counted_actor}"
+            self.stop_reason = f"mean return of the last {r.return_window} episodes{whose} reached {r.target_return:g}"
         return bool(self.stop_reason)
 
     def publish(self, stop: bool = False) -> None:

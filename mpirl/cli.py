@@ -94,7 +94,10 @@ def cmd_launch(args) -> int:
     except config.ConfigError as err:
         return _fail(str(err))
     print("mpirl: " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd, env=env)
+    # Become mpiexec rather than wait for it: a SIGTERM (kill, a batch system) then reaches
+    # mpiexec, which takes the ranks down, instead of killing a waiting parent and leaving
+    # the job running. The exit code is mpiexec's either way.
+    os.execvpe(cmd[0], cmd, env)
 
 
 def cmd_validate(args) -> int:

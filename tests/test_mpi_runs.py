@@ -5,6 +5,12 @@ and what the run wrote to HDF5.
 """
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -13,7 +19,7 @@ import pytest
 from mpirl.config import ReplayConfig
 from mpirl.metrics.summary import summarize
 
-from conftest import run_cli, run_mpi
+from conftest import JOBS, ROOT, mpi_env, run_cli, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -327,3 +333,43 @@ def test_return_window_of_the_least_exploring_actor(tmp_path):
     assert len(recorded) >= 1
     for w in recorded:
         assert np.isclose(candidates, w, rtol=1e-12, atol=0).any(), (w, mine)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_terminated_launch_takes_its_ranks_along(tmp_path):
+    """SIGTERM to `mpirl launch` (as a batch system or `kill` sends it) must not leave ranks running."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "mpirl", "launch", str(JOBS / "cartpole.toml"),
+                             "--set", f'run.out_dir="{out}"', "--set", "run.target_return=nan",
+                             "--set", "run.env_steps=0", "--set", "run.wall_seconds=300"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=mpi_env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(out.glob("*/learner.h5")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(out.glob("*/learner.h5")), "the job did not start within 90 s"
+        time.sleep(2)
+        assert len(_processes_mentioning(str(out))) >= 4  # the ranks are running
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _processes_mentioning(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _processes_mentioning(str(out))
+        assert not left, f"ranks still running after the launcher was terminated: {left}"
+    finally:
+        for pid in _processes_mentioning(str(out)):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()

@@ -189,31 +189,23 @@ def run_actor(ctx: RoleContext) -> None:
     started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
-    # New parameters are looked for after each message sent and while held back, not every env
-    # step: when ranks share cores Open MPI yields the core inside MPI_Test, and a test per step
-    # let one actor take 5-9x the env steps of its sibling with the same epsilon.
-    look = True
     while not stopped:
-        if look:
-            look = False
-            if params.arrived():
-                waiting.reset()
-                stopped = params.stop
-                if stopped:
-                    break
-                acting.policy.load_flat(params.params)
-                version = params.version
-                params.post()
+        if params.arrived():
+            waiting.reset()
+            stopped = params.stop
+            if stopped:
+                break
+            acting.policy.load_flat(params.params)
+            version = params.version
+            params.post()
         if budget.over(sender.sent, version):  # ahead of the learner: sleep until it publishes again
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0
-            look = True
             continue
         acting.step()
         while acting.staged >= batch:
             send(batch)
-            look = True
 
     # Unsent transitions are dropped: the learner has stopped. Report episodes, then say goodbye.
     acting.drop(acting.staged)

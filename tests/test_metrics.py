@@ -15,7 +15,7 @@ import pytest
 
 from mpirl.metrics.run_file import (create_run_file, finish_run_file, link_rank_files,
                                     read_status)
-from mpirl.metrics.summary import format_summary, summarize
+from mpirl.metrics.summary import first_reach, format_summary, summarize
 from mpirl.metrics.writer import MetricsFile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +140,24 @@ def test_summary_values(run_dir: Path) -> None:
     assert a5["episodes"] == len(own) == 25
     assert a5["last20_mean"] == pytest.approx(own[-20:].mean())
     assert a5["best20_mean"] == pytest.approx(own[-20:].mean())  # its returns rise
+
+
+@pytest.mark.parametrize("actors", [None, [5]])
+def test_first_reach_against_a_plain_loop(run_dir: Path, actors) -> None:
+    # (time, actor, env_steps, return) of every episode the fake buffers wrote, in time order.
+    eps = sorted((k + 0.01 * a, a, int(100 * k), 2.0 * k + a) for acts in BUFFERS.values()
+                 for k in np.arange(1, ROWS + 1, dtype=float)[::2] for a in acts)
+    counted = [e for e in eps if actors is None or e[1] in actors]
+    for target in (30.0, 60.0, 1e9):
+        got = first_reach(run_dir, target, actors=actors)
+        hit = next((i for i in range(19, len(counted))
+                    if np.mean([e[3] for e in counted[i - 19:i + 1]]) >= target), None)
+        if hit is None:
+            assert got == {"seconds": None, "env_steps": None, "episodes": None}
+            continue
+        t = counted[hit][0]
+        steps = sum(max(e[2] for e in eps if e[1] == a and e[0] <= t) for a in {e[1] for e in eps if e[0] <= t})
+        assert got == {"seconds": pytest.approx(t), "env_steps": steps, "episodes": hit + 1}
 
 
 def test_format_summary(run_dir: Path) -> None:

@@ -95,15 +95,29 @@ def _buffer(name: str, entry: dict) -> dict[str, Any]:
     return out
 
 
+def _in_time_order(tables: list[dict], *columns: str) -> list[np.ndarray]:
+    """``time`` and ``columns`` of the episode tables that have rows, concatenated and sorted by time."""
+    tables = [e for e in tables if len(e.get("time", ())) and all(c in e for c in columns)]
+    if not tables:
+        return [np.zeros(0) for _ in range(1 + len(columns))]
+    t = np.concatenate([e["time"] for e in tables]).astype(float)
+    order = np.argsort(t, kind="stable")
+    return [t[order]] + [np.concatenate([e[c] for e in tables])[order] for c in columns]
+
+
+def _window_means(returns: np.ndarray, window: int) -> np.ndarray:
+    """Mean return of every ``window`` consecutive episodes: element i covers episodes i .. i+window-1."""
+    return np.convolve(returns, np.ones(window) / window, mode="valid")
+
+
 def _episodes(eps: list[dict], bins: int = 8) -> dict[str, Any]:
     eps = [e for e in eps if "return" in e and len(e.get("time", ()))]
     if not eps:
         return {"count": 0, "first20_mean": NAN, "last20_mean": NAN, "best": NAN,
                 "mean_length": NAN, "curve": {"bin_seconds": NAN, "t_mid": [],
                                               "mean_return": [], "count": []}}
-    t = np.concatenate([e["time"] for e in eps]).astype(float)
-    order = np.argsort(t, kind="stable")
-    t, ret = t[order], np.concatenate([e["return"] for e in eps]).astype(float)[order]
+    t, ret = _in_time_order(eps, "return")
+    ret = ret.astype(float)
     length = np.concatenate([e.get("length", np.full(len(e["time"]), np.nan)) for e in eps])
     nb = min(bins, len(t))
     edges = np.linspace(t[0], t[-1], nb + 1) if t[-1] > t[0] else np.array([t[0], t[0] + 1.0])
@@ -134,25 +148,13 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
                 latest[a] = {"actor": a, "buffer": name, "time_s": plain(t["time"][i]),
                              **{c: plain(t[c][i]) if c in t else None for c in
                                 ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s")}}
+    _, ret, actor = _in_time_order([e["tables"].get("episodes", {}) for e in buffers.values()], "return", "actor")
     for a, entry in latest.items():
-        entry.update(_actor_returns(buffers, a))
+        mine = ret[actor == a].astype(float)
+        means = _window_means(mine, 20) if len(mine) >= 20 else None
+        entry.update(episodes=int(len(mine)), last20_mean=None if means is None else plain(means[-1]),
+                     best20_mean=None if means is None else plain(means.max()))
     return [latest[a] for a in sorted(latest)]
-
-
-def _actor_returns(buffers: dict[str, dict], actor: int, window: int = 20) -> dict[str, Any]:
-    """One actor's episodes: mean return of its last ``window`` and the best such window."""
-    t, r = [], []
-    for entry in buffers.values():
-        e = entry["tables"].get("episodes", {})
-        if len(e.get("actor", ())) and "return" in e and "time" in e:
-            mine = np.asarray(e["actor"]) == actor
-            t.append(np.asarray(e["time"], float)[mine])
-            r.append(np.asarray(e["return"], float)[mine])
-    ret = np.concatenate(r)[np.argsort(np.concatenate(t), kind="stable")] if r else np.zeros(0)
-    if len(ret) < window:
-        return {"episodes": int(len(ret)), "last20_mean": None, "best20_mean": None}
-    means = np.convolve(ret, np.ones(window) / window, mode="valid")
-    return {"episodes": int(len(ret)), "last20_mean": plain(means[-1]), "best20_mean": plain(means.max())}
 
 
 def _actor_count(world_size, buffers: int, actors: list) -> int:
@@ -286,20 +288,13 @@ def first_reach(run_dir: Path, target: float, window: int = 20, actors: list[int
     """
     files = load_run(Path(run_dir))["files"]
     rows = [e["tables"].get("episodes", {}) for name, e in files.items() if name.startswith("buffer_")]
-    rows = [r for r in rows if len(r.get("time", ()))]
+    t, ret, actor, steps = _in_time_order(rows, "return", "actor", "env_steps")
+    ret, actor, steps = ret.astype(float), actor.astype(int), steps.astype(float)
     none = {"seconds": None, "env_steps": None, "episodes": None}
-    if not rows:
-        return none
-    t = np.concatenate([r["time"] for r in rows]).astype(float)
-    ret = np.concatenate([r["return"] for r in rows]).astype(float)
-    actor = np.concatenate([r["actor"] for r in rows]).astype(int)
-    steps = np.concatenate([r["env_steps"] for r in rows]).astype(float)
-    order = np.argsort(t, kind="stable")
-    t, ret, actor, steps = t[order], ret[order], actor[order], steps[order]
     mine = np.isin(actor, actors) if actors is not None else np.ones(len(t), bool)
     if mine.sum() < window:
         return none
-    means = np.convolve(ret[mine], np.ones(window) / window, mode="valid")  # means[i]: episodes i .. i+window-1
+    means = _window_means(ret[mine], window)
     hit = np.flatnonzero(means >= target)
     if not hit.size:
         return none

@@ -48,7 +48,7 @@ DUMP_EPISODE_SLOTS = 4096
 
 def _reply_header(episode_slots: int) -> dict:
     return {"kind": 1, "seq": 1, "shard_size": 1, "shard_total": 1, "env_steps": 1, "inserted": 1,
-            "episodes": 1, "ep_return": episode_slots, "ep_actor": episode_slots}
+            "episodes": 1, "ep_return": episode_slots}
 
 
 def sample_layout(spec: dict, max_share: int) -> Layout:

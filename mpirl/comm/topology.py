@@ -68,6 +68,11 @@ class Topology:
         return len(self.buffer_of)
 
     @property
+    def least_exploring_actor(self) -> int:
+        """The last actor rank: the highest Ape-X index, so the smallest epsilons."""
+        return max(self.buffer_of)
+
+    @property
     def actor_index(self) -> int:
         """This actor's index among all actors (for its exploration epsilon)."""
         return sorted(self.buffer_of).index(self.rank)

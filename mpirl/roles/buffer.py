@@ -14,6 +14,7 @@ the group's metrics (buffer counters, episodes, actor stats) to HDF5.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -67,7 +68,10 @@ class Buffer:
         self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
 
         self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
-        self.to_learner: deque = deque()  # (return, actor) of finished episodes not yet forwarded
+        # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
+        # toward the learner's return window (run.return_from = "least_exploring": other actors').
+        self.to_learner: deque = deque()
+        self.window_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
         self.actor_steps: dict[int, int] = {}
         self.actor_logged: dict[int, float] = {}
         self.inserted = self.consumed = self.stale = self.updates = 0
@@ -112,7 +116,8 @@ class Buffer:
             rets = exp.get(buf, "ep_return")[:k].copy()
             self.t_episodes.extend(time=np.full(k, t), actor=np.full(k, actor), env_steps=np.full(k, steps),
                                    length=exp.get(buf, "ep_length")[:k].astype(I8), **{"return": rets})
-            self.to_learner.extend((r, actor) for r in rets.tolist())
+            counts = self.window_actor is None or actor == self.window_actor
+            self.to_learner.extend(rets.tolist() if counts else [math.nan] * k)
         if self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=exp.get(buf, "steps_per_s"),
@@ -138,11 +143,10 @@ class Buffer:
 
     def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0) -> None:
         k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
-        eps = [self.to_learner.popleft() for _ in range(k)]
+        rets = [self.to_learner.popleft() for _ in range(k)]
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
                        shard_total=self.store.total if self.proposed else 0.0,
-                       env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k,
-                       ep_return=[r for r, _ in eps], ep_actor=[a for _, a in eps])
+                       env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
         if self.reply.counted:
             self.reply.set(buf, frames_rows=frames)
         self.replies.send(slot, self.reply.nbytes(rows, frames=frames))

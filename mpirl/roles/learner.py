@@ -78,8 +78,8 @@ class Learner:
         self.clock = Clock()
         self.rng = np.random.default_rng(ctx.seed())
         self.returns: deque = deque(maxlen=cfg.run.return_window)
-        # run.return_from = "least_exploring": only the last actor rank's episodes count.
-        self.counted_actor = max(topo.buffer_of) if cfg.run.return_from == "least_exploring" else None
+        # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
+        self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
         self.episodes = 0
         self.env_steps = [0] * len(topo.buffers)
         self.sizes = [0] * len(topo.buffers)
@@ -149,9 +149,7 @@ class Learner:
         k = int(lay.get(buf, "episodes"))
         if k:
             rets = lay.get(buf, "ep_return")[:k]
-            if self.counted_actor is not None:
-                rets = rets[lay.get(buf, "ep_actor")[:k] == self.counted_actor]
-            self.returns.extend(rets.tolist())
+            self.returns.extend(rets[~np.isnan(rets)].tolist())
             self.episodes += k
         return lay.views(buf)
 

@@ -325,7 +325,8 @@ def test_return_window_of_the_least_exploring_actor(tmp_path):
         actor, ret, t = ep["actor"][()], ep["return"][()], ep["time"][()]
         windows = f["learner/train/return_mean20"][()]
     assert set(actor) == {2, 3, 4}
-    mine = ret[np.argsort(t, kind="stable")][actor[np.argsort(t, kind="stable")] == 4]
+    order = np.argsort(t, kind="stable")
+    mine = ret[order][actor[order] == 4]
     assert len(mine) >= 20
     # Every mean the learner recorded is the mean of a prefix or of 20 consecutive episodes of actor 4.
     candidates = [mine[:k].mean() for k in range(1, 20)] + [mine[i:i + 20].mean() for i in range(len(mine) - 19)]

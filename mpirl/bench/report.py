@@ -91,12 +91,7 @@ class Row:
     @property
     def ratio_text(self) -> str:
         """The ratio for a table: "-" when undefined, "inf" when only ours reached a threshold."""
-        x = self.ratio
-        if np.isnan(x):
-            return "-"
-        if np.isinf(x):
-            return "inf"
-        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+        return "inf" if self.ratio == np.inf else _fmt(self.ratio)
 
 
 def _fmt(x: float) -> str:

@@ -93,8 +93,8 @@ def test_sumtree_never_returns_zero_leaf():
         assert (vals[t.find(b)] > 0).all()
 
 
-def test_sumtree_wide_tree_prefix_level_and_descent():
-    # 70,000 slots: 131,072 leaves, a prefix-summed level of 4,096 nodes, then 5 levels of descent.
+def test_sumtree_wide_tree_descent_and_sparse_updates():
+    # 70,000 slots: 131,072 leaves, 17 levels of descent; 5,000 padding leaves stay 0.
     rng = np.random.default_rng(2)
     n = 70_000
     vals = rng.random(n) * 10.0 ** rng.integers(-8, 3, n)
@@ -259,6 +259,51 @@ def test_update_priorities_drops_stale_slots():
     before = shard.tree.tree.copy()
     assert shard.update_priorities([3, 4], [-7, 0], [100.0, 100.0]) == 2
     np.testing.assert_array_equal(shard.tree.tree, before)
+
+
+def test_update_priorities_matches_a_plain_loop():
+    """The compiled feedback path against the rule written out: unsorted ids with
+    repeats (last wins), stale versions dropped, raw |p| kept, leaves (|p| + eps) ** alpha."""
+    rng = np.random.default_rng(3)
+    shard = PrioritizedShard(SPEC, 300, alpha=0.6, eps=1e-3)
+    shard.add(make_records(0, 300), rng.random(300))
+    for round_ in range(20):
+        ids = rng.integers(0, 300, 64)
+        if round_ % 2:
+            ids.sort()  # sampled ids come sorted; the others take the sorting path
+        versions = shard.versions[ids].copy()
+        versions[rng.random(64) < 0.2] -= 1  # an older record of the slot
+        new = (rng.standard_normal(64) * 3).astype(np.float32 if round_ % 3 else np.float64)
+        raw, want_stale = shard.raw_priority.copy(), 0
+        for i, v, p in zip(ids, versions, new):
+            if shard.versions[i] == v:
+                raw[i] = abs(p)
+            else:
+                want_stale += 1
+        assert shard.update_priorities(ids, versions, new) == want_stale
+        np.testing.assert_array_equal(shard.raw_priority, raw)
+        np.testing.assert_allclose(shard.tree.get(np.arange(300)), (raw.astype(np.float64) + 1e-3) ** 0.6, rtol=1e-6)  # raw is kept as float32
+        ref = SumTree(300)
+        ref.update(np.arange(300), shard.tree.get(np.arange(300)))
+        np.testing.assert_array_equal(shard.tree.tree, ref.tree)  # every ancestor exact
+
+
+def test_update_priorities_refuses_bad_input_and_writes_nothing():
+    shard = PrioritizedShard(SPEC, 10, alpha=0.5)
+    shard.add(make_records(0, 10), np.ones(10))
+    before, raw = shard.tree.tree.copy(), shard.raw_priority.copy()
+    v = shard.versions
+    with pytest.raises(IndexError):
+        shard.update_priorities([1, 10], v[[1, 1]], [5.0, 5.0])
+    with pytest.raises(IndexError):
+        shard.update_priorities([2, -1], v[[2, 2]], [5.0, 5.0])  # unsorted and out of range
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="finite"):
+            shard.update_priorities([1, 2], v[[1, 2]], [5.0, bad])
+    with pytest.raises(ValueError, match="equal length"):
+        shard.update_priorities([1, 2], v[[1, 2]], [5.0])
+    np.testing.assert_array_equal(shard.tree.tree, before)
+    np.testing.assert_array_equal(shard.raw_priority, raw)
 
 
 def test_replace_and_export_with_priorities():

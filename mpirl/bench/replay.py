@@ -11,7 +11,10 @@ same process, one after the other:
 * **sample**: a prioritized batch of 512 *including* gathering the records into
   the outgoing message buffer (ours: straight into a reply layout, as the
   buffer rank does) and the importance weights.
-* **priority update**: new priorities for the 512 ids of a batch.
+* **priority update**: new priorities for the 512 ids of a batch, fresh values
+  every call (drawn untimed), as a learner sends them. Re-sending the same
+  values would flatter a memory that skips unchanged leaves or defers the tree
+  work: cpprb takes ~8 us for a repeat and ~60 us for fresh values here.
 * **gather floor** (Atari): ``numpy.take(rows, 512 random ids, out=preallocated,
   mode='clip')`` of 56,448-byte rows: copying the batch's bytes and nothing else.
 
@@ -184,8 +187,7 @@ def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float
                                        reps, seconds, INSERT)
         smp.values[impl.name] = _timed(mem.sample, reps=reps, seconds=seconds)
         mem.sample()
-        new = prio_rng.random(BATCH) * 2
-        upd.values[impl.name] = _timed(lambda: mem.update(new), reps=reps, seconds=seconds, per_call=BATCH)
+        upd.values[impl.name] = _timed(mem.update, lambda: (prio_rng.random(BATCH) * 2,), reps, seconds, BATCH)
         del mem, stream
     out = list(rows.values())
     if len(obs[0]) == 3:

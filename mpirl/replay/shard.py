@@ -11,9 +11,49 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple
 
 import numpy as np
+from numba import njit
 
 from .ring import RingStore, Spec
-from .sumtree import SumTree, sorted_last
+from .sumtree import SumTree, _update_sorted
+
+UNSORTED, OUT_OF_RANGE, NOT_FINITE = -1, -2, -3
+
+
+@njit(cache=True, nogil=True)
+def _apply_feedback(tree, size, slot_versions, raw_priority, ids, versions, priorities,
+                    eps, alpha):  # pragma: no cover - compiled
+    """The learner's new priorities for one sampled batch, in one pass.
+
+    ``ids`` non-decreasing (a repeated id: its last value wins). Where the slot
+    still holds the sampled version: ``raw_priority[id] = |priority|`` and the
+    tree leaf ``(|priority| + eps) ** alpha``. Returns the number of stale ids,
+    or a negative code (nothing written): UNSORTED, OUT_OF_RANGE, NOT_FINITE.
+    """
+    n = ids.size
+    for i in range(n):
+        if i and ids[i] < ids[i - 1]:
+            return UNSORTED
+        if ids[i] < 0 or ids[i] >= raw_priority.size:
+            return OUT_OF_RANGE
+        if not np.isfinite(priorities[i]):
+            return NOT_FINITE
+    leaves = np.empty(n, np.int64)
+    values = np.empty(n, np.float64)
+    m = stale = 0
+    for i in range(n):
+        slot, version = ids[i], versions[i]
+        if version < 0 or slot_versions[slot] != version:  # -1 = empty slot
+            stale += 1
+            continue
+        raw = abs(priorities[i])
+        raw_priority[slot] = raw
+        if m and leaves[m - 1] == slot:
+            m -= 1
+        leaves[m] = slot
+        values[m] = (np.float64(raw) + eps) ** alpha
+        m += 1
+    _update_sorted(tree, size, leaves[:m], values[:m])
+    return stale
 
 
 class Sample(NamedTuple):
@@ -174,22 +214,21 @@ class PrioritizedShard:
         still holds the record that was sampled); the rest are dropped and
         counted.  Duplicate ids: the last value wins.
         """
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        versions = np.asarray(versions, dtype=np.int64).reshape(-1)
-        priorities = np.asarray(priorities).reshape(-1)
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        versions = np.ascontiguousarray(versions, dtype=np.int64).reshape(-1)
+        priorities = np.ascontiguousarray(priorities).reshape(-1)
         if not len(ids) == len(versions) == len(priorities):
             raise ValueError("ids, versions and priorities must have equal length")
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.capacity):
+        args = (self.tree.tree, self.tree.size, self.store.versions, self.raw_priority)
+        stale = _apply_feedback(*args, ids, versions, priorities, self.eps, self.alpha)
+        if stale == UNSORTED:
+            order = np.argsort(ids, kind="stable")  # stable: the last of a repeated id stays last
+            stale = _apply_feedback(*args, ids[order], versions[order], priorities[order], self.eps, self.alpha)
+        if stale == OUT_OF_RANGE:
             raise IndexError(f"ids outside [0, {self.capacity})")
-        fresh = (self.store.versions[ids] == versions) & (versions >= 0)  # -1 = empty
-        n_fresh = int(np.count_nonzero(fresh))
-        if n_fresh < len(ids):
-            ids, priorities = ids[fresh], priorities[fresh]
-        if n_fresh:
-            uniq, raw = sorted_last(ids, np.abs(priorities))
-            self.raw_priority[uniq] = raw
-            self.tree.update(uniq, self._p(raw), assume_sorted_unique=True)
-        return len(fresh) - n_fresh
+        if stale == NOT_FINITE:
+            raise ValueError("priorities must be finite (a diverged loss?)")
+        return stale
 
     def export(self, out: Mapping[str, np.ndarray],
                priorities_out: np.ndarray | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``mpirl`` command line: run, launch, validate, info, bench.
+"""``mpirl`` command line: run, launch, validate, info, watch, bench.
 
 ``run`` is what every MPI rank executes; ``launch`` wraps ``mpiexec`` with the
 right flags; ``validate`` checks a job without running it; ``info`` summarizes
@@ -36,7 +36,7 @@ def cmd_run(args) -> int:
     world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
-        return run_job(cfg, text, args.job, quiet=args.quiet)
+        return run_job(cfg, text, args.job, quiet=args.quiet, resume=args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
     except BaseException:  # any other failure on any rank ends the whole job, never a hang
@@ -75,12 +75,15 @@ def launch_env(mpiexec: str) -> tuple[list[str], dict]:
     return flags, env
 
 
-def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str]) -> tuple[list[str], dict]:
+def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str],
+                   resume: str = "") -> tuple[list[str], dict]:
     """The mpiexec command line and environment for ``n`` ranks of ``job``."""
     flags, env = launch_env(mpiexec)
     cmd = [mpiexec, "-n", str(n), *flags, *extra, sys.executable, "-m", "mpirl", "run", job]
     for item in sets:
         cmd += ["--set", item]
+    if resume:
+        cmd += ["--resume", resume]
     return cmd, env
 
 
@@ -90,7 +93,11 @@ def cmd_launch(args) -> int:
         n = args.n or cfg.world_size
         from mpirl.roles.checks import check_job
         check_job(cfg, n, args.job)
-        cmd, env = launch_command(find_mpiexec(args.mpiexec), n, args.job, args.set or [], args.mpiexec_args)
+        if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
+            from mpirl.roles.checkpoint import plan_resume
+            plan_resume(cfg, n, args.resume)
+        cmd, env = launch_command(find_mpiexec(args.mpiexec), n, args.job, args.set or [], args.mpiexec_args,
+                                  args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err))
     print("mpirl: " + " ".join(cmd), flush=True)
@@ -106,12 +113,20 @@ def cmd_validate(args) -> int:
         from mpirl.roles.checks import check_job
         n = args.n or cfg.world_size
         obs_shape, obs_dtype, n_actions = check_job(cfg, n, args.job)
+        plan = None
+        if args.resume:
+            from mpirl.roles.checkpoint import plan_resume
+            plan = plan_resume(cfg, n, args.resume)
     except config.ConfigError as err:
         return _fail(str(err))
     t = cfg.topology
     print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {config.actor_count(cfg, n)} actor(s); "
           f"{cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
           f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
+    if plan:
+        print(f"ok: resumes {plan.run_dir} from {Path(plan.checkpoint).name} (train step {plan.train_steps})")
+    elif args.resume:
+        print(f"ok: --resume {args.resume}: no unfinished run with a checkpoint; a new run starts")
     return 0
 
 
@@ -126,6 +141,19 @@ def cmd_info(args) -> int:
         print(f"mpirl: newest run in {args.run_dir}: {path}")
     print(format_summary(summarize(path)))
     return 0
+
+
+def cmd_watch(args) -> int:
+    from mpirl.metrics.watch import watch
+    path = Path(args.run_dir)
+    if not (path / "run.h5").exists():
+        return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
+    if args.interval <= 0:
+        return _fail(f"--interval: seconds between frames must be > 0, got {args.interval}")
+    try:
+        return watch(path, args.interval, once=args.once)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_bench(args) -> int:
@@ -149,9 +177,15 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                         help="override one job field (repeatable), e.g. --set replay.architecture=baseline")
 
+    def resume_arg(sp):
+        sp.add_argument("--resume", metavar="RUN_DIR|auto",
+                        help="continue a run from its newest checkpoint: its directory, or 'auto' (the newest "
+                             "unfinished run of this job with a checkpoint; a new run if there is none)")
+
     sp = sub.add_parser("run", help="run a job (every MPI rank runs this, under mpiexec or srun)")
     job_args(sp)
     sp.add_argument("--quiet", action="store_true", help="do not print the summary at the end")
+    resume_arg(sp)
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("launch", help="run a job on local ranks through mpiexec with the right flags")
@@ -159,16 +193,24 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", type=int, help="ranks (default: what the job needs)")
     sp.add_argument("--mpiexec", help="mpiexec to use (default: the one beside this Python, else PATH)")
     sp.add_argument("mpiexec_args", nargs="*", help="after --: extra mpiexec arguments")
+    resume_arg(sp)
     sp.set_defaults(func=cmd_launch)
 
     sp = sub.add_parser("validate", help="check a job (and a world size) without running it")
     job_args(sp)
     sp.add_argument("-n", type=int, help="world size to check (default: what the job needs)")
+    resume_arg(sp)
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("info", help="summarize a run directory (finished or running) from its HDF5 files")
     sp.add_argument("run_dir", help="a run directory, or a directory of runs (the newest is shown)")
     sp.set_defaults(func=cmd_info)
+
+    sp = sub.add_parser("watch", help="a live view of a running job from its HDF5 files (ends with the job)")
+    sp.add_argument("run_dir", help="the run directory, e.g. runs/cartpole-20260101-120000")
+    sp.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    sp.add_argument("--once", action="store_true", help="draw one frame and exit")
+    sp.set_defaults(func=cmd_watch)
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "transport", "pipeline", "actor", "solve"])

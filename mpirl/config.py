@@ -165,6 +165,15 @@ class LogConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    # The learner's state (networks, optimizer, counters, RNG) every this many seconds of the job
+    # and/or train steps (0 turns either off); always when the job stops, preempted or finished.
+    every_seconds: float = 900.0
+    every_steps: int = 0
+    keep: int = 2  # newest checkpoints kept in RUN_DIR/checkpoints
+
+
+@dataclass
 class JobConfig:
     run: RunConfig = field(default_factory=RunConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
@@ -173,6 +182,7 @@ class JobConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     @property
     def world_size(self) -> int:
@@ -342,6 +352,10 @@ def validate(cfg: JobConfig) -> None:
     _need(c.link.bandwidth_gbps >= 0, "comm.link.bandwidth_gbps", "must be >= 0 (0: unlimited)")
     _need(c.link.latency_ms >= 0, "comm.link.latency_ms", "must be >= 0 (0: none)")
     _need(1 <= c.link.level <= 22, "comm.link.level", f"zstd levels are 1..22, got {c.link.level}")
+    ck = cfg.checkpoint
+    _need(ck.every_seconds >= 0, "checkpoint.every_seconds", f"must be >= 0 (0: off), got {ck.every_seconds}")
+    _need(ck.every_steps >= 0, "checkpoint.every_steps", f"must be >= 0 (0: off), got {ck.every_steps}")
+    _need(ck.keep >= 1, "checkpoint.keep", f"must be >= 1 (the newest is what --resume needs), got {ck.keep}")
     _need(lg.interval > 0, "log.interval", f"must be > 0 seconds, got {lg.interval}")
     _need(0 < lg.flush_seconds <= 10, "log.flush_seconds",
           f"must be in (0, 10] so a killed job leaves recent data, got {lg.flush_seconds}")

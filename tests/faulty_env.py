@@ -1,4 +1,5 @@
-"""A registered environment that raises after a number of steps: a rank that fails mid-run."""
+"""Registered environments that raise: always after a number of steps (an actor that cannot go
+on), and now and then (an actor that rebuilds its games and goes on)."""
 
 import gymnasium as gym
 from gymnasium.envs.classic_control import CartPoleEnv
@@ -15,3 +16,17 @@ class FaultyCartPole(CartPoleEnv):
 
 
 gym.register("FaultyCartPole-v0", entry_point=FaultyCartPole, max_episode_steps=500)
+
+
+class FlakyCartPole(CartPoleEnv):
+    """Raises on every 1500th step of the process, then works again once rebuilt."""
+    steps = 0
+
+    def step(self, action):
+        FlakyCartPole.steps += 1
+        if FlakyCartPole.steps % 1500 == 0:
+            raise ValueError("injected flaky failure in env.step")
+        return super().step(action)
+
+
+gym.register("FlakyCartPole-v0", entry_point=FlakyCartPole, max_episode_steps=500)

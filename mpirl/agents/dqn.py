@@ -106,7 +106,11 @@ class DQNLearner:
         self.n_params = sum(p.numel() for p in self.online.parameters())
 
     def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
-        """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy)."""
+        """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy).
+
+        A batch whose loss or gradient is not finite is skipped: no step, no weight
+        change, and ``None`` instead of the |TD| (the caller keeps the old priorities).
+        """
         b = to_tensors(batch, self.device)
         w = torch.as_tensor(weights, device=self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -115,7 +119,10 @@ class DQNLearner:
         loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return float(loss.detach()), None  # skipped: the weights are untouched, no step counted
         self.optimizer.step()
         self.steps += 1
         if self.steps % self.target_update == 0:

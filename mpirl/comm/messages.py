@@ -32,7 +32,7 @@ F32, F64, I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 
 def experience_layout(spec: dict, send_batch: int) -> Layout:
     header = {"actor": 1, "env_steps": 1, "param_version": 1, "epsilon": 1, "steps_per_s": 1,
-              "throttled_s": 1, "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
+              "throttled_s": 1, "env_errors": 1, "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
     return Layout(header, {**spec, "priority": ((), F32)}, send_batch)
 
 

@@ -60,6 +60,10 @@ class Topology:
     def buffers(self) -> list[int]:
         return sorted(set(self.buffer_of.values()))
 
+    def role_of(self, rank: int) -> str:
+        """The role of world rank ``rank``."""
+        return LEARNER if rank == 0 else ACTOR if rank in self.buffer_of else BUFFER
+
     def actors_of(self, buffer_rank: int) -> list[int]:
         return sorted(a for a, b in self.buffer_of.items() if b == buffer_rank)
 

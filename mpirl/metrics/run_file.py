@@ -3,7 +3,8 @@
 Layout::
 
     run.h5
-      attrs: status ("running" | "completed" | "stopped" | "failed"),
+      attrs: status ("running" | "completed" | "preempted" | "stopped" | "failed"),
+             restarts (resumes so far) and resume_<k>_{time,checkpoint,command},
              start_time, end_time (ISO 8601, local time with UTC offset),
              plus whatever finish_run_file adds (stop_reason, wall_seconds [s], ...)
       job/            attrs: the job as flat dotted keys ("replay.capacity" -> 65536)
@@ -33,7 +34,7 @@ import numpy as np
 from mpirl.metrics.writer import set_attrs
 
 RUN_FILE = "run.h5"
-FINAL_STATUSES = ("completed", "stopped", "failed")
+FINAL_STATUSES = ("completed", "preempted", "stopped", "failed")
 RANK_FILE = re.compile(r"^(learner|buffer_\d+)\.h5$")  # rank files found without links
 
 
@@ -134,6 +135,23 @@ def finish_run_file(run_dir: Path, status: str, **attrs: Any) -> None:
             except (TypeError, ValueError):
                 pass
         set_attrs(f, {"status": status, "end_time": end, **attrs})
+
+
+def mark_resumed(run_dir: Path, restart: int, checkpoint: str, job: Mapping[str, Any], command: str,
+                 job_time: float) -> None:
+    """A run continues from a checkpoint: status "running" again, the resume recorded.
+
+    ``job``: the resumed job, flattened; its stop conditions (which may differ from the
+    first start's) replace the stored ones, so summaries judge the run by them.
+    """
+    with _open(run_dir, "r+") as f:
+        set_attrs(f["job"], flatten(job))
+        for key in ("end_time", "stop_reason", "error"):
+            if key in f.attrs:
+                del f.attrs[key]
+        set_attrs(f, {"status": "running", "restarts": restart, f"resume_{restart}_time": now_iso(),
+                      f"resume_{restart}_checkpoint": Path(checkpoint).name, f"resume_{restart}_command": command,
+                      f"resume_{restart}_job_time": job_time})
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:

@@ -63,8 +63,8 @@ def _learner(t: dict) -> dict[str, Any]:
     both = (compute or 0.0) + (comm or 0.0)
     out = {"rows": len(t["time"]), "time_s": _last(t, "time")}
     for col in ("train_steps", "env_steps", "compute_s", "comm_s", "bytes_in",
-                "samples_trained", "return_mean20", "episodes", "param_version"):
-        out[col] = _last(t, col)
+                "samples_trained", "return_mean20", "episodes", "param_version", "skipped_batches"):
+        out[col] = _last(t, col) if col in t else None
     for col in ("loss", "p_s", "p_t", "td_abs"):
         out[col] = _tail_mean(t, col)
     out["train_steps_per_s"] = _ratio(out["train_steps"], out["time_s"])
@@ -147,7 +147,8 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
             if a not in latest or t["time"][i] >= latest[a]["time_s"]:
                 latest[a] = {"actor": a, "buffer": name, "time_s": plain(t["time"][i]),
                              **{c: plain(t[c][i]) if c in t else None for c in
-                                ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s")}}
+                                ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s",
+                                 "env_errors")}}
     _, ret, actor = _in_time_order([e["tables"].get("episodes", {}) for e in buffers.values()], "return", "actor")
     for a, entry in latest.items():
         mine = ret[actor == a].astype(float)

@@ -77,6 +77,13 @@ class Table:
             raise ValueError(f"table {group.name!r} needs at least one column")
         self.name = group.name.lstrip("/")
         self._cols: dict[str, h5py.Dataset] = {}
+        if len(group):  # a table of a resumed run: continue it
+            if sorted(group) != sorted(columns):
+                raise ValueError(f"table {self.name!r} has columns {sorted(group)}, not {sorted(columns)}")
+            self._cols = {col: group[col] for col in columns}
+            self._rows = min(len(ds) for ds in self._cols.values())  # a crash may leave them uneven
+            self.truncate(self._rows)
+            return
         for col, dtype in columns.items():
             dt = np.dtype(dtype)
             if dt.kind in "OUS":
@@ -97,6 +104,17 @@ class Table:
     def columns(self) -> list[str]:
         """Column names in creation order."""
         return list(self._cols)
+
+    def truncate(self, rows: int) -> None:
+        """Keep the first ``rows`` rows (a resumed run drops what came after its checkpoint)."""
+        rows = max(0, min(int(rows), self._rows))
+        for ds in self._cols.values():
+            ds.resize((rows,))
+        self._rows = rows
+
+    def rows_until(self, column: str, value: float) -> int:
+        """Rows from the start whose ``column`` (non-decreasing, e.g. time) is ``<= value``."""
+        return int(np.searchsorted(self._cols[column][:self._rows], value, side="right"))
 
     def _check(self, given: Mapping[str, Any]) -> None:
         missing = [c for c in self._cols if c not in given]
@@ -142,15 +160,19 @@ class MetricsFile:
         attrs: attributes for the root group (e.g. ``role``, ``rank``).
         flush_seconds: minimum wall-clock seconds between flushes done by
             :meth:`flush_if_due`.
+        resume: continue the existing file of a resumed run instead: asking for
+            a table returns the stored one (same columns), appending after its rows.
     """
 
     def __init__(self, path: str | PathLike, attrs: Mapping[str, Any] | None = None,
-                 flush_seconds: float = 2.0):
+                 flush_seconds: float = 2.0, resume: bool = False):
         self.path = Path(path)
-        if self.path.exists():
+        if resume and not self.path.exists():
+            resume = False  # killed before its file was made: start it
+        if self.path.exists() and not resume:
             raise FileExistsError(f"{self.path} exists; metrics files are never overwritten")
         self.flush_seconds = float(flush_seconds)
-        self._file: h5py.File | None = h5py.File(self.path, "w-", locking=False)
+        self._file: h5py.File | None = h5py.File(self.path, "r+" if resume else "w-", locking=False)
         self._tables: dict[str, Table] = {}
         if attrs:
             set_attrs(self._file, attrs)
@@ -179,9 +201,13 @@ class MetricsFile:
             if table.columns != list(columns):
                 raise ValueError(f"table {name!r} exists with columns {table.columns}")
             return table
-        table = Table(f.create_group(name), columns, units)
+        table = Table(f[name] if name in f else f.create_group(name), columns, units)
         self._tables[name] = table
         return table
+
+    def columns(self, name: str) -> dict[str, h5py.Dataset]:
+        """The datasets of table ``name`` (for reading back a resumed run's last rows)."""
+        return dict(self._tables[name]._cols)
 
     def set_attrs(self, **kv: Any) -> None:
         """Set attributes on the root group."""

@@ -15,6 +15,7 @@ windows, priorities) and :class:`ExperienceSender` is its line to the buffer;
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 
@@ -31,6 +32,8 @@ from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
+
+MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
 
 
 class Staging:
@@ -70,8 +73,9 @@ class Acting:
     """
 
     def __init__(self, cfg: JobConfig, obs_shape: tuple, n_actions: int, spec: dict, epsilons: np.ndarray,
-                 seed: int):
+                 seed: int, label: str = "actor"):
         self.cfg = cfg
+        self.label = label  # how messages name this actor, e.g. "actor rank 3"
         n_envs, n_step = cfg.env.envs_per_actor, cfg.agent.n_step
         self.epsilons = epsilons
         self.rng = np.random.default_rng(seed)
@@ -82,12 +86,15 @@ class Acting:
         self.env_steps = 0
         self.seed = seed
         self.envs = None
+        self.env_errors = 0  # failures inside the games, each followed by a rebuild
+        self.failing = 0  # failures since the last good step
 
     def start(self) -> None:
         """Build and reset the games (after the first parameters arrived)."""
         cfg = self.cfg
         n_envs = cfg.env.envs_per_actor
-        self.envs = make_vector(cfg.env, seed=self.seed)
+        # A rebuilt set of games gets a seed of its own: the same seed would replay the same failure.
+        self.envs = make_vector(cfg.env, seed=self.seed + 7919 * self.env_errors)
         self.obs = self.envs.reset()
         self.nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
         self.ep_return, self.ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
@@ -95,7 +102,12 @@ class Acting:
     def step(self) -> None:
         envs, clip = self.envs, self.cfg.agent.reward_clip
         actions = envs.forced(self.policy.act(self.obs, self.epsilons, self.rng))
-        step = envs.step(actions)
+        try:
+            step = envs.step(actions)
+        except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
+            self.recover(err)
+            return
+        self.failing = 0
         self.env_steps += envs.num_envs
         self.ep_return += step.reward
         self.ep_length += 1
@@ -111,6 +123,27 @@ class Acting:
                 self.episodes.append((float(self.ep_return[k]), int(self.ep_length[k])))
         self.ep_return[ended], self.ep_length[ended] = 0.0, 0
         self.obs = step.obs
+
+    def recover(self, err: Exception) -> None:
+        """A game raised: say so, rebuild every game of this actor, drop the unfinished episodes.
+
+        The n-step windows of the broken episodes are dropped (their transitions would
+        bootstrap from a state that never came); the episodes are not reported. After
+        ``MAX_FAILING`` failures in a row without one good step, the error is raised:
+        the actor cannot make progress, and the job ends naming it.
+        """
+        self.env_errors += 1
+        self.failing += 1
+        print(f"mpirl: {self.label}: {self.cfg.env.id} raised {type(err).__name__}: {err}; "
+              f"rebuilding its environments (failure {self.env_errors})", file=sys.stderr, flush=True)
+        if self.failing >= MAX_FAILING:
+            raise RuntimeError(f"{self.cfg.env.id} failed {self.failing} times in a row on {self.label}; "
+                               "giving up") from err
+        try:
+            self.envs.close()
+        except Exception:  # noqa: BLE001 - a broken env may not close cleanly either
+            pass
+        self.start()
 
     @property
     def staged(self) -> int:
@@ -160,7 +193,10 @@ def run_actor(ctx: RoleContext) -> None:
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
     epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
     epsilon = float(epsilons.mean())  # reported: the mean over this actor's games
-    acting = Acting(cfg, ctx.obs_shape, ctx.n_actions, ctx.spec, epsilons, ctx.seed())
+    acting = Acting(cfg, ctx.obs_shape, ctx.n_actions, ctx.spec, epsilons, ctx.seed(), label=f"actor rank {topo.rank}")
+    if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
+        acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
+    steps_before = acting.env_steps
     sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
     params = ParamBroadcast(topo.group_params, acting.policy.n_params)
     version, throttled = -1, 0.0
@@ -173,13 +209,14 @@ def run_actor(ctx: RoleContext) -> None:
         records, priorities = acting.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
         sender.send(records, priorities, acting.episodes, final=final, env_steps=acting.env_steps,
-                    param_version=version, epsilon=epsilon, steps_per_s=acting.env_steps / elapsed,
-                    throttled_s=throttled)
+                    param_version=version, epsilon=epsilon, steps_per_s=(acting.env_steps - steps_before) / elapsed,
+                    throttled_s=throttled, env_errors=acting.env_errors)
         acting.drop(rows)
 
     params.post()
     wait_until(params.arrived, first=1e-4, longest=10e-3)
     stopped = params.stop
+    first = params.version  # 1, or a resumed learner's version: the insert budget counts from here
     if not stopped:
         acting.policy.load_flat(params.params)
         version = params.version
@@ -198,7 +235,8 @@ def run_actor(ctx: RoleContext) -> None:
             acting.policy.load_flat(params.params)
             version = params.version
             params.post()
-        if budget.over(sender.sent, version):  # ahead of the learner: sleep until it publishes again
+        ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+        if budget.over(sender.sent, version - first + 1):  # ahead of the learner: sleep until it publishes again
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0

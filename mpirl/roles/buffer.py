@@ -84,7 +84,7 @@ class Buffer:
                                 attrs={"role": "buffer", "rank": ctx.topo.rank, "capacity": self.cfg.replay.capacity,
                                        "architecture": self.cfg.replay.architecture,
                                        "dedup_frames": bool(self.store.framed),
-                                       "actors": ctx.topo.actors_of(ctx.topo.rank)})
+                                       "actors": ctx.topo.actors_of(ctx.topo.rank)}, resume=bool(ctx.resume))
         self.t_buffer = self.file.table("buffer", {
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
             "bytes_out_raw": I8,
@@ -94,9 +94,21 @@ class Buffer:
                                                        "return": F8, "length": I8})
         self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
                                                    "env_steps_per_s": F8, "epsilon": F8, "param_version": I8,
-                                                   "throttled_s": F8})
+                                                   "throttled_s": F8, "env_errors": I8})
+        # Cumulative columns continue from the last row at or before a resumed run's checkpoint.
+        self.base = dict.fromkeys(("bytes_in", "bytes_out", "bytes_out_raw"), 0)
+        if ctx.resume:
+            t = ctx.resume.job_time
+            for table in (self.t_buffer, self.t_episodes, self.t_actors):
+                table.truncate(table.rows_until("time", t))
+            if self.t_buffer.rows:
+                last = {c: ds[self.t_buffer.rows - 1] for c, ds in self.file.columns("buffer").items()}
+                self.base = {k: int(last[k]) for k in self.base}
+                self.inserted, self.stale = int(last["experiences_in"]), int(last["stale_updates"])
+                self.updates, self.consumed = int(last["priority_updates"]), int(last["consumed"])
+            self.actor_steps = {a: s for a, s in ctx.resume.actor_steps.items() if a in ctx.topo.actors_of(ctx.topo.rank)}
         self.tick = Interval(self.cfg.log.interval)
-        self.last_in, self.last_t = 0, ctx.now()
+        self.last_in, self.last_t = self.inserted, ctx.now()
 
     # -- experiences from actors -----------------------------------------------
     def on_experience(self, buf: np.ndarray) -> bool:
@@ -118,12 +130,13 @@ class Buffer:
                                    length=exp.get(buf, "ep_length")[:k].astype(I8), **{"return": rets})
             counts = self.window_actor is None or actor == self.window_actor
             self.to_learner.extend(rets.tolist() if counts else [math.nan] * k)
-        if self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
+        final = bool(exp.get(buf, "final"))
+        if final or self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=exp.get(buf, "steps_per_s"),
                                  epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
-                                 throttled_s=exp.get(buf, "throttled_s"))
-        return bool(exp.get(buf, "final"))
+                                 throttled_s=exp.get(buf, "throttled_s"), env_errors=int(exp.get(buf, "env_errors")))
+        return final
 
     # -- the learner's requests ------------------------------------------------
     def on_request(self, buf: np.ndarray) -> None:
@@ -178,6 +191,7 @@ class Buffer:
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""
         progress = False
+        self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
         self.replies.pump()
         for slot, _, buf, _ in self.exp_pool.poll():
             progress = True
@@ -208,8 +222,11 @@ class Buffer:
         rate = (self.inserted - self.last_in) / max(t - self.last_t, 1e-9)
         self.last_in, self.last_t = self.inserted, t
         self.t_buffer.append(
-            time=t, experiences_in=self.inserted, experiences_in_per_s=rate, bytes_in=self.exp_pool.bytes_received,
-            bytes_out=self.replies.bytes_sent, bytes_out_raw=self.replies.raw_bytes_sent, fill=self.store.size, stale_updates=self.stale,
+            time=t, experiences_in=self.inserted, experiences_in_per_s=rate,
+            bytes_in=self.base["bytes_in"] + self.exp_pool.bytes_received,
+            bytes_out=self.base["bytes_out"] + self.replies.bytes_sent,
+            bytes_out_raw=self.base["bytes_out_raw"] + self.replies.raw_bytes_sent, fill=self.store.size,
+            stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
             total_priority=self.store.total if self.proposed else np.nan, bytes_held=self.store.nbytes)

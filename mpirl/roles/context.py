@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,10 @@ from mpirl.agents.dqn import transition_spec
 from mpirl.agents.networks import build_network
 from mpirl.comm.topology import Topology
 from mpirl.config import JobConfig
+
+if TYPE_CHECKING:
+    from mpirl.roles.checkpoint import Resume
+    from mpirl.roles.preemption import Preemption
 
 
 @dataclass
@@ -24,6 +29,8 @@ class RoleContext:
     obs_dtype: np.dtype
     n_actions: int
     t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
+    preempt: "Preemption | None" = None  # signals -> a clean stop (see roles/preemption.py)
+    resume: "Resume | None" = None  # set when continuing a run from a checkpoint
 
     @property
     def spec(self) -> dict:
@@ -39,8 +46,9 @@ class RoleContext:
         return time.time() - self.t0
 
     def seed(self, *extra: int) -> int:
-        """A per-rank seed derived from the job seed."""
-        return int(np.random.SeedSequence([self.cfg.run.seed, self.topo.rank, *extra]).generate_state(1)[0])
+        """A per-rank seed derived from the job seed (and the restart: a resumed run explores afresh)."""
+        restart = [self.resume.restart] if self.resume else []
+        return int(np.random.SeedSequence([self.cfg.run.seed, self.topo.rank, *extra, *restart]).generate_state(1)[0])
 
 
 class Interval:

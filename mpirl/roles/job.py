@@ -23,13 +23,18 @@ import mpirl
 from mpirl.comm.backoff import wait_until
 from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
 from mpirl.config import ConfigError, JobConfig
-from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files
+from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
 from mpirl.metrics.summary import format_summary, summarize
 from mpirl.roles.actor import run_actor
 from mpirl.roles.buffer import run_buffer
+from mpirl.roles.checkpoint import Resume, plan_resume
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import run_learner
+from mpirl.roles.learner import PREEMPTED, run_learner
+from mpirl.roles.preemption import Preemption
+
+
+EXIT_PREEMPTED = 75  # a preempted job: checkpointed, resume it (sysexits' EX_TEMPFAIL)
 
 
 def new_run_dir(cfg: JobConfig) -> Path:
@@ -71,6 +76,17 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     }
 
 
+def role_map(topo) -> str:
+    """``0 learner, 1 buffer, 2-3 actors (buffer 1)``: who is who, for messages that name ranks."""
+    parts = ["0 learner"]
+    for b in topo.buffers:
+        actors = topo.actors_of(b)
+        span = f"{actors[0]}-{actors[-1]}" if len(actors) > 1 and actors[-1] - actors[0] == len(actors) - 1 \
+            else ",".join(map(str, actors))
+        parts.append(f"{b} buffer, {span} actor{'s' if len(actors) > 1 else ''} of buffer {b}")
+    return "; ".join(parts)
+
+
 def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig) -> None:
     """Checks whose answer depends on the rank's node; every rank learns the first failure."""
     problem = None
@@ -84,36 +100,58 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig) -> None:
         raise ConfigError(*problems[0])
 
 
-def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
-    """Rank 0 makes the directory; everyone gets its path or the same error."""
+def _on_rank0(world: MPI.Comm, make):
+    """``make()`` on rank 0; every rank gets its value or raises the same ConfigError."""
     result = None
     if world.rank == 0:
         try:
-            result = str(new_run_dir(cfg))
+            result = make()
         except ConfigError as err:
             result = err
-        except OSError as err:
-            result = ConfigError("run.out_dir", f"cannot create a run directory under {cfg.run.out_dir!r}: {err}")
     result = world.bcast(result)
     if isinstance(result, ConfigError):
         raise result
-    return Path(result)
+    return result
 
 
-def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False) -> int:
+def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
+    """Rank 0 makes the directory; everyone gets its path or the same error."""
+    def make():
+        try:
+            return str(new_run_dir(cfg))
+        except OSError as err:
+            raise ConfigError("run.out_dir", f"cannot create a run directory under {cfg.run.out_dir!r}: {err}")
+    return Path(_on_rank0(world, make))
+
+
+def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, resume: str = "") -> int:
+    """Run the job on this rank (every rank calls it); ``resume``: a run directory, ``auto`` or ''."""
     world = MPI.COMM_WORLD
     obs_shape, obs_dtype, n_actions = check_job(cfg, world.size, job_path)
     _agree_on_local_checks(world, cfg)
-    t0 = world.bcast(time.time())
-    run_dir = _shared_run_dir(world, cfg)
+    plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
+    # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
+    t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))
+    run_dir = Path(plan.run_dir) if plan else _shared_run_dir(world, cfg)
     topo = build(world, cfg.topology.buffers, cfg.topology.node_local)
     if world.rank == 0:
-        create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
+        if plan:
+            mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(),
+                         command=" ".join(sys.argv), job_time=plan.job_time)
+            print(f"mpirl: resuming {run_dir} from {Path(plan.checkpoint).name} "
+                  f"(train step {plan.train_steps}, job time {plan.job_time:.1f} s; restart {plan.restart})",
+                  flush=True)
+        else:
+            if resume:
+                print(f"mpirl: --resume {resume}: no unfinished run of '{cfg.run.name}' with a checkpoint "
+                      f"under {cfg.run.out_dir}; starting a new one", flush=True)
+            create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
         link_rank_files(run_dir, {"learner": "learner.h5",
                                   **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}})
         print(f"mpirl: run directory {run_dir}", flush=True)
+        print(f"mpirl: ranks: {role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, obs_shape=obs_shape, obs_dtype=obs_dtype,
-                      n_actions=n_actions, t0=t0)
+                      n_actions=n_actions, t0=t0, preempt=Preemption(world), resume=plan)
     role = {LEARNER: run_learner, BUFFER: run_buffer, ACTOR: run_actor}[topo.role]
     try:
         stop_reason = role(ctx)
@@ -124,9 +162,16 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False) -
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)
+    ctx.preempt.close()
+    preempted = world.bcast((stop_reason or "").startswith(PREEMPTED) if world.rank == 0 else None)
     topo.free()
     if world.rank == 0:
-        finish_run_file(run_dir, "completed", stop_reason=stop_reason or "", wall_seconds=time.time() - t0)
+        finish_run_file(run_dir, "preempted" if preempted else "completed", stop_reason=stop_reason or "",
+                        wall_seconds=time.time() - t0)
         if not quiet:
             print(format_summary(summarize(run_dir)), flush=True)
-    return 0
+        if preempted:
+            print(f"mpirl: {stop_reason}; checkpoint written. Continue with: "
+                  f"mpirl launch {job_path} --resume {run_dir}", flush=True)
+    # Every rank says "try again" (EX_TEMPFAIL), so mpiexec, srun and batch scripts can tell.
+    return EXIT_PREEMPTED if preempted else 0

@@ -34,10 +34,14 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import RateMeter, even_quotas, max_quota, rate_quotas
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
+from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
+from mpirl.roles.preemption import signal_name
 from mpirl.comm.buffer_link import BufferLink
 
 F8, I8 = np.float64, np.int64
+PREEMPTED = "preempted"  # how a stop reason starts when a signal stopped the job
+MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
 
 
 class Clock:
@@ -84,9 +88,60 @@ class Learner:
         self.env_steps = [0] * len(topo.buffers)
         self.sizes = [0] * len(topo.buffers)
         self.version = 0
+        self.skipped = self.skipped_in_a_row = 0  # batches skipped for a non-finite loss or gradient
         self.stop_reason = ""
         self.started = time.perf_counter()
+        self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
+        if ctx.resume:
+            self._restore(checkpoint.load(ctx.resume.checkpoint, map_location=self.agent.device))
+        self.last_checkpoint = time.perf_counter()
+        self.checkpointed_at = self.published_at = self.agent.steps
         self._open_metrics()
+
+    # -- checkpoints ---------------------------------------------------------------
+    def _state(self) -> dict:
+        a = self.agent
+        return {"identity": checkpoint.identity(self.cfg, self.ctx.topo.world.size),
+                "train_steps": a.steps, "job_time": self.ctx.now(),
+                "learner_seconds": time.perf_counter() - self.started,
+                "online": a.online.state_dict(), "target": a.target.state_dict(),
+                "optimizer": a.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                "numpy_rng": self.rng.bit_generator.state, "version": self.version, "episodes": self.episodes,
+                "returns": list(self.returns), "env_steps": list(self.env_steps), "consumed": list(self.consumed),
+                "skipped": self.skipped,
+                "clock": [self.clock.compute, self.clock.comm], "link_bytes": self.link_bytes()}
+
+    def _restore(self, st: dict) -> None:
+        a = self.agent
+        a.online.load_state_dict(st["online"])
+        a.target.load_state_dict(st["target"])
+        a.optimizer.load_state_dict(st["optimizer"])
+        a.steps = int(st["train_steps"])
+        torch.set_rng_state(st["torch_rng"].cpu())
+        self.rng.bit_generator.state = st["numpy_rng"]
+        self.version, self.episodes = int(st["version"]), int(st["episodes"])
+        self.returns.extend(st["returns"])
+        self.env_steps, self.consumed = list(st["env_steps"]), list(st["consumed"])
+        self.skipped = int(st["skipped"])
+        self.clock.compute, self.clock.comm = st["clock"]
+        self.bytes_base = dict(st["link_bytes"])
+        self.started = time.perf_counter() - float(st["learner_seconds"])  # run.wall_seconds counts on
+
+    def checkpoint(self) -> None:
+        """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
+        self.checkpointed_at = self.agent.steps
+        self.log(force=True)
+        self.file.flush()
+        checkpoint.save(self.ctx.run_dir, self._state(), self.cfg.checkpoint.keep)
+        self.last_checkpoint = time.perf_counter()
+
+    def checkpoint_due(self) -> None:
+        ck = self.cfg.checkpoint
+        steps = self.agent.steps
+        if ((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
+                or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds)):
+            with self.clock.computing():
+                self.checkpoint()
 
     def _open_metrics(self) -> None:
         ctx = self.ctx
@@ -95,18 +150,22 @@ class Learner:
                                        "device": str(self.agent.device), "precision": self.agent.precision,
                                        "torch_threads": self.threads,
                                        "n_params": self.agent.n_params,
-                                       "batch_size": self.cfg.replay.batch_size})
+                                       "batch_size": self.cfg.replay.batch_size}, resume=bool(ctx.resume))
         self.table = self.file.table("train", {
             "time": F8, "train_steps": I8, "env_steps": I8, "loss": F8, "p_s": F8, "p_t": F8, "td_abs": F8,
             "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8,
             "bytes_in": I8, "bytes_in_raw": I8, "bytes_out": I8, "bytes_out_raw": I8, "samples_trained": I8,
-            "return_mean20": F8, "episodes": I8, "param_version": I8})
+            "return_mean20": F8, "episodes": I8, "param_version": I8, "skipped_batches": I8})
         # Per shard (one row per buffer per interval): the quota asked for, its size and insertion rate.
         self.shard_table = self.file.table("shards", {
             "time": F8, "buffer": I8, "quota": I8, "size": I8, "inserted_per_s": F8, "consumed": I8})
         # One row per train step, for curves within an epoch (p_t: the last transfer's mean priority).
         self.batch_table = self.file.table("batches", {"train_step": I8, "loss": F8, "p_s": F8, "p_t": F8,
                                                        "td_abs": F8})
+        if ctx.resume:  # rows after the checkpoint describe work the resumed run does again
+            for table in (self.table, self.shard_table):
+                table.truncate(table.rows_until("time", ctx.resume.job_time))
+            self.batch_table.truncate(self.batch_table.rows_until("train_step", ctx.resume.train_steps))
         self.per_batch = {name: [] for name in ("train_step", "loss", "p_s", "p_t", "td_abs")}
         self.last_p_t = math.nan
         self.tick = Interval(self.cfg.log.interval)
@@ -134,10 +193,11 @@ class Learner:
         """
         links = self.links
         params = self.params.broadcasts * self.params.nbytes
-        return {"bytes_in": sum(link.bytes_received for link in links),
-                "bytes_in_raw": sum(link.raw_bytes_received for link in links),
-                "bytes_out": sum(link.sends.bytes_sent for link in links) + params,
-                "bytes_out_raw": sum(link.sends.raw_bytes_sent for link in links) + params}
+        now = {"bytes_in": sum(link.bytes_received for link in links),
+               "bytes_in_raw": sum(link.raw_bytes_received for link in links),
+               "bytes_out": sum(link.sends.bytes_sent for link in links) + params,
+               "bytes_out_raw": sum(link.sends.raw_bytes_sent for link in links) + params}
+        return {k: v + self.bytes_base[k] for k, v in now.items()}  # a resumed run counts on
 
     def take_reply(self, b: int, link: BufferLink) -> dict[str, np.ndarray]:
         """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
@@ -166,7 +226,11 @@ class Learner:
 
     def should_stop(self) -> bool:
         r = self.cfg.run
-        if r.train_steps and self.agent.steps >= r.train_steps:
+        notice = self.ctx.preempt.requested() if self.ctx.preempt else None
+        if notice:
+            rank, signum = notice
+            self.stop_reason = f"{PREEMPTED}: {signal_name(signum)} on rank {rank} ({self.ctx.topo.role_of(rank)})"
+        elif r.train_steps and self.agent.steps >= r.train_steps:
             self.stop_reason = f"train_steps {r.train_steps} reached"
         elif r.env_steps and sum(self.env_steps) >= r.env_steps:
             self.stop_reason = f"env_steps {r.env_steps} reached"
@@ -184,7 +248,9 @@ class Learner:
             self.params.publish(self.version, self.agent.flat_params(), stop=stop)
 
     def publish_due(self) -> None:
-        if self.agent.steps % self.cfg.comm.n_update == 0:
+        steps = self.agent.steps
+        if steps % self.cfg.comm.n_update == 0 and steps != self.published_at:  # a skipped batch is no step
+            self.published_at = steps
             self.publish()
 
     def train(self, batch: dict, probs: np.ndarray, n_total: int, sampled_priority: np.ndarray) -> np.ndarray:
@@ -193,6 +259,16 @@ class Learner:
                                self.cfg.replay.beta_steps)
         weights = importance_weights(probs, n_total, beta)
         loss, td = self.agent.train_step(batch, weights)
+        if td is None:  # non-finite loss or gradient: skipped, counted, the batch keeps its priorities
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                raise FloatingPointError(
+                    f"the loss or gradient was not finite for {self.skipped_in_a_row} batches in a row after train "
+                    f"step {self.agent.steps} ({self.skipped} skipped in all): the learner has diverged; "
+                    f"lower agent.lr (now {self.cfg.agent.lr:g}) or check the environment's rewards")
+            return np.array(sampled_priority, dtype=np.float32)
+        self.skipped_in_a_row = 0
         p_s, td_abs = float(sampled_priority.mean()), float(td.mean())
         self.acc["loss"].append(loss)
         self.acc["p_s"].append(p_s)
@@ -213,7 +289,7 @@ class Learner:
             compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
             samples_trained=self.agent.steps * self.cfg.replay.batch_size,
             return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
-            episodes=self.episodes, param_version=self.version, **mean)
+            episodes=self.episodes, param_version=self.version, skipped_batches=self.skipped, **mean)
         self.last_steps, self.last_t = self.agent.steps, now
         n = len(self.sizes)
         self.shard_table.extend(time=np.full(n, self.ctx.now()), buffer=np.array(self.ctx.topo.buffers),
@@ -265,6 +341,7 @@ class Learner:
                                  ids=v["ids"], versions=v["versions"], priority=td[start:start + rows])
                     start += rows
             self.publish_due()
+            self.checkpoint_due()
             self.log()
 
     def train_on(self, views: list[dict]) -> np.ndarray:
@@ -314,6 +391,7 @@ class Learner:
                 td = self.train(batch, s.probs, local.size, s.priorities)
                 local.update_priorities(s.ids, s.versions, td)
             self.publish_due()
+            self.checkpoint_due()
             self.log()
 
     def refresh(self, local: PrioritizedShard) -> None:
@@ -346,7 +424,8 @@ class Learner:
             link.release()
 
     def shutdown(self) -> None:
-        """Last broadcast with the stop flag, goodbye to the buffers, drain every reply."""
+        """A checkpoint, the last broadcast with the stop flag, goodbye to the buffers, drain every reply."""
+        self.checkpoint()
         self.publish(stop=True)
         for link in self.links:
             link.request(BYE, 0, consumed=self.consumed[self.links.index(link)])

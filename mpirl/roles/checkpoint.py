@@ -1,0 +1,168 @@
+"""Checkpoints of a run and resuming from them.
+
+Layout: ``RUN_DIR/checkpoints/ckpt-<train steps, 10 digits>.pt``, one file per
+checkpoint, written by the learner: its networks, optimizer, counters and RNG
+states, and the job time it was taken at. A file is written under a temporary
+name, synced and renamed, so a file with the final name is always complete; the
+newest ``checkpoint.keep`` are kept.
+
+Buffers and actors hold no state a checkpoint needs: on resume their counters
+(experiences, env steps per actor, bytes) continue from their own metrics rows
+at or before the checkpoint's job time, and rows after it are dropped from every
+table, so each metric continues with neither duplicated nor missing steps.
+Replay memories start empty again and refill before training resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpirl.config import ConfigError, JobConfig
+from mpirl.metrics.run_file import load_run, read_status
+
+CKPT_DIR = "checkpoints"
+NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+FORMAT = 1
+# Keys a resumed job may change: when to stop, how to log, how to checkpoint.
+MAY_CHANGE = ("run.train_steps", "run.env_steps", "run.wall_seconds", "run.target_return", "run.out_dir")
+MAY_CHANGE_SECTIONS = ("log.", "checkpoint.")
+
+
+def identity(cfg: JobConfig, world_size: int) -> dict:
+    """What a checkpoint must agree on with the job resuming from it."""
+    flat = {k: v for k, v in cfg.flat().items()
+            if k not in MAY_CHANGE and not k.startswith(MAY_CHANGE_SECTIONS)}
+    return {"world_size": world_size, **{k: repr(v) for k, v in flat.items()}}
+
+
+def mismatch(saved: dict, current: dict) -> str:
+    """'' if ``current`` may resume from ``saved``, else the first difference in words."""
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            return f"{key} was {saved.get(key, 'unset')} in the checkpoint's job, is {current.get(key, 'unset')} now"
+    return ""
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    d = Path(run_dir) / CKPT_DIR
+    if not d.is_dir():
+        return []
+    return sorted((p for p in d.iterdir() if NAME.match(p.name)), key=lambda p: int(NAME.match(p.name).group(1)))
+
+
+def save(run_dir: Path, state: dict, keep: int) -> Path:
+    """Write ``state`` as the checkpoint of ``state['train_steps']``; keep the newest ``keep``."""
+    d = Path(run_dir) / CKPT_DIR
+    d.mkdir(exist_ok=True)
+    path = d / f"ckpt-{int(state['train_steps']):010d}.pt"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save({"format": FORMAT, **state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+    for old in checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load(path: Path, map_location=None) -> dict:
+    """A checkpoint's state (tensors and plain Python values only: nothing is executed)."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+@dataclass
+class Resume:
+    """What every rank needs to continue a run (rank 0 finds it, broadcasts it)."""
+    run_dir: str
+    checkpoint: str
+    job_time: float  # the job's clock at the checkpoint (seconds since its start)
+    train_steps: int
+    restart: int  # 1 for the first resume
+    actor_steps: dict = field(default_factory=dict)  # actor rank -> env steps at the checkpoint
+
+
+def _last_at_or_before(table: dict, column: str, t: float, where=None):
+    if not table or column not in table:
+        return None
+    keep = table["time"] <= t
+    if where is not None:
+        keep &= where
+    idx = np.flatnonzero(keep)
+    return table[column][idx[-1]] if len(idx) else None
+
+
+def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
+    """Find the run and checkpoint ``--resume TARGET`` means; ConfigError naming the fix if none fits.
+
+    ``target``: a run directory, or ``auto``: the newest unfinished run of this job
+    (same ``run.name`` under ``run.out_dir``; under Slurm, the same job id first)
+    with a checkpoint; ``None`` when there is none (a new run starts).
+    """
+    if target == "auto":
+        run_dir = _newest_unfinished(cfg)
+        if run_dir is None:
+            return None
+    else:
+        run_dir = Path(target)
+        if not (run_dir / "run.h5").is_file():
+            raise ConfigError("--resume", f"{target}: no run.h5 there; pass a run directory such as "
+                              f"{cfg.run.out_dir}/{cfg.run.name}-20260101-120000, or 'auto'")
+    found = checkpoints(run_dir)
+    if not found:
+        raise ConfigError("--resume", f"{run_dir} has no complete checkpoint ({CKPT_DIR}/ckpt-*.pt); "
+                          "start a new run without --resume")
+    try:
+        state = load(found[-1], map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same answer
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError("--resume", f"{found[-1]} cannot be read ({type(err).__name__}: {first}); "
+                          "delete it to resume from the one before, or start a new run") from None
+    why = mismatch(state.get("identity", {}), identity(cfg, world_size))
+    if why:
+        raise ConfigError("--resume", f"{found[-1]} belongs to another job: {why}; resume with the job and world "
+                          f"size that wrote it (only {', '.join(MAY_CHANGE)}, log.* and checkpoint.* may change)")
+    t = float(state["job_time"])
+    actor_steps = {}
+    for name, entry in load_run(run_dir)["files"].items():
+        actors = entry["tables"].get("actors", {})
+        for actor in np.unique(actors.get("actor", np.zeros(0, np.int64))):
+            steps = _last_at_or_before(actors, "env_steps", t, actors["actor"] == actor)
+            if steps is not None:
+                actor_steps[int(actor)] = int(steps)
+    restart = int(read_status(run_dir).get("restarts", 0)) + 1
+    return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart, actor_steps)
+
+
+def _newest_unfinished(cfg: JobConfig) -> Path | None:
+    out = Path(cfg.run.out_dir)
+    if not out.is_dir():
+        return None
+    candidates = []
+    slurm_job = os.environ.get("SLURM_JOB_ID", "")
+    for run_dir in out.glob(f"{cfg.run.name}-*"):
+        found = checkpoints(run_dir)
+        if not found or not (run_dir / "run.h5").is_file():
+            continue
+        try:
+            status = read_status(run_dir)
+            prov = load_run(run_dir)["run"]["provenance"]
+        except (OSError, FileNotFoundError):
+            continue
+        if status.get("status") == "completed":
+            continue
+        same_job = bool(slurm_job) and str(prov.get("slurm_job_id", "")) == slurm_job
+        candidates.append((same_job, found[-1].stat().st_mtime, run_dir))
+    return max(candidates)[2] if candidates else None

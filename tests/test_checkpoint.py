@@ -1,0 +1,216 @@
+"""Checkpoints, preemption and resume.
+
+Without MPI: the checkpoint files (atomic, newest K kept) and every refusal of a
+run that cannot be resumed. Under mpiexec: a job preempted by a signal stops
+cleanly with a checkpoint, and its resumed run completes with metrics that
+continue without a duplicated or missing train step.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from mpirl.config import load
+from mpirl.roles import checkpoint
+
+from conftest import JOBS, ROOT, mpi_env, mpiexec, run_cli, run_mpi
+
+CARTPOLE = JOBS / "cartpole.toml"
+
+
+def _state(cfg, world, steps):
+    return {"identity": checkpoint.identity(cfg, world), "train_steps": steps, "job_time": float(steps),
+            "weights": torch.arange(3.0)}
+
+
+def test_checkpoints_are_written_whole_and_the_newest_kept(tmp_path):
+    cfg, _ = load(CARTPOLE)
+    for steps in (10, 20, 30, 40):
+        checkpoint.save(tmp_path, _state(cfg, 4, steps), keep=2)
+    names = [p.name for p in checkpoint.checkpoints(tmp_path)]
+    assert names == ["ckpt-0000000030.pt", "ckpt-0000000040.pt"]
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    # a file left half-written by a crash keeps its temporary name and is never taken for a checkpoint
+    (tmp_path / "checkpoints" / "ckpt-0000000050.pt.tmp").write_bytes(b"\0" * 10)
+    assert checkpoint.checkpoints(tmp_path)[-1].name == "ckpt-0000000040.pt"
+    state = checkpoint.load(checkpoint.checkpoints(tmp_path)[-1])
+    assert state["train_steps"] == 40 and state["weights"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_identity_allows_new_stop_conditions_only(tmp_path):
+    cfg, _ = load(CARTPOLE)
+    longer, _ = load(CARTPOLE, ["run.env_steps=500000", "run.wall_seconds=60", "log.interval=2"])
+    other, _ = load(CARTPOLE, ["replay.capacity=1000"])
+    saved = checkpoint.identity(cfg, 4)
+    assert checkpoint.mismatch(saved, checkpoint.identity(longer, 4)) == ""
+    assert "replay.capacity" in checkpoint.mismatch(saved, checkpoint.identity(other, 4))
+    assert "world_size" in checkpoint.mismatch(saved, checkpoint.identity(cfg, 5))
+
+
+def _fake_run(tmp_path, cfg_sets=(), world=4, steps=100):
+    """A run directory as a real job leaves it: run.h5 and one checkpoint."""
+    from mpirl.metrics.run_file import create_run_file
+    cfg, text = load(CARTPOLE, list(cfg_sets))
+    run_dir = tmp_path / "runs" / "cartpole-20260101-000000"
+    create_run_file(run_dir, text, cfg.flat(), {"world_size": world})
+    checkpoint.save(run_dir, _state(cfg, world, steps), keep=2)
+    return run_dir
+
+
+@pytest.mark.parametrize("case", ["no run", "no checkpoint", "other job", "other world size", "unreadable"])
+def test_a_run_that_cannot_be_resumed_is_refused_before_any_rank_starts(tmp_path, case):
+    run_dir = _fake_run(tmp_path)
+    sets = ["--set", f'run.out_dir="{tmp_path / "runs"}"']
+    target, want = str(run_dir), ""
+    if case == "no run":
+        target, want = str(tmp_path / "nowhere"), "no run.h5 there"
+    elif case == "no checkpoint":
+        for p in checkpoint.checkpoints(run_dir):
+            p.unlink()
+        want = "no complete checkpoint"
+    elif case == "other job":
+        sets += ["--set", "replay.capacity=1000"]
+        want = "replay.capacity was 50000 in the checkpoint's job, is 1000 now"
+    elif case == "other world size":
+        sets += ["-n", "5"]
+        want = "world_size was 4 in the checkpoint's job, is 5 now"
+    else:
+        checkpoint.checkpoints(run_dir)[-1].write_bytes(b"not a checkpoint")
+        want = "cannot be read"
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    r = run_cli("launch", str(CARTPOLE), *sets, "--resume", target)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--resume" in r.stderr and want in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in run_dir.rglob("*")) == before  # nothing written, nothing lost
+
+
+def test_resume_auto_finds_the_unfinished_run_and_skips_finished_ones(tmp_path):
+    from mpirl.metrics.run_file import finish_run_file
+    cfg, _ = load(CARTPOLE, [f'run.out_dir="{tmp_path / "runs"}"'])
+    run_dir = _fake_run(tmp_path)
+    plan = checkpoint.plan_resume(cfg, 4, "auto")
+    assert plan.run_dir == str(run_dir.resolve()) and plan.train_steps == 100 and plan.restart == 1
+    finish_run_file(run_dir, "completed")
+    assert checkpoint.plan_resume(cfg, 4, "auto") is None  # a new run starts
+
+
+# ---------------------------------------------------------------- whole jobs
+LONG = ("run.train_steps=3000", "run.env_steps=0", "run.target_return=nan", "run.wall_seconds=0",
+        "replay.learning_starts=500", "checkpoint.every_steps=500")
+
+
+def _ranks_of(mpiexec_pid: int) -> dict[int, int]:
+    """World rank -> PID of the ranks mpiexec started."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) != mpiexec_pid:
+                continue
+            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)
+            if "OMPI_COMM_WORLD_RANK" in env:
+                out[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _train_steps_so_far(out: Path) -> int:
+    for f in out.glob("*/learner.h5"):
+        try:
+            with h5py.File(f, "r", locking=False) as h:
+                steps = h["train/train_steps"][()]
+                return int(steps[-1]) if len(steps) else 0
+        except (OSError, KeyError):
+            return 0
+    return 0
+
+
+def _preempt(tmp_path, signum, rank=None):
+    """Start the long job, signal it once it has trained a while; returns the finished process."""
+    out = tmp_path / "runs"
+    cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
+           str(CARTPOLE), "--set", f'run.out_dir="{out}"', *[x for s in LONG for x in ("--set", s)]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while _train_steps_so_far(out) < 700 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None and _train_steps_so_far(out) >= 700, "the job did not train 700 steps in 120 s"
+        if rank is None:
+            proc.send_signal(signum)  # mpiexec forwards SIGUSR1 to every rank
+        else:
+            os.kill(_ranks_of(proc.pid)[rank], signum)
+        text, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the preempted job did not exit within 90 s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc, text, out
+
+
+def _learner_steps(run_dir):
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        return f["learner/batches/train_step"][()], f["learner/train/time"][()], f["learner/train/train_steps"][()]
+
+
+@pytest.mark.mpi
+def test_preempted_job_resumes_and_its_metrics_continue(tmp_path):
+    proc, text, out = _preempt(tmp_path, signal.SIGUSR1)
+    assert proc.returncode == 75, text  # EX_TEMPFAIL: checkpointed, try again
+    run_dir = next(out.glob("*/run.h5")).parent
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "preempted", dict(f.attrs)
+        assert f.attrs["stop_reason"].startswith("preempted: SIGUSR1 on rank"), f.attrs["stop_reason"]
+    steps, _, _ = _learner_steps(run_dir)
+    stopped_at = int(steps[-1])
+    assert 700 <= stopped_at < 3000
+    ckpts = checkpoint.checkpoints(run_dir)
+    assert ckpts[-1].name == f"ckpt-{stopped_at:010d}.pt" and len(ckpts) <= 2  # at the stop; keep = 2
+    assert f"--resume {run_dir}" in text
+
+    job = run_mpi(4, out, *LONG, args=("--resume", str(run_dir)))
+    assert job.proc.returncode == 0, job.output
+    assert f"resuming {run_dir}" in job.output and f"ckpt-{stopped_at:010d}.pt" in job.output
+    assert job.run_dirs == [run_dir]  # the same directory, no new one
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1
+        assert "train_steps 3000 reached" in f.attrs["stop_reason"]
+        for b in (k for k in f if k.startswith("buffer_")):
+            for actor in f[b].attrs["actors"]:
+                rows = f[b]["actors"]["actor"][()] == actor
+                assert np.all(np.diff(f[b]["actors"]["env_steps"][()][rows]) >= 0)  # each actor counts on
+            assert np.all(np.diff(f[b]["buffer"]["experiences_in"][()]) >= 0)
+            assert np.all(np.diff(f[b]["buffer"]["time"][()]) >= 0)
+    steps, times, logged = _learner_steps(run_dir)
+    np.testing.assert_array_equal(steps, np.arange(1, 3001))  # every train step once: none repeated, none lost
+    assert np.all(np.diff(times) >= 0) and np.all(np.diff(logged) >= 0)
+    assert logged[-1] == 3000
+    state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
+    assert state["train_steps"] == 3000 and state["version"] > 3000 // 16
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_actor_stops_the_job_cleanly(tmp_path):
+    proc, text, out = _preempt(tmp_path, signal.SIGTERM, rank=3)
+    assert proc.returncode == 75, text
+    run_dir = next(out.glob("*/run.h5")).parent
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "preempted"
+        assert f.attrs["stop_reason"] == "preempted: SIGTERM on rank 3 (actor)"
+    steps, _, _ = _learner_steps(run_dir)
+    assert checkpoint.checkpoints(run_dir)[-1].name == f"ckpt-{int(steps[-1]):010d}.pt"

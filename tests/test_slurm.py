@@ -116,7 +116,13 @@ def test_preempted_job_requeues_and_resumes(cluster, tmp_path):
     while time.monotonic() < deadline and int(cluster.job_state(job).get("Restarts", 0)) < 1:
         time.sleep(1)
     assert int(cluster.job_state(job).get("Restarts", 0)) >= 1, log_of(tmp_path, job)
-    # A requeued job waits for its begin time; let it start now rather than in a minute or two.
+    # Slurm holds a requeued job back ~2.5 minutes (here: until its old instance's revoked job
+    # credential cannot be confused with the new one, whose time stamps have one-second resolution).
+    # Once it is pending, wait out that second with margin and let it start now.
+    deadline = time.monotonic() + 60
+    while cluster.job_state(job).get("JobState") != "PENDING" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
     info = wait_for(cluster, job, tmp_path, timeout=300)
     log = log_of(tmp_path, job)

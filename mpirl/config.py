@@ -171,6 +171,9 @@ class CheckpointConfig:
     every_seconds: float = 900.0
     every_steps: int = 0
     keep: int = 2  # newest checkpoints kept in RUN_DIR/checkpoints
+    # Also each buffer's replay memory when the job stops (RUN_DIR/checkpoints/replay-<rank>.npz), so a
+    # resumed run starts with it instead of refilling; about the memory's size on disk.
+    replay: bool = False
 
 
 @dataclass

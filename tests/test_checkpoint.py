@@ -138,11 +138,11 @@ def _train_steps_so_far(out: Path) -> int:
     return 0
 
 
-def _preempt(tmp_path, signum, rank=None):
+def _preempt(tmp_path, signum, rank=None, sets=LONG):
     """Start the long job, signal it once it has trained a while; returns the finished process."""
     out = tmp_path / "runs"
     cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
-           str(CARTPOLE), "--set", f'run.out_dir="{out}"', *[x for s in LONG for x in ("--set", s)]]
+           str(CARTPOLE), "--set", f'run.out_dir="{out}"', *[x for s in sets for x in ("--set", s)]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
@@ -169,8 +169,10 @@ def _learner_steps(run_dir):
 
 
 @pytest.mark.mpi
-def test_preempted_job_resumes_and_its_metrics_continue(tmp_path):
-    proc, text, out = _preempt(tmp_path, signal.SIGUSR1)
+@pytest.mark.parametrize("replay", [False, True], ids=["replay refilled", "replay checkpointed"])
+def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, replay):
+    sets = (*LONG, f"checkpoint.replay={str(replay).lower()}")
+    proc, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=sets)
     assert proc.returncode == 75, text  # EX_TEMPFAIL: checkpointed, try again
     run_dir = next(out.glob("*/run.h5")).parent
     with h5py.File(run_dir / "run.h5", "r") as f:
@@ -183,9 +185,21 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path):
     assert ckpts[-1].name == f"ckpt-{stopped_at:010d}.pt" and len(ckpts) <= 2  # at the stop; keep = 2
     assert f"--resume {run_dir}" in text
 
-    job = run_mpi(4, out, *LONG, args=("--resume", str(run_dir)))
+    with h5py.File(run_dir / "buffer_1.h5", "r") as f:
+        fill_at_stop = int(f["buffer/fill"][-1])
+    snap = run_dir / "checkpoints" / "replay-1.npz"
+    assert snap.exists() == replay
+    stop_time = checkpoint.load(ckpts[-1])["job_time"]
+
+    job = run_mpi(4, out, *sets, args=("--resume", str(run_dir)))
     assert job.proc.returncode == 0, job.output
     assert f"resuming {run_dir}" in job.output and f"ckpt-{stopped_at:010d}.pt" in job.output
+    if replay:  # the memory came back whole: the first row after the resume is at least that full
+        assert f"buffer rank 1: replay restored, {fill_at_stop} records from replay-1.npz" in job.output
+    with h5py.File(run_dir / "buffer_1.h5", "r") as f:
+        t, fill = f["buffer/time"][()], f["buffer/fill"][()]
+        first_after = fill[np.searchsorted(t, stop_time, side="right")]
+        assert (first_after >= fill_at_stop) if replay else (first_after < fill_at_stop)
     assert job.run_dirs == [run_dir]  # the same directory, no new one
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1

@@ -396,3 +396,57 @@ def test_atari_shard_bytes_per_slot():
     # sum tree 2 x 8 B per leaf (65,536 is a power of two)
     assert shard.nbytes == 65_536 * (2 * 28_224 + 8 + 4 + 1 + 4 + 8 + 4 + 16)
     assert shard.store.fields["obs"].dtype == np.uint8
+
+
+# ---------------------------------------------------------------- snapshots (checkpoint.replay)
+def _frames_spec():
+    return {"obs": ((4, 6, 6), np.uint8), "action": ((), np.int64), "reward": ((), np.float32),
+            "next_obs": ((4, 6, 6), np.uint8), "done": ((), np.bool_), "discount": ((), np.float32)}
+
+
+def _stream(start, n):
+    """Records whose frame stacks share frames as an actor's do (frame t = t in every pixel)."""
+    t = np.arange(start, start + n)
+    stack = lambda s: np.broadcast_to(((s[:, None] + np.arange(4)) % 256).astype(np.uint8)[:, :, None, None],  # noqa: E731
+                                      (n, 4, 6, 6)).copy()
+    return {"obs": stack(t), "next_obs": stack(t + 3), "action": t % 4, "reward": t.astype(np.float32),
+            "done": t % 7 == 0, "discount": np.full(n, 0.97, np.float32)}
+
+
+@pytest.mark.parametrize("kind", ["shard", "shard frames once", "baseline ring"])
+def test_snapshot_restores_records_order_and_priorities(tmp_path, kind):
+    from mpirl.replay import snapshot
+    spec = _frames_spec() if "frames" in kind else SPEC
+    make = (lambda: PrioritizedShard(spec, 50, alpha=0.6, dedup_frames="frames" in kind)) if "shard" in kind \
+        else (lambda: RingStore({**spec, "priority": ((), np.float32)}, 50))
+    rng = np.random.default_rng(4)
+    memory = make()
+    for start in (0, 30, 60):  # wraps: the oldest records are overwritten
+        recs = _stream(start, 30) if "frames" in kind else make_records(start, 30)
+        prio = rng.random(30).astype(np.float32)
+        if "shard" in kind:
+            memory.add(recs, prio)
+        else:
+            memory.add({**recs, "priority": prio})
+    snapshot.save(tmp_path / "r.npz", snapshot.snapshot(memory), train_steps=123)
+    arrays, meta = snapshot.load(tmp_path / "r.npz")
+    assert meta == {"train_steps": 123}
+    again = make()
+    assert snapshot.restore(again, arrays) == 50
+    ring, ring2 = (memory.store, again.store) if "shard" in kind else (memory, again)
+    fields = {name: np.zeros((50, *shape), dtype) for name, (shape, dtype) in ring.spec.items()}
+    fields2 = {name: np.zeros((50, *shape), dtype) for name, (shape, dtype) in ring.spec.items()}
+    ring.export(fields)
+    ring2.export(fields2)
+    for name in fields:  # the same records, oldest first
+        np.testing.assert_array_equal(fields[name], fields2[name])
+    assert fields["reward"][0] == 40.0  # records 0..39 were overwritten
+    if "shard" in kind:
+        np.testing.assert_array_equal(memory.raw_priority[ring.oldest_first()],
+                                      again.raw_priority[ring2.oldest_first()])
+        assert again.total == pytest.approx(memory.total)
+        if "frames" in kind:
+            assert len(arrays["frames"]) < 50 * 8  # frames stayed once in the file
+            assert ring2.pool.live == ring.pool.live
+            with pytest.raises(ValueError, match="dedup_frames"):  # stacks stored whole cannot take it
+                snapshot.restore(PrioritizedShard(spec, 50, alpha=0.6, dedup_frames=False), arrays)

@@ -106,7 +106,7 @@ def sb3_main(seed: int, budget: int, wall: float) -> None:
     print(json.dumps({str(t): watch.hits.get(str(t), none) for t in THRESHOLDS}))
 
 
-def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 150.0) -> list[Row]:
+def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 100.0) -> list[Row]:
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:

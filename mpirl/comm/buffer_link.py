@@ -40,8 +40,12 @@ class BufferLink:
         self.held: int | None = None
         self.seq = 0
 
-    def request(self, kind: int, want: int, consumed: int, ids=None, versions=None, priority=None) -> None:
-        """Send a request; SAMPLE and DUMP also post the receive for their reply."""
+    def request(self, kind: int, want: int, consumed: int, ids=None, versions=None, priority=None,
+                train_steps: int = 0) -> None:
+        """Send a request; SAMPLE and DUMP also post the receive for their reply.
+
+        ``train_steps``: the learner's; a BYE's tells the buffer which stop checkpoint it belongs to.
+        """
         if kind != BYE:
             if not self.free:
                 raise RuntimeError("more requests outstanding than reply buffers (prefetch + 1)")
@@ -52,7 +56,8 @@ class BufferLink:
             self.outstanding.append([slot, reqs, None])
         records = {} if ids is None else {"ids": ids, "versions": versions, "priority": priority}
         s, buf = self.sends.acquire()
-        nbytes = self.req.pack(buf, records, kind=kind, seq=self.seq, want=want, consumed=consumed)
+        nbytes = self.req.pack(buf, records, kind=kind, seq=self.seq, want=want, consumed=consumed,
+                               train_steps=train_steps)
         self.sends.send(s, nbytes)
         self.seq += 1
 

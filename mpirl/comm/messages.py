@@ -37,7 +37,7 @@ def experience_layout(spec: dict, send_batch: int) -> Layout:
 
 
 def request_layout(max_share: int) -> Layout:
-    header = {"kind": 1, "seq": 1, "want": 1, "consumed": 1}
+    header = {"kind": 1, "seq": 1, "want": 1, "consumed": 1, "train_steps": 1}
     fields = {"ids": ((), I64), "versions": ((), I64), "priority": ((), F32)}
     return Layout(header, fields, max_share)
 

@@ -30,7 +30,9 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.ring import RingStore
+from mpirl.replay import snapshot
 from mpirl.replay.shard import PrioritizedShard
+from mpirl.roles.checkpoint import CKPT_DIR
 from mpirl.roles.context import Interval, RoleContext
 
 F8, I8, F32 = np.float64, np.int64, np.dtype(np.float32)
@@ -76,7 +78,10 @@ class Buffer:
         self.actor_logged: dict[int, float] = {}
         self.inserted = self.consumed = self.stale = self.updates = 0
         self.finals, self.bye = 0, False
+        self.stop_steps = 0  # the learner's train steps at the stop (its BYE): names the stop checkpoint
         self._open_metrics()
+        if ctx.resume and cfg.checkpoint.replay:
+            self._restore_replay()
 
     def _open_metrics(self) -> None:
         ctx = self.ctx
@@ -153,6 +158,7 @@ class Buffer:
             self.serve_dump(req.get(buf, "seq"))
         elif kind == BYE:
             self.bye = True
+            self.stop_steps = int(req.get(buf, "train_steps"))
 
     def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0) -> None:
         k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
@@ -231,6 +237,30 @@ class Buffer:
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
             total_priority=self.store.total if self.proposed else np.nan, bytes_held=self.store.nbytes)
 
+    # -- checkpoint.replay ---------------------------------------------------------
+    def _replay_file(self):
+        return self.ctx.run_dir / CKPT_DIR / f"replay-{self.ctx.topo.rank}.npz"
+
+    def _save_replay(self) -> None:
+        """The memory as the job stops, beside the learner's stop checkpoint (same train steps)."""
+        path = self._replay_file()
+        path.parent.mkdir(exist_ok=True)
+        snapshot.save(path, snapshot.snapshot(self.store), train_steps=self.stop_steps)
+
+    def _restore_replay(self) -> None:
+        path, steps = self._replay_file(), self.ctx.resume.train_steps
+        where = f"mpirl: buffer rank {self.ctx.topo.rank}"
+        if not path.exists():
+            print(f"{where}: no replay snapshot ({path.name}); the memory starts empty", flush=True)
+            return
+        arrays, meta = snapshot.load(path)
+        if meta.get("train_steps") != steps:
+            print(f"{where}: {path.name} is from train step {meta.get('train_steps')}, the checkpoint from "
+                  f"{steps}; the memory starts empty", flush=True)
+            return
+        n = snapshot.restore(self.store, arrays)
+        print(f"{where}: replay restored, {n} records from {path.name}", flush=True)
+
     def run(self) -> None:
         self.params_in.post()
         backoff = Backoff()
@@ -240,6 +270,8 @@ class Buffer:
             else:
                 backoff.sleep()
         self.write_row()
+        if self.cfg.checkpoint.replay:
+            self._save_replay()
         # Memory per slot as the run left it (frames stored once fill lazily, so not known at start).
         self.file.set_attrs(bytes_per_slot=self.store.nbytes / self.cfg.replay.capacity)
         self.replies.close()

@@ -428,7 +428,7 @@ class Learner:
         self.checkpoint()
         self.publish(stop=True)
         for link in self.links:
-            link.request(BYE, 0, consumed=self.consumed[self.links.index(link)])
+            link.request(BYE, 0, consumed=self.consumed[self.links.index(link)], train_steps=self.agent.steps)
         for link in self.links:
             link.close()
         self.params.close()

@@ -77,7 +77,7 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
 
 
 def role_map(topo) -> str:
-    """``0 learner, 1 buffer, 2-3 actors (buffer 1)``: who is who, for messages that name ranks."""
+    """``0 learner; 1 buffer, 2-3 actors of buffer 1``: who is who, for messages that name ranks."""
     parts = ["0 learner"]
     for b in topo.buffers:
         actors = topo.actors_of(b)

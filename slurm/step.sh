@@ -52,7 +52,8 @@ mpirl_het_step() {
   mpirl validate "$@" -n $((n0 + n1)) || return $?
   echo "mpirl: heterogeneous step: learner on $SLURM_JOB_NODELIST_HET_GROUP_0, $n1 tasks on $SLURM_JOB_NODELIST_HET_GROUP_1"
   export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
-  _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@" : mpirl run "$@"
+  # Options before ":" apply to the first component only: each component gets its own --overcommit.
+  _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@" : --overcommit mpirl run "$@"
 }
 
 # Run the step in the background, pass a signal to the batch shell on as SIGUSR1, requeue if preempted.

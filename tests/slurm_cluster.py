@@ -6,8 +6,11 @@ on free ports of its own, with its state under a temporary directory, so it neve
 touches a Slurm the machine already has. Over-subscription is allowed: a 4-rank
 job runs on a 2-core node.
 
-``start()`` returns a :class:`Cluster` or raises :class:`Unavailable` with the
-reason (the tests then skip with it); ``Cluster.stop()`` ends every daemon it started.
+``start(work, nodes=1)`` returns a :class:`Cluster` or raises :class:`Unavailable`
+with the reason (the tests then skip with it); ``Cluster.stop()`` ends every daemon
+it started. With ``nodes=2`` two slurmd (n1, n2) run on this one machine, each on a
+port and spool directory of its own: allocations span two nodes, though every rank
+runs on the same host.
 """
 
 from __future__ import annotations
@@ -80,6 +83,15 @@ def _start_munge(work: Path) -> subprocess.Popen | None:
     return None
 
 
+def _node_lines(host: str, nodes: int) -> str:
+    """One node named after the host, or ``nodes`` slurmd on this host (n1, n2, ...; a port each)."""
+    if nodes == 1:
+        return _node_line(host)
+    line = _node_line(host)
+    return "\n".join(line.replace(f"NodeName={host} ", f"NodeName=n{i} Port={_free_port()} ")
+                     for i in range(1, nodes + 1))
+
+
 def _node_line(host: str) -> str:
     out = _run(["slurmd", "-C"]).stdout.splitlines()
     line = next((x for x in out if x.startswith("NodeName=")), "")
@@ -109,8 +121,7 @@ class Cluster:
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
     def stop(self) -> None:
-        for name in ("slurmd", "slurmctld"):
-            pid_file = self.work / f"{name}.pid"
+        for pid_file in [*self.work.glob("slurmd-*.pid"), self.work / "slurmctld.pid"]:
             try:
                 os.kill(int(pid_file.read_text()), 15)
             except (OSError, ValueError):
@@ -118,7 +129,7 @@ class Cluster:
         time.sleep(1)
 
 
-def start(work: Path) -> Cluster:
+def start(work: Path, nodes: int = 1) -> Cluster:
     if os.geteuid() != 0:
         raise Unavailable("starting munged, slurmctld and slurmd needs root (these tests run in CI as root)")
     _install()
@@ -136,11 +147,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation={work}/state
-SlurmdSpoolDir={work}/spool
+SlurmdSpoolDir={work}/spool/%n
 SlurmctldPidFile={work}/slurmctld.pid
-SlurmdPidFile={work}/slurmd.pid
+SlurmdPidFile={work}/slurmd-%n.pid
 SlurmctldLogFile={work}/log/slurmctld.log
-SlurmdLogFile={work}/log/slurmd.log
+SlurmdLogFile={work}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -153,21 +164,24 @@ JobRequeue=1
 KillWait=30
 MinJobAge=600
 SchedulerType=sched/backfill
-{_node_line(host)}
+{_node_lines(host, nodes)}
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = Cluster(work, conf, env)
     cluster.run("slurmctld", "-c")  # daemonizes; -c: no state from an earlier cluster
-    cluster.run("slurmd")
+    names = [host] if nodes == 1 else [f"n{i}" for i in range(1, nodes + 1)]
+    for name in names:
+        (work / "spool" / name).mkdir(parents=True, exist_ok=True)
+        cluster.run("slurmd", "-N", name)
     deadline = time.monotonic() + 60
-    state = ""
+    states: list[str] = []
     while time.monotonic() < deadline:
-        state = cluster.run("sinfo", "-h", "-o", "%T", check=False).stdout.strip()
-        if state in ("idle", "mixed", "allocated"):
+        states = cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+        if len(states) == nodes and all(s in ("idle", "mixed", "allocated") for s in states):
             return cluster
         time.sleep(0.5)
-    logs = "".join((work / "log" / f).read_text()[-1500:] for f in ("slurmctld.log", "slurmd.log")
-                   if (work / "log" / f).exists())
+    state = ",".join(states)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((work / "log").glob("*.log")))
     cluster.stop()
     raise Unavailable(f"the node did not come up within 60 s (sinfo: {state!r}); logs:\n{logs}")

@@ -38,6 +38,17 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two slurmd (n1, n2) on this machine: a multi-node allocation, though both nodes are one host."""
+    try:
+        c = slurm_cluster.start(tmp_path_factory.mktemp("slurm2"), nodes=2)
+    except (slurm_cluster.Unavailable, OSError) as err:
+        pytest.skip(f"no Slurm here: {err}")
+    yield c
+    c.stop()
+
+
 def submit(cluster, out: Path, template: str, *args: str, env: dict | None = None, sbatch=()) -> str:
     """sbatch a template from the project directory; run output goes under ``out``; returns the job id."""
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +100,18 @@ def test_single_node_template(cluster, tmp_path, launcher):
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
     assert f"mpirl: {launcher} step on 4 tasks" in log
     assert "Sorry!" not in log  # no PMIx help-file noise from the ranks
+    check_run(only_run(tmp_path), job)
+
+
+def test_multi_node_template_in_a_two_node_allocation(two_nodes, tmp_path):
+    # mpiexec inside the allocation (srun --mpi=pmix cannot span two slurmd on one host: their step
+    # daemons collide on /tmp/spmix_appdir_<uid>_<job>.<step>; on real nodes that path is per host).
+    job = submit(two_nodes, tmp_path, "multi_node.sbatch", "jobs/cartpole.toml", *SHORT,
+                 env={"MPIRL_LAUNCHER": "mpiexec"}, sbatch=("--nodes=2", "--ntasks=4"))
+    info = wait_for(two_nodes, job, tmp_path)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n[1-2]", (info, log)
+    assert "mpirl: mpiexec step on 4 tasks (n[1-2])" in log
     check_run(only_run(tmp_path), job)
 
 

@@ -94,9 +94,14 @@ def test_a_run_that_cannot_be_resumed_is_refused_before_any_rank_starts(tmp_path
 
 
 def test_resume_auto_finds_the_unfinished_run_and_skips_finished_ones(tmp_path):
-    from mpirl.metrics.run_file import finish_run_file
+    from mpirl.metrics.run_file import create_run_file, finish_run_file
     cfg, _ = load(CARTPOLE, [f'run.out_dir="{tmp_path / "runs"}"'])
     run_dir = _fake_run(tmp_path)
+    # a newer unfinished run of another job whose name starts the same (a sweep's) is not this job's
+    other, text = load(CARTPOLE, ['run.name="cartpole-baseline-s1"'])
+    sweep = tmp_path / "runs" / "cartpole-baseline-s1-20260102-000000"
+    create_run_file(sweep, text, other.flat(), {"world_size": 4})
+    checkpoint.save(sweep, _state(other, 4, 500), keep=2)
     plan = checkpoint.plan_resume(cfg, 4, "auto")
     assert plan.run_dir == str(run_dir.resolve()) and plan.train_steps == 100 and plan.restart == 1
     finish_run_file(run_dir, "completed")

@@ -20,11 +20,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 
 from mpirl.config import ConfigError, JobConfig
-from mpirl.metrics.run_file import load_run, read_status
+from mpirl.metrics.run_file import load_run, plain, read_status
 
 CKPT_DIR = "checkpoints"
 NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
@@ -157,12 +158,14 @@ def _newest_unfinished(cfg: JobConfig) -> Path | None:
         if not found or not (run_dir / "run.h5").is_file():
             continue
         try:
-            status = read_status(run_dir)
-            prov = load_run(run_dir)["run"]["provenance"]
-        except (OSError, FileNotFoundError):
+            with h5py.File(run_dir / "run.h5", "r", locking=False) as f:
+                status = plain(f.attrs.get("status", ""))
+                name = plain(f["job"].attrs.get("run.name", ""))
+                job_id = str(plain(f["provenance"].attrs.get("slurm_job_id", "")))
+        except (OSError, KeyError):
             continue
-        if status.get("status") == "completed":
+        if status == "completed" or name != cfg.run.name:  # "cartpole-*" also matches "cartpole-baseline-s1-*"
             continue
-        same_job = bool(slurm_job) and str(prov.get("slurm_job_id", "")) == slurm_job
+        same_job = bool(slurm_job) and job_id == slurm_job
         candidates.append((same_job, found[-1].stat().st_mtime, run_dir))
     return max(candidates)[2] if candidates else None

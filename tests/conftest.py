@@ -53,11 +53,48 @@ class Job:
 LAUNCHER_HICCUP = "The PMIx server's listener thread failed to start"
 
 
+def mpi_command(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", args: tuple = ()) -> list:
+    """``mpiexec -n n python -m mpirl run job --set run.out_dir=... --set ...`` as an argument list."""
+    return [mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl",
+            "run", str(job), "--set", f'run.out_dir="{out_dir}"', *[x for s in sets for x in ("--set", s)], *args]
+
+
+def ranks_of(mpiexec_pid: int) -> dict[int, int]:
+    """World rank -> PID of the ranks a running mpiexec started."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) != mpiexec_pid:
+                continue
+            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)
+            if "OMPI_COMM_WORLD_RANK" in env:
+                out[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def train_steps_so_far(out_dir: Path) -> int:
+    """The learner's last recorded train steps of the run under ``out_dir`` (0 before its first row)."""
+    import h5py
+    for f in out_dir.glob("*/learner.h5"):
+        try:
+            with h5py.File(f, "r", locking=False) as h:
+                steps = h["train/train_steps"][()]
+                return int(steps[-1]) if len(steps) else 0
+        except (OSError, KeyError):
+            return 0
+    return 0
+
+
 def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", timeout: float = 180,
             args: tuple = ()) -> Job:
     """``mpiexec -n n python -m mpirl run job --set ...``; a hang is a failed test, never a hung CI."""
-    cmd = [mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl",
-           "run", str(job), "--set", f'run.out_dir="{out_dir}"', *[x for s in sets for x in ("--set", s)], *args]
+    cmd = mpi_command(n, out_dir, *sets, job=job, args=args)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
         if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:

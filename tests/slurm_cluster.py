@@ -20,7 +20,7 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # libpmix-dev: Slurm's pmix plugin opens pmix2/lib/libpmix.so, a link only the -dev package ships
@@ -61,10 +61,10 @@ def _has_pmix() -> bool:
     return any(Path("/usr/lib").glob("*/pmix2/lib/libpmix.so"))
 
 
-def _start_munge(work: Path) -> subprocess.Popen | None:
-    """munged as user munge, with a key; None if one is already answering."""
+def _start_munge() -> None:
+    """munged as user munge, with a key, unless one is already answering (it is left running: shared)."""
     if _run(["munge", "-n"], check=False).returncode == 0:
-        return None
+        return
     key = Path("/etc/munge/munge.key")
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,6 @@ def _start_munge(work: Path) -> subprocess.Popen | None:
     while _run(["munge", "-n"], check=False).returncode and time.monotonic() < deadline:
         time.sleep(0.2)
     _run(["munge", "-n"])
-    return None
 
 
 def _node_lines(host: str, nodes: int) -> str:
@@ -110,7 +109,6 @@ class Cluster:
     work: Path
     conf: Path
     env: dict
-    procs: list = field(default_factory=list)
 
     def run(self, *cmd: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
         return _run(list(cmd), timeout=timeout, env=self.env, check=check)
@@ -133,7 +131,7 @@ def start(work: Path, nodes: int = 1) -> Cluster:
     if os.geteuid() != 0:
         raise Unavailable("starting munged, slurmctld and slurmd needs root (these tests run in CI as root)")
     _install()
-    _start_munge(work)
+    _start_munge()
     host = socket.gethostname().split(".")[0]
     for d in ("state", "spool", "log"):
         (work / d).mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,7 @@ continue without a duplicated or missing train step.
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -21,7 +19,7 @@ import torch
 from mpirl.config import load
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, mpi_env, mpiexec, run_cli, run_mpi
+from conftest import JOBS, ROOT, mpi_command, mpi_env, ranks_of, run_cli, run_mpi, train_steps_so_far
 
 CARTPOLE = JOBS / "cartpole.toml"
 
@@ -113,51 +111,20 @@ LONG = ("run.train_steps=3000", "run.env_steps=0", "run.target_return=nan", "run
         "replay.learning_starts=500", "checkpoint.every_steps=500")
 
 
-def _ranks_of(mpiexec_pid: int) -> dict[int, int]:
-    """World rank -> PID of the ranks mpiexec started."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[1]) != mpiexec_pid:
-                continue
-            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
-                       if "=" in kv)
-            if "OMPI_COMM_WORLD_RANK" in env:
-                out[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-def _train_steps_so_far(out: Path) -> int:
-    for f in out.glob("*/learner.h5"):
-        try:
-            with h5py.File(f, "r", locking=False) as h:
-                steps = h["train/train_steps"][()]
-                return int(steps[-1]) if len(steps) else 0
-        except (OSError, KeyError):
-            return 0
-    return 0
-
-
 def _preempt(tmp_path, signum, rank=None, sets=LONG):
     """Start the long job, signal it once it has trained a while; returns the finished process."""
     out = tmp_path / "runs"
-    cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
-           str(CARTPOLE), "--set", f'run.out_dir="{out}"', *[x for s in sets for x in ("--set", s)]]
+    cmd = mpi_command(4, out, *sets)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
-        while _train_steps_so_far(out) < 700 and time.monotonic() < deadline and proc.poll() is None:
+        while train_steps_so_far(out) < 700 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-        assert proc.poll() is None and _train_steps_so_far(out) >= 700, "the job did not train 700 steps in 120 s"
+        assert proc.poll() is None and train_steps_so_far(out) >= 700, "the job did not train 700 steps in 120 s"
         if rank is None:
             proc.send_signal(signum)  # mpiexec forwards SIGUSR1 to every rank
         else:
-            os.kill(_ranks_of(proc.pid)[rank], signum)
+            os.kill(ranks_of(proc.pid)[rank], signum)
         text, _ = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         proc.kill()

@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
@@ -15,8 +14,7 @@ from mpirl.agents.dqn import DQNLearner
 from mpirl.config import AgentConfig
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, mpi_env, mpiexec, run_mpi
-from test_checkpoint import _ranks_of, _train_steps_so_far
+from conftest import ROOT, mpi_command, mpi_env, ranks_of, run_mpi, train_steps_so_far
 
 SHORT = ("run.train_steps=800", "run.target_return=nan", "run.env_steps=0", "replay.learning_starts=300")
 
@@ -69,18 +67,17 @@ def test_a_rank_that_dies_ends_the_job_and_resume_recovers(tmp_path):
     out = tmp_path / "runs"
     sets = ("run.train_steps=2500", "run.target_return=nan", "run.env_steps=0", "run.wall_seconds=0",
             "replay.learning_starts=300", "checkpoint.every_steps=700", "log.interval=0.2", "log.flush_seconds=0.2")
-    cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
-           str(JOBS / "cartpole.toml"), "--set", f'run.out_dir="{out}"', *[x for s in sets for x in ("--set", s)]]
+    cmd = mpi_command(4, out, *sets)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(),
                             cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
-        while _train_steps_so_far(out) < 1000 and time.monotonic() < deadline and proc.poll() is None:
+        while train_steps_so_far(out) < 1000 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert _train_steps_so_far(out) >= 1000, "the job did not train 1000 steps within 120 s"
+        assert train_steps_so_far(out) >= 1000, "the job did not train 1000 steps within 120 s"
         # The learner dies (no chance to checkpoint): the newest checkpoint is a periodic one, and the
         # metrics rows written after it must be dropped on resume.
-        os.kill(_ranks_of(proc.pid)[0], signal.SIGKILL)
+        os.kill(ranks_of(proc.pid)[0], signal.SIGKILL)
         text, _ = proc.communicate(timeout=60)  # the job ends: never a hang
     finally:
         if proc.poll() is None:

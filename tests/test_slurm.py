@@ -7,7 +7,6 @@ checks the job's state and the HDF5 files the run wrote. Where Slurm cannot
 start here (not root, no apt), the tests skip and say why.
 """
 
-import os
 import sys
 import re
 import time

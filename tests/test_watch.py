@@ -8,7 +8,7 @@ import pytest
 
 from mpirl.metrics.watch import bar, progress
 
-from conftest import JOBS, ROOT, mpi_env, mpiexec, run_cli
+from conftest import ROOT, mpi_command, mpi_env, run_cli
 
 
 def test_progress_toward_each_stop_condition():
@@ -27,10 +27,8 @@ def test_watch_refuses_what_is_not_a_run(tmp_path):
 
 @pytest.mark.mpi
 def test_watch_follows_a_running_job_and_ends_with_it(tmp_path):
-    cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
-           str(JOBS / "cartpole.toml"), "--set", f'run.out_dir="{tmp_path}"', "--set", "run.train_steps=1500",
-           "--set", "run.target_return=nan", "--set", "run.env_steps=0", "--set", "log.interval=0.3",
-           "--set", "log.flush_seconds=0.5"]
+    cmd = mpi_command(4, tmp_path, "run.train_steps=1500", "run.target_return=nan", "run.env_steps=0",
+                      "log.interval=0.3", "log.flush_seconds=0.5")
     job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=mpi_env(), cwd=ROOT)
     try:
         deadline = time.monotonic() + 90

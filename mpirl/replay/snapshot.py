@@ -13,10 +13,11 @@ stopped is gone anyway).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from mpirl.atomic import write_atomically
 
 from .ring import RingStore
 from .shard import PrioritizedShard
@@ -65,13 +66,8 @@ def restore(memory: PrioritizedShard | RingStore, arrays: dict[str, np.ndarray])
 
 def save(path: Path, arrays: dict[str, np.ndarray], **meta: int) -> None:
     """Write ``arrays`` and integer ``meta`` to ``path`` (.npz) under a temporary name, then rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with write_atomically(path) as f:
         np.savez(f, **arrays, **{f"meta_{k}": np.int64(v) for k, v in meta.items()})
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load(path: Path) -> tuple[dict[str, np.ndarray], dict[str, int]]:

@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 import torch
 
+from mpirl.atomic import write_atomically
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.run_file import load_run, plain, read_status
 
@@ -63,17 +64,8 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
     d = Path(run_dir) / CKPT_DIR
     d.mkdir(exist_ok=True)
     path = d / f"ckpt-{int(state['train_steps']):010d}.pt"
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with write_atomically(path) as f:
         torch.save({"format": FORMAT, **state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
     for old in checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -29,7 +29,6 @@ from mpirl.comm.messages import BYE, DUMP, SAMPLE, dump_layout, request_layout, 
 from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
-from mpirl.comm.pools import SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import RateMeter, even_quotas, max_quota, rate_quotas
 from mpirl.replay.frames import framed_fields

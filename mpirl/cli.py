@@ -9,6 +9,7 @@ line naming the field and the fix.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -27,6 +28,16 @@ def _fail(message: str) -> int:
 
 def _load(args) -> tuple[config.JobConfig, str]:
     return config.load(args.job, args.set or [])
+
+
+def _ranks(args, cfg: config.JobConfig) -> int:
+    """``-n`` if given (it must be >= 1), else the world size the job needs."""
+    if args.n is None:
+        return cfg.world_size
+    if args.n < 1:
+        raise config.ConfigError("-n", f"the number of ranks must be >= 1, got {args.n}; "
+                                 f"omit it for what the job needs ({cfg.world_size})")
+    return args.n
 
 
 def cmd_run(args) -> int:
@@ -90,7 +101,7 @@ def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[
 def cmd_launch(args) -> int:
     try:
         cfg, _ = _load(args)
-        n = args.n or cfg.world_size
+        n = _ranks(args, cfg)
         from mpirl.roles.checks import check_job
         check_job(cfg, n, args.job)
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
@@ -111,7 +122,7 @@ def cmd_validate(args) -> int:
     try:
         cfg, _ = _load(args)
         from mpirl.roles.checks import check_job
-        n = args.n or cfg.world_size
+        n = _ranks(args, cfg)
         obs_shape, obs_dtype, n_actions = check_job(cfg, n, args.job)
         plan = None
         if args.resume:
@@ -148,7 +159,7 @@ def cmd_watch(args) -> int:
     path = Path(args.run_dir)
     if not (path / "run.h5").exists():
         return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
-    if args.interval <= 0:
+    if not (args.interval > 0 and math.isfinite(args.interval)):
         return _fail(f"--interval: seconds between frames must be > 0, got {args.interval}")
     try:
         return watch(path, args.interval, once=args.once)

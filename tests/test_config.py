@@ -28,20 +28,20 @@ def test_shipped_job_loads_and_overrides():
 def test_ints_widen_to_floats_but_not_the_reverse(tmp_path):
     cfg = load(tmp_path, "[run]\ntrain_steps = 10\nwall_seconds = 3\n")
     assert isinstance(cfg.run.wall_seconds, float)
-    with pytest.raises(ConfigError, match=r"run.train_steps: must be int, got float"):
+    with pytest.raises(ConfigError, match=r"run.train_steps: must be an integer >= 0 .*, got float 10.5"):
         load(tmp_path, "[run]\ntrain_steps = 10.5\n")
 
 
 @pytest.mark.parametrize("text, key, words", [
     ("[replay]\ncapcity = 3\n", "replay.capcity", "did you mean 'capacity'"),
     ("[replays]\ncapacity = 3\n", "replays", "did you mean 'replay'"),
-    ("[run]\ntrain_steps = true\n", "run.train_steps", "must be int, got bool"),
+    ("[run]\ntrain_steps = true\n", "run.train_steps", "must be an integer >= 0 (0 disables it), got bool True"),
     ("[run]\ntrain_steps = 10\n[replay]\narchitecture = 'edge'\n", "replay.architecture", "'proposed', 'baseline'"),
     ("[run]\ntrain_steps = 10\n[replay]\nbatch_size = 64\ncapacity = 10\n", "replay.capacity", "at least one batch share"),
-    ("[run]\ntrain_steps = 10\n[topology]\nbuffers = 0\n", "topology.buffers", ">= 1"),
+    ("[run]\ntrain_steps = 10\n[topology]\nbuffers = 0\n", "topology.buffers", "in [1, 4096], got int 0"),
     ("[run]\ntrain_steps = 10\n[topology]\nbuffers = 3\nactors = 2\n", "topology.actors", "each buffer has an actor"),
     ("[run]\ntrain_steps = 10\n[agent]\ngamma = 1.5\n", "agent.gamma", "(0, 1]"),
-    ("[run]\ntrain_steps = 10\n[agent]\nhidden = [64, 0]\n", "agent.hidden", "positive layer widths"),
+    ("[run]\ntrain_steps = 10\n[agent]\nhidden = [64, 0]\n", "agent.hidden", "layer widths such as [128, 128]"),
     ("[run]\ntrain_steps = 10\n[log]\nflush_seconds = 60\n", "log.flush_seconds", "killed job"),
     ("[run]\nseed = 1\n", "run", "stop condition"),
     ("[run\n", "", "not valid TOML"),

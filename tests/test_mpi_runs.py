@@ -132,8 +132,12 @@ def test_a_failing_rank_aborts_the_job_instead_of_hanging(tmp_path):
     job = run_mpi(4, tmp_path, "run.train_steps=100000", "env.id=tests.faulty_env:FaultyCartPole-v0", timeout=120)
     assert job.proc.returncode != 0
     assert "injected failure in env.step" in job.output and "rank" in job.output
-    with h5py.File(job.run_dir / "run.h5", "r") as f:
-        assert f.attrs["status"] != "completed"
+    with h5py.File(job.run_dir / "run.h5", "r") as f:  # written by the failing rank, not rank 0
+        assert f.attrs["status"] == "failed" and f.attrs["failed_role"] == "actor", dict(f.attrs)
+        rank = int(f.attrs["failed_rank"])
+        assert rank in (2, 3) and f.attrs["stop_reason"].startswith(f"failed on rank {rank} (actor): "), dict(f.attrs)
+    info = run_cli("info", str(job.run_dir))
+    assert f"status        failed (failed on rank {rank} (actor): " in info.stdout
 
 
 def test_files_stay_readable_after_kill_9(tmp_path):
@@ -143,7 +147,7 @@ def test_files_stay_readable_after_kill_9(tmp_path):
     import sys
     import time
 
-    from conftest import JOBS, ROOT, mpi_env, mpiexec
+    from conftest import JOBS, ROOT, mpi_env, mpiexec, ranks_of
     cmd = [mpiexec(), "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl", "run",
            str(JOBS / "cartpole.toml"), "--set", f'run.out_dir="{tmp_path}"', "--set", "run.target_return=nan",
            "--set", "log.interval=0.2", "--set", "log.flush_seconds=0.5"]
@@ -159,15 +163,22 @@ def test_files_stay_readable_after_kill_9(tmp_path):
                 rows = learner["rows"] if learner else 0
         assert rows >= 5, "the job wrote no learner rows within 90 s"
     finally:
+        pids = list(ranks_of(proc.pid).values())
         os.killpg(proc.pid, signal.SIGKILL)  # every rank and mpiexec, no goodbye
         proc.wait(timeout=30)
+    deadline = time.time() + 30  # SIGKILLed ranks may take a moment to leave the process table
+    while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        time.sleep(0.1)
     run_dir = next(tmp_path.glob("*/run.h5")).parent
     s = summarize(run_dir)
-    assert s["status"] == "running" and s["end_time"] is None  # never looks finished
+    # run.h5 still says running (no rank lived to say otherwise); its heartbeat says dead, never finished
+    assert s["status"] == "dead" and s["end_time"] is None and s["stop_reason"].startswith("no heartbeat for "), s
     assert s["learner"]["rows"] >= 5 and s["buffers"][0]["experiences_in"] > 0
     assert all(v == "ok" for v in s["files"].values()), s["files"]
     info = run_cli("info", str(run_dir))
-    assert info.returncode == 0 and "running" in info.stdout
+    assert info.returncode == 0 and "status        dead (no heartbeat for " in info.stdout, info.stdout
+    watch = run_cli("watch", str(run_dir), "--interval", "0.1")  # ends by itself on a dead run
+    assert watch.returncode == 0 and "status dead (no heartbeat for " in watch.stdout
 
 
 def test_cuda_requested_without_a_gpu_exits_2(tmp_path):

@@ -217,12 +217,15 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         rf, entry["note"] = open_h5(path)
         if rf is not None:
             with rf:
-                entry["attrs"] = read_attrs(rf)
-                for key, obj in rf.items():
-                    try:
-                        if isinstance(obj, h5py.Group):
-                            entry["tables"][key] = read_table(obj)
-                    except (OSError, KeyError, ValueError) as e:
-                        entry["note"] = f"table {key} unreadable ({e})"
+                try:  # a file being written (no locking) can be caught mid-flush: note it, read it next time
+                    entry["attrs"] = read_attrs(rf)
+                    for key, obj in rf.items():
+                        try:
+                            if isinstance(obj, h5py.Group):
+                                entry["tables"][key] = read_table(obj)
+                        except (OSError, KeyError, ValueError, RuntimeError) as e:
+                            entry["note"] = f"table {key} unreadable ({e})"
+                except (OSError, KeyError, ValueError, RuntimeError) as e:
+                    entry["note"] = f"unreadable while being written ({e}); try again"
         files[name] = entry
     return {"run": run, "files": files}

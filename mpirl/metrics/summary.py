@@ -5,7 +5,8 @@ table or a file that cannot be opened becomes a line in ``notes``, not an error.
 
 ``summarize(run_dir)`` returns plain Python values (NaN/None where unknown)::
 
-    run_dir, status ("running"|"completed"|"stopped"|"failed"|"unknown"), stop_reason,
+    run_dir, status ("running"|"completed"|"preempted"|"failed"|"unknown", or "dead": run.h5 says
+        running but the heartbeat says its processes are gone; stop_reason then says why), stop_reason,
     start_time, end_time (ISO str or None), wall_seconds (s, from run.h5, or None),
     elapsed_seconds (s, latest `time` in any table), name, architecture, world_size,
     roles {"learner", "buffers", "actors"}, job {flat}, provenance {}, files {name: "ok"|reason},
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import RUN_FILE, load_run, plain
 
 NAN = float("nan")
@@ -185,9 +187,14 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     times = [b["time_s"] for b in buffers] + [_last(train, "time")]
     actors = _actors(bufs)
     n_buf = job.get("topology.buffers", len(bufs))
+    status, reason = attrs.get("status", "unknown"), attrs.get("stop_reason")
+    if status == "running":
+        alive, why = heartbeat.verdict(run_dir)
+        if alive is False:
+            status, reason = "dead", why
     return {
-        "run_dir": str(run_dir), "status": attrs.get("status", "unknown"),
-        "stop_reason": attrs.get("stop_reason"), "start_time": attrs.get("start_time"),
+        "run_dir": str(run_dir), "status": status,
+        "stop_reason": reason, "start_time": attrs.get("start_time"),
         "end_time": attrs.get("end_time"), "wall_seconds": attrs.get("wall_seconds"),
         "elapsed_seconds": max((x for x in times if x is not None), default=None),
         "name": job.get("run.name"), "world_size": prov.get("world_size"),

@@ -81,6 +81,6 @@ def watch(run_dir: Path, interval: float = 2.0, once: bool = False, stream=sys.s
         s = summarize(run_dir)
         stream.write(clear + frame(s) + "\n" + ("" if clear else "\n"))
         stream.flush()
-        if once or s["status"] in FINAL_STATUSES:
+        if once or s["status"] in (*FINAL_STATUSES, "dead"):
             return 0
         time.sleep(interval)

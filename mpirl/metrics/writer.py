@@ -176,7 +176,7 @@ class MetricsFile:
         self._tables: dict[str, Table] = {}
         if attrs:
             set_attrs(self._file, attrs)
-        self._last_flush = time.monotonic()
+        self.flush()  # the header on disk before the rank's first real work: the file opens after any death
 
     @property
     def closed(self) -> bool:
@@ -203,6 +203,7 @@ class MetricsFile:
             return table
         table = Table(f[name] if name in f else f.create_group(name), columns, units)
         self._tables[name] = table
+        self.flush()  # tables are made at start: on disk at once, so a crash before the first row leaves them
         return table
 
     def columns(self, name: str) -> dict[str, h5py.Dataset]:

@@ -26,6 +26,7 @@ import torch
 
 from mpirl.atomic import write_atomically
 from mpirl.config import ConfigError, JobConfig
+from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run, plain, read_status
 
 CKPT_DIR = "checkpoints"
@@ -113,6 +114,9 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
         if not (run_dir / "run.h5").is_file():
             raise ConfigError("--resume", f"{target}: no run.h5 there; pass a run directory such as "
                               f"{cfg.run.out_dir}/{cfg.run.name}-20260101-120000, or 'auto'")
+        if _live(run_dir):
+            raise ConfigError("--resume", f"{target} is still running (its heartbeat is fresh); stop it first "
+                              "(Ctrl-C on mpirl launch, or kill -USR1 its mpiexec), or wait until it ends")
     found = checkpoints(run_dir)
     if not found:
         raise ConfigError("--resume", f"{run_dir} has no complete checkpoint ({CKPT_DIR}/ckpt-*.pt); "
@@ -139,6 +143,14 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
     return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart, actor_steps)
 
 
+def _live(run_dir: Path) -> bool:
+    """run.h5 says running and the heartbeat agrees."""
+    try:
+        return read_status(run_dir).get("status") == "running" and heartbeat.verdict(run_dir)[0] is True
+    except (OSError, FileNotFoundError):
+        return False
+
+
 def _newest_unfinished(cfg: JobConfig) -> Path | None:
     out = Path(cfg.run.out_dir)
     if not out.is_dir():
@@ -157,6 +169,8 @@ def _newest_unfinished(cfg: JobConfig) -> Path | None:
         except (OSError, KeyError):
             continue
         if status == "completed" or name != cfg.run.name:  # "cartpole-*" also matches "cartpole-baseline-s1-*"
+            continue
+        if status == "running" and heartbeat.verdict(run_dir)[0] is True:  # alive: another job is writing it
             continue
         same_job = bool(slurm_job) and job_id == slurm_job
         candidates.append((same_job, found[-1].stat().st_mtime, run_dir))

@@ -11,6 +11,7 @@ import datetime as dt
 import getpass
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import mpirl
 from mpirl.comm.backoff import wait_until
 from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
 from mpirl.config import ConfigError, JobConfig
+from mpirl.metrics.heartbeat import Heartbeat
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
 from mpirl.metrics.summary import format_summary, summarize
 from mpirl.roles.actor import run_actor
@@ -87,6 +89,32 @@ def role_map(topo) -> str:
     return "; ".join(parts)
 
 
+FAILURE_CLAIM = "failure.claim"  # the first failing rank creates it and writes the failure; later ones leave it
+
+
+def mark_failed(run_dir: Path, rank: int, role: str, err: BaseException, wall_seconds: float) -> None:
+    """``run.h5``: status ``failed`` with the rank, its role and the error's first line, by whichever rank fails
+    first (an exclusive create decides, so ranks failing together never write run.h5 at once)."""
+    try:
+        os.close(os.open(Path(run_dir) / FAILURE_CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        return
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    reason = f"failed on rank {rank} ({role}): {type(err).__name__}" + (f": {first}" if first else "")
+    try:
+        finish_run_file(run_dir, "failed", stop_reason=reason, failed_rank=rank, failed_role=role,
+                        wall_seconds=wall_seconds)
+    except Exception:  # noqa: BLE001 - the failure being reported matters more than this one
+        pass
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports kilobytes, macOS bytes)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig) -> None:
     """Checks whose answer depends on the rank's node; every rank learns the first failure."""
     problem = None
@@ -136,6 +164,7 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, r
     topo = build(world, cfg.topology.buffers, cfg.topology.node_local)
     if world.rank == 0:
         if plan:
+            (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
             mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(),
                          command=" ".join(sys.argv), job_time=plan.job_time)
             print(f"mpirl: resuming {run_dir} from {Path(plan.checkpoint).name} "
@@ -153,21 +182,27 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, r
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, obs_shape=obs_shape, obs_dtype=obs_dtype,
                       n_actions=n_actions, t0=t0, preempt=Preemption(world), resume=plan)
     role = {LEARNER: run_learner, BUFFER: run_buffer, ACTOR: run_actor}[topo.role]
+    # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
+    pids = world.gather((socket.gethostname(), os.getpid()))
+    heart = Heartbeat(run_dir, pids) if world.rank == 0 else None
     try:
         stop_reason = role(ctx)
-    except BaseException as err:
-        if world.rank == 0:  # the caller aborts the job; the run must not look finished
-            finish_run_file(run_dir, "failed", error=f"{type(err).__name__}: {err}", wall_seconds=time.time() - t0)
+    except BaseException as err:  # the caller aborts the job; the run must not look alive or finished
+        mark_failed(run_dir, world.rank, topo.role_of(world.rank), err, time.time() - t0)
+        if isinstance(err, ConfigError):  # found by one rank mid-run: the others cannot know, so abort
+            raise RuntimeError(str(err)) from err
         raise
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)
     ctx.preempt.close()
     preempted = world.bcast((stop_reason or "").startswith(PREEMPTED) if world.rank == 0 else None)
+    peak = world.gather(_peak_rss_bytes())
     topo.free()
     if world.rank == 0:
+        heart.stop()
         finish_run_file(run_dir, "preempted" if preempted else "completed", stop_reason=stop_reason or "",
-                        wall_seconds=time.time() - t0)
+                        wall_seconds=time.time() - t0, peak_rss_bytes=peak)
         if not quiet:
             print(format_summary(summarize(run_dir)), flush=True)
         if preempted:

@@ -102,8 +102,8 @@ def cmd_launch(args) -> int:
     try:
         cfg, _ = _load(args)
         n = _ranks(args, cfg)
-        from mpirl.roles.checks import check_job
-        check_job(cfg, n, args.job)
+        from mpirl.roles.checks import check_local_job
+        check_local_job(cfg, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
             from mpirl.roles.checkpoint import plan_resume
             plan_resume(cfg, n, args.resume)
@@ -134,6 +134,10 @@ def cmd_validate(args) -> int:
     print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {config.actor_count(cfg, n)} actor(s); "
           f"{cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
           f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
+    from mpirl.roles import memory
+    est, avail = memory.estimate(cfg, n, obs_shape, obs_dtype, n_actions), memory.available_bytes()
+    print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks ({est.text()}); "
+          f"this node has {'?' if avail is None else f'{avail / 2**30:.1f}'} GiB available")
     if plan:
         print(f"ok: resumes {plan.run_dir} from {Path(plan.checkpoint).name} (train step {plan.train_steps})")
     elif args.resume:

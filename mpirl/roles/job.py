@@ -30,6 +30,7 @@ from mpirl.metrics.summary import format_summary, summarize
 from mpirl.roles.actor import run_actor
 from mpirl.roles.buffer import run_buffer
 from mpirl.roles.checkpoint import Resume, plan_resume
+from mpirl.roles import memory
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
 from mpirl.roles.learner import PREEMPTED, run_learner
@@ -115,14 +116,27 @@ def _peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig) -> None:
-    """Checks whose answer depends on the rank's node; every rank learns the first failure."""
+def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate) -> None:
+    """Checks whose answer depends on the rank's node; every rank learns the first failure.
+
+    Memory: the ranks of each node (their roles follow from their rank) must fit in its available memory.
+    """
     problem = None
     if world.rank == 0 and cfg.agent.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             problem = ("agent.device", f"'cuda' but the learner's node ({MPI.Get_processor_name()}) has no usable "
                        "CUDA device; use 'auto' (CUDA when present) or 'cpu'")
+    mine = est.learner if world.rank == 0 else est.buffer if world.rank <= cfg.topology.buffers else est.actor
+    nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes()))
+    for host in sorted({h for h, _, _ in nodes}):
+        need = sum(b for h, b, _ in nodes if h == host)
+        avail = [a for h, _, a in nodes if h == host and a is not None]
+        try:
+            memory.check_fits(cfg, est, need, f"node {host} ({sum(h == host for h, _, _ in nodes)} ranks)",
+                              min(avail) if avail else None)
+        except ConfigError as err:
+            problem = problem or (err.key, err.message)
     problems = [p for p in world.allgather(problem) if p]
     if problems:
         raise ConfigError(*problems[0])
@@ -156,7 +170,7 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, r
     """Run the job on this rank (every rank calls it); ``resume``: a run directory, ``auto`` or ''."""
     world = MPI.COMM_WORLD
     obs_shape, obs_dtype, n_actions = check_job(cfg, world.size, job_path)
-    _agree_on_local_checks(world, cfg)
+    _agree_on_local_checks(world, cfg, memory.estimate(cfg, world.size, obs_shape, obs_dtype, n_actions))
     plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
     # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
     t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))

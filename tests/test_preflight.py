@@ -1,0 +1,83 @@
+"""Refusals before any rank starts: memory that a node cannot hold, a run directory that cannot be made,
+a resume of nothing; the same exit 2 and the same line through validate, launch and mpiexec."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpirl import config
+from mpirl.roles import memory
+
+from conftest import JOBS, run_cli, run_mpi
+
+CARTPOLE = str(JOBS / "cartpole.toml")
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("mpirl: error:")]
+
+
+def cartpole_slot() -> float:
+    cfg, _ = config.load(JOBS / "cartpole.toml")
+    return memory.estimate(cfg, 4, (4,), "float32", 2).slot_bytes
+
+
+def test_the_estimate_is_near_the_peaks_measured_on_the_default_job():
+    cfg, _ = config.load(JOBS / "cartpole.toml")
+    est = memory.estimate(cfg, 4, (4,), "float32", 2)
+    # Measured peaks (run.h5 peak_rss_bytes, default job): learner 398 MB, buffer 360 MB, actors 318 MB.
+    for got, measured in ((est.learner, 398), (est.buffer, 360), (est.actor, 318)):
+        assert 0.8 * measured <= got / 2**20 <= 1.3 * measured
+    cfg.replay.capacity *= 10
+    bigger = memory.estimate(cfg, 4, (4,), "float32", 2)
+    assert bigger.buffer - est.buffer == pytest.approx(9 * 50_000 * est.slot_bytes, rel=0.01)
+
+
+def test_a_replay_no_node_can_hold_is_refused_by_validate():
+    avail = memory.available_bytes()
+    capacity = min(int(1.5 * avail / cartpole_slot()), 2**31 - 1)
+    proc = run_cli("validate", CARTPOLE, "--set", f"replay.capacity={capacity}")
+    assert proc.returncode == 2, proc.stdout
+    lines = error_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("mpirl: error: replay.capacity: the job needs about ")
+    assert "lower replay.capacity" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_ranks_that_fit_alone_but_not_together_are_refused_by_launch_and_inside_the_job(tmp_path):
+    avail = memory.available_bytes()
+    capacity = int(0.6 * avail / cartpole_slot())  # each of two buffers fits, both do not
+    sets = ("--set", "topology.buffers=2", "--set", f"replay.capacity={capacity}",
+            "--set", f'run.out_dir="{tmp_path}"')
+    assert run_cli("validate", CARTPOLE, *sets).returncode == 0
+    launch = run_cli("launch", CARTPOLE, *sets)
+    assert launch.returncode == 2 and len(error_lines(launch)) == 1, launch.stdout + launch.stderr
+    assert "on this node (all ranks)" in error_lines(launch)[0]
+    job = run_mpi(5, tmp_path, "topology.buffers=2", f"replay.capacity={capacity}", timeout=120)
+    assert job.proc.returncode == 2, job.output
+    lines = error_lines(job.proc)
+    assert len(lines) == 1 and lines[0].startswith("mpirl: error: replay.capacity: the job needs about ")
+    assert job.run_dirs == [] and not any(tmp_path.iterdir())  # nothing that looks like a run
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["out_dir under a file", "resume of a directory without a run"])
+def test_the_same_refusal_through_every_launch_path(tmp_path, case):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    (tmp_path / "norun").mkdir()
+    if case.startswith("out_dir"):
+        sets, args, start = (f'run.out_dir="{blocker / "runs"}"',), (), "mpirl: error: run.out_dir: cannot make "
+    else:
+        sets, args, start = (), ("--resume", str(tmp_path / "norun")), "mpirl: error: --resume: "
+    flags = [x for s in sets for x in ("--set", s)]
+    validate = run_cli("validate", CARTPOLE, "--set", f'run.out_dir="{tmp_path}"', *flags, *args)
+    launch = run_cli("launch", CARTPOLE, "--set", f'run.out_dir="{tmp_path}"', *flags, *args)
+    job = run_mpi(4, tmp_path, *sets, args=args, timeout=120)  # plain mpiexec: the check runs inside the job
+    procs = (validate, launch, job.proc)
+    lines = [error_lines(p) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2, 2], lines
+    assert all(len(x) == 1 and x[0].startswith(start) for x in lines), lines
+    assert lines[0] == lines[1] == lines[2], lines
+    assert "Traceback" not in job.output and "TypeError" not in job.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "norun"]  # no run directory anywhere

@@ -81,3 +81,18 @@ def test_the_same_refusal_through_every_launch_path(tmp_path, case):
     assert lines[0] == lines[1] == lines[2], lines
     assert "Traceback" not in job.output and "TypeError" not in job.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "norun"]  # no run directory anywhere
+
+
+@pytest.mark.parametrize("args, start", [
+    (("-n", "2"), "mpirl: error: world size: the job needs 1 learner + 1 buffer(s)"),
+    (("--set", "agent.device=cuda"), "mpirl: error: agent.device: 'cuda' but this node has no usable CUDA"),
+])
+def test_launch_refuses_before_mpiexec_starts_so_one_line_is_all(tmp_path, args, start):
+    if "agent.device=cuda" in args:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    proc = run_cli("launch", CARTPOLE, "--set", f'run.out_dir="{tmp_path}"', *args)
+    assert proc.returncode == 2
+    assert (proc.stdout + proc.stderr).strip().splitlines() == error_lines(proc) and error_lines(proc)[0].startswith(start)
+    assert not any(tmp_path.iterdir())

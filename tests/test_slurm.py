@@ -1,14 +1,21 @@
-"""The batch templates on a real Slurm: slurmctld, slurmd and munged on this machine.
+"""The batch templates on a real Slurm: munged, slurmctld and slurmd on this machine.
 
-The cluster (``slurm_cluster.py``) is started once for the module, installing
-Debian's slurm-wlm, munge and libpmix2 with apt when they are missing. Each test
-submits a template from ``slurm/`` with ``sbatch``, waits with a timeout, and
-checks the job's state and the HDF5 files the run wrote. Where Slurm cannot
-start here (not root, no apt), the tests skip and say why.
+The clusters (``slurm_cluster.py``) are started once for the module, installing
+Debian's slurm-wlm, munge, libpmix2 and libpmix-dev with apt when they are missing:
+one node, and two nodes (n1, n2) whose slurmd each run in a namespace with their
+own /tmp, /dev/shm and host name, so that one ``srun --mpi=pmix`` step spans both
+as it would two hosts. Each test submits a template from ``slurm/`` with
+``sbatch``, waits with a timeout, and checks the job's state and the HDF5 files the
+run wrote. Each cluster's fixture checks at its end that no process it started is
+left. Where Slurm cannot start here (not root, no apt), the tests skip and say why.
 """
 
-import sys
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,27 +32,36 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
 SHORT = ("--set", "run.train_steps=400", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
          "--set", "replay.learning_starts=300")
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def start_cluster(tmp_path_factory, name: str, nodes: int = 1) -> slurm_cluster.Cluster:
+    """A cluster whose jobs see the tests' temporary directories (run output goes there)."""
+    try:
+        return slurm_cluster.start(tmp_path_factory.mktemp(name), nodes=nodes,
+                                   shared=(tmp_path_factory.getbasetemp(),))
+    except slurm_cluster.Unavailable as err:
+        pytest.skip(f"no Slurm here: {err}")
+
+
+def stop_cluster(cluster: slurm_cluster.Cluster) -> None:
+    left = cluster.stop()
+    assert not left, f"processes the test cluster started are still running after stop(): {left}"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        c = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
-    except (slurm_cluster.Unavailable, OSError) as err:
-        pytest.skip(f"no Slurm here: {err}")
+    c = start_cluster(tmp_path_factory, "slurm")
     yield c
-    c.stop()
+    stop_cluster(c)
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    """Two slurmd (n1, n2) on this machine: a multi-node allocation, though both nodes are one host."""
-    try:
-        c = slurm_cluster.start(tmp_path_factory.mktemp("slurm2"), nodes=2)
-    except (slurm_cluster.Unavailable, OSError) as err:
-        pytest.skip(f"no Slurm here: {err}")
+    """Two slurmd (n1, n2) on this machine, each in a namespace of its own; n1 has a (pretend) GPU."""
+    c = start_cluster(tmp_path_factory, "slurm2", nodes=2)
     yield c
-    c.stop()
+    stop_cluster(c)
 
 
 def submit(cluster, out: Path, template: str, *args: str, env: dict | None = None, sbatch=()) -> str:
@@ -58,17 +74,18 @@ def submit(cluster, out: Path, template: str, *args: str, env: dict | None = Non
     return r.stdout.strip().split(";")[0]
 
 
-def wait_for(cluster, job_id: str, out: Path, timeout: float = 240, states=("COMPLETED", "FAILED", "CANCELLED",
-                                                                           "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+def wait_for(cluster, job_id: str, out: Path, timeout: float = 240) -> dict:
+    """Wait until the job (every component of a heterogeneous one) has ended; its (first component's) state."""
     deadline = time.monotonic() + timeout
-    info = {}
+    parts = []
     while time.monotonic() < deadline:
-        info = cluster.job_state(job_id)
-        if info.get("JobState") in states:
-            return info
+        parts = cluster.job_components(job_id)
+        if parts and all(p.get("JobState") in FINAL for p in parts):
+            return parts[0]
         time.sleep(1)
     cluster.run("scancel", job_id, check=False)
-    pytest.fail(f"job {job_id} not finished within {timeout} s: {info}\n{log_of(out, job_id)[-4000:]}")
+    states = [(p.get("JobState"), p.get("Reason")) for p in parts]
+    pytest.fail(f"job {job_id} not finished within {timeout} s: {states}\n{log_of(out, job_id)[-4000:]}")
 
 
 def log_of(out: Path, job_id: str) -> str:
@@ -102,16 +119,107 @@ def test_single_node_template(cluster, tmp_path, launcher):
     check_run(only_run(tmp_path), job)
 
 
-def test_multi_node_template_in_a_two_node_allocation(two_nodes, tmp_path):
-    # mpiexec inside the allocation (srun --mpi=pmix cannot span two slurmd on one host: their step
-    # daemons collide on /tmp/spmix_appdir_<uid>_<job>.<step>; on real nodes that path is per host).
+def rank_hosts(run_dir: Path) -> list[str]:
+    """Each rank's host name as run.h5 recorded it; on the test cluster, the Slurm node that started the rank."""
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        return str(f["provenance"].attrs["rank_hosts"]).split(",")
+
+
+def launched_on(cluster, job_id: str) -> list[str]:
+    """The nodes whose slurmd launched tasks of the job's first step, from the slurmd logs (Slurm's view)."""
+    step = re.compile(rf"launch task (StepId=)?{job_id}(\+\d+)?\.0 ")  # "StepId=7.0", a het job's "7+1.0"
+    return [n for n in cluster.nodes if step.search((cluster.work / "log" / f"slurmd-{n}.log").read_text())]
+
+
+def test_each_node_has_its_own_tmp_shm_and_host_name(two_nodes):
+    # What lets one step span two slurmd on one machine: Slurm's PMIx plugin makes
+    # /tmp/spmix_appdir_<uid>_<job>.<step> on every node of a step, Open MPI and PMIx keep session
+    # files under /tmp and /dev/shm, and a rank's host name is its node's.
+    out = two_nodes.run("srun", "--nodes=2", "--ntasks=2", "sh", "-c",
+                        "touch /tmp/mark-$SLURMD_NODENAME /dev/shm/mark-$SLURMD_NODENAME; "
+                        "echo $SLURMD_NODENAME $(hostname) $(ls /dev/shm)", timeout=60).stdout
+    assert sorted(out.splitlines()) == ["n1 n1 mark-n1", "n2 n2 mark-n2"], out
+    for node, other in (("n1", "n2"), ("n2", "n1")):
+        assert (two_nodes.node_tmp(node) / f"mark-{node}").exists()
+        assert not (two_nodes.node_tmp(node) / f"mark-{other}").exists()
+    assert not Path("/tmp/mark-n1").exists() and not Path("/dev/shm/mark-n1").exists()
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_multi_node_template_over_two_nodes(two_nodes, tmp_path, launcher):
     job = submit(two_nodes, tmp_path, "multi_node.sbatch", "jobs/cartpole.toml", *SHORT,
-                 env={"MPIRL_LAUNCHER": "mpiexec"}, sbatch=("--nodes=2", "--ntasks=4"))
+                 env={"MPIRL_LAUNCHER": launcher}, sbatch=("--nodes=2", "--ntasks=4"))
     info = wait_for(two_nodes, job, tmp_path)
     log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n[1-2]", (info, log)
-    assert "mpirl: mpiexec step on 4 tasks (n[1-2])" in log
-    check_run(only_run(tmp_path), job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["NodeList"] == "n[1-2]", \
+        (info, log)
+    assert f"mpirl: {launcher} step on 4 tasks (n[1-2])" in log
+    assert "Sorry!" not in log
+    run_dir = only_run(tmp_path)
+    check_run(run_dir, job)
+    hosts = rank_hosts(run_dir)
+    assert hosts[0] == "n1" and set(hosts) == {"n1", "n2"}, hosts  # the learner on the first node; both used
+    if launcher == "srun":  # one step, its tasks started by both slurmd
+        assert launched_on(two_nodes, job) == ["n1", "n2"]
+
+
+def test_hetjob_template_puts_the_learner_on_the_gpu_node(two_nodes, tmp_path):
+    # The template's CPU component asks for 10 tasks; 3 here (an option after ":" is the second component's).
+    job = submit(two_nodes, tmp_path, "hetjob.sbatch", "jobs/cartpole.toml", *SHORT, sbatch=(":", "--ntasks=3"))
+    wait_for(two_nodes, job, tmp_path)
+    log = log_of(tmp_path, job)
+    parts = two_nodes.job_components(job)
+    assert [(p["JobState"], p["ExitCode"]) for p in parts] == [("COMPLETED", "0:0")] * 2, (parts, log)
+    # component 0 (one task, --gres=gpu:1) on n1, the only node with a GPU; component 1 on the other node
+    assert [p["NodeList"] for p in parts] == ["n1", "n2"], parts
+    assert "gpu" in parts[0].get("TresPerNode", ""), parts[0]
+    assert "mpirl: heterogeneous step: learner on n1, 3 tasks on n2" in log, log
+    assert "Sorry!" not in log
+    run_dir = only_run(tmp_path)
+    check_run(run_dir, job)
+    assert rank_hosts(run_dir) == ["n1", "n2", "n2", "n2"]  # one MPI_COMM_WORLD over both components
+    assert launched_on(two_nodes, job) == ["n1", "n2"]
+
+
+def test_stop_ends_every_process_the_cluster_started(tmp_path_factory):
+    c = start_cluster(tmp_path_factory, "slurm-stop", nodes=2)
+    # A munged the cluster did not start (like the machine's own) must survive its stop.
+    other = Path(tempfile.mkdtemp(prefix="mpirl-test-other-munge-", dir="/run"))
+    other.chmod(0o755)
+    (other / "key").write_bytes(os.urandom(1024))
+    (other / "key").chmod(0o400)
+    bystander = subprocess.Popen(["munged", "--foreground", f"--socket={other}/socket", f"--key-file={other}/key",
+                                  f"--pid-file={other}/pid", f"--seed-file={other}/seed"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        try:
+            # A job still running on both nodes, and a process that escaped it (its parent gone, a session of
+            # its own): cancelling the job leaves that one running (seen here), only the namespace sweep ends it.
+            job = c.run("sbatch", "--parsable", "--nodes=2", "--ntasks=2", f"--output={c.work}/job-%j.out", "--wrap",
+                        "(setsid sleep 301 </dev/null >/dev/null 2>&1 &); srun sleep 300 & wait").stdout.strip()
+            sleeps = {"on n1: sleep 301", "on n1: /usr/bin/sleep 300", "on n2: /usr/bin/sleep 300"}
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                running = c.processes()
+                if sleeps <= set(running.values()):
+                    break
+                time.sleep(0.5)
+            else:
+                pytest.fail(f"job {job} did not start its sleeps on both nodes within 60 s: {c.processes()}")
+            namespaces = set(c.namespaces.values())
+        finally:
+            left = c.stop()
+        assert not left, f"still running after stop(): {left}"
+        assert not [pid for pid in running if slurm_cluster._alive(pid)]
+        in_nodes = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and slurm_cluster._alive(int(p.name))
+                    and slurm_cluster._mount_ns(p.name) in namespaces]
+        assert not in_nodes, f"processes still in the nodes' namespaces: {in_nodes}"
+        assert not c.munge_socket.parent.exists()
+        assert bystander.poll() is None, "stop() ended a munged it had not started"
+    finally:
+        bystander.terminate()
+        bystander.wait(timeout=15)
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def test_preempted_job_requeues_and_resumes(cluster, tmp_path):

@@ -136,7 +136,8 @@ def cmd_validate(args) -> int:
           f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
     from mpirl.roles import memory
     est, avail = memory.estimate(cfg, n, obs_shape, obs_dtype, n_actions), memory.available_bytes()
-    print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks ({est.text()}); "
+    print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks on one node ({est.text()}, "
+          f"{memory.LIBRARIES / 2**20:.0f} MiB of shared libraries); "
           f"this node has {'?' if avail is None else f'{avail / 2**30:.1f}'} GiB available")
     if plan:
         print(f"ok: resumes {plan.run_dir} from {Path(plan.checkpoint).name} (train step {plan.train_steps})")

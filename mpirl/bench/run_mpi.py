@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mpirl.cli import find_mpiexec, launch_env
+from mpirl.launcher import find_mpiexec, launch_env
 
 
 def mpiexec_json(what: str, opts: dict, timeout: float) -> dict:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.cli import find_mpiexec, launch_command
+from mpirl.launcher import find_mpiexec, launch_command
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "cartpole_475.toml"

@@ -30,3 +30,14 @@ class FlakyCartPole(CartPoleEnv):
 
 
 gym.register("FlakyCartPole-v0", entry_point=FlakyCartPole, max_episode_steps=500)
+
+
+class HugeRewardCartPole(CartPoleEnv):
+    """Rewards of 1e38: finite, and so are their n-step returns, but a batch's loss overflows float32."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, 1e38, terminated, truncated, info
+
+
+gym.register("HugeRewardCartPole-v0", entry_point=HugeRewardCartPole, max_episode_steps=500)

@@ -19,17 +19,21 @@ from conftest import ROOT, mpi_command, mpi_env, ranks_of, run_mpi, train_steps_
 SHORT = ("run.train_steps=800", "run.target_return=nan", "run.env_steps=0", "replay.learning_starts=300")
 
 
+def _batch(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.standard_normal((n, 4)).astype(np.float32), "action": rng.integers(0, 2, n),
+            "reward": np.ones(n, np.float32), "next_obs": rng.standard_normal((n, 4)).astype(np.float32),
+            "done": np.zeros(n, bool), "discount": np.full(n, 0.97, np.float32)}
+
+
 def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_alone():
     agent = DQNLearner((4,), 2, AgentConfig(), torch.device("cpu"))
-    rng = np.random.default_rng(0)
-    batch = {"obs": rng.standard_normal((8, 4)).astype(np.float32), "action": rng.integers(0, 2, 8),
-             "reward": np.ones(8, np.float32), "next_obs": rng.standard_normal((8, 4)).astype(np.float32),
-             "done": np.zeros(8, bool), "discount": np.full(8, 0.97, np.float32)}
+    batch = _batch()
     before = agent.flat_params().copy()
     batch["reward"][3] = np.nan
     loss, td = agent.train_step(batch, np.ones(8, np.float32))
     assert td is None and not np.isfinite(loss) and agent.steps == 0
-    assert agent.skip_reason == "the batch's reward (from the environment)"
+    assert agent.fault.kind == "batch" and agent.fault.detail == "1 of the batch's 8 reward values were not finite"
     np.testing.assert_array_equal(agent.flat_params(), before)
     batch["reward"][3] = 1.0
     loss, td = agent.train_step(batch, np.ones(8, np.float32))
@@ -37,7 +41,38 @@ def test_a_non_finite_batch_is_skipped_and_leaves_the_weights_alone():
     with torch.no_grad():
         next(agent.online.parameters())[0, 0] = float("inf")
     assert agent.train_step(batch, np.ones(8, np.float32))[1] is None
-    assert agent.skip_reason.startswith("the online network's parameters (")
+    assert agent.fault.kind == "parameters"
+    assert agent.fault.detail == "the online network's parameters were not finite (torso.0.weight)"
+
+
+def test_a_skipped_batch_names_what_was_not_finite():
+    """Not always the learning rate: a loss that overflows on huge rewards, the gradient of the one layer whose
+    gradient is not finite (before clipping, which spreads a NaN norm to every layer), Q-values of huge weights."""
+    agent = DQNLearner((4,), 2, AgentConfig(), torch.device("cpu"))
+    w = np.ones(64, np.float32)
+    huge = _batch(64)
+    huge["reward"][:] = 1e38  # finite, but 64 of them overflow the mean
+    assert agent.train_step(huge, w)[1] is None
+    assert agent.fault.kind == "loss" and agent.fault.detail.startswith("the loss was inf though its inputs were finite")
+
+    layer = dict(agent.online.named_parameters())["head.value.0.weight"]
+    hook = layer.register_hook(lambda g: torch.full_like(g, float("nan")))
+    assert agent.train_step(_batch(64), w)[1] is None
+    hook.remove()
+    assert agent.fault.kind == "gradient"
+    assert agent.fault.detail.startswith("the gradient norm of head.value.0.weight (nan) was not finite"), agent.fault
+    hook = layer.register_hook(lambda g: g * 1e30)  # finite, but its square overflows the norm
+    assert agent.train_step(_batch(64), w)[1] is None
+    hook.remove()
+    assert agent.fault.kind == "gradient"
+    assert agent.fault.detail.startswith("the gradient norm of head.value.0.weight (inf) was not finite"), agent.fault
+    assert agent.steps == 0 and agent.train_step(_batch(64), w)[1] is not None  # the hooks gone, the batch trains
+
+    big = DQNLearner((4,), 2, AgentConfig(lr=1e30), torch.device("cpu"))
+    assert big.train_step(_batch(64), w)[1] is not None  # the step itself is finite; the weights it leaves are not
+    assert big.train_step(_batch(64, seed=1), w)[1] is None
+    assert big.fault.kind == "q" and big.fault.detail.startswith("64 of the online network's 64 Q-values were not "
+                                                                 "finite (its parameters are finite, up to 1e+30 in ")
 
 
 @pytest.mark.mpi
@@ -61,13 +96,25 @@ def test_a_diverging_learner_ends_the_job_with_a_clear_message(tmp_path):
     job = run_mpi(4, tmp_path, "run.train_steps=20000", "run.target_return=nan", "run.env_steps=0",
                   "replay.learning_starts=300", "agent.lr=1e30", "agent.grad_clip=1e38", timeout=180)
     assert job.proc.returncode != 0
-    assert "batches in a row were not finite after train step" in job.output, job.output[-3000:]
-    assert ("the learner has diverged; the settings that feed it: agent.lr = 1e+30, agent.grad_clip = 1e+38"
-            in job.output), job.output[-3000:]
+    assert "the learner has diverged: 100 batches in a row were not finite after train step" in job.output, \
+        job.output[-3000:]
+    assert "Q-values were not finite (its parameters are finite, up to 1e+30 in " in job.output, job.output[-3000:]
+    assert "the settings that feed it: agent.lr=1e+30, agent.grad_clip=1e+38, agent.adam_eps=1e-08" in job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "failed"
         assert f.attrs["stop_reason"].startswith("failed on rank 0 (learner): FloatingPointError: ")
         assert (f.attrs["failed_rank"], f.attrs["failed_role"]) == (0, "learner")
+
+
+@pytest.mark.mpi
+def test_a_loss_that_overflows_is_blamed_on_the_rewards_not_the_learning_rate(tmp_path):
+    job = run_mpi(4, tmp_path, "run.train_steps=20000", "run.target_return=nan", "run.env_steps=0",
+                  "replay.learning_starts=300", "env.id=tests.faulty_env:HugeRewardCartPole-v0", timeout=180)
+    assert job.proc.returncode != 0
+    assert "in the last, the loss was inf though its inputs were finite (|TD| up to 2.9" in job.output, \
+        job.output[-3000:]
+    assert ("the settings that feed it: agent.reward_clip=0, env.id=tests.faulty_env:HugeRewardCartPole-v0, "
+            "agent.lr=0.001, agent.grad_clip=10") in job.output, job.output[-3000:]
 
 
 @pytest.mark.mpi

@@ -8,6 +8,8 @@ not a time limit).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -87,6 +89,22 @@ def n_step_target(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
     return b["reward"] + b["discount"] * (~b["done"]).float() * next_q
 
 
+@dataclass
+class Fault:
+    """Why a train step was skipped: the first thing on the way from the batch to the update that was not finite.
+
+    ``kind``: ``"batch"`` (rewards, discounts or observations), ``"weights"`` (importance weights),
+    ``"parameters"`` (the online network's), ``"q"`` (its Q-values), ``"targets"`` (the n-step targets),
+    ``"loss"`` (its inputs finite, the loss not) or ``"gradient"``; ``detail``: what and where, in words.
+    """
+    kind: str
+    detail: str
+
+
+def _not_finite(t: torch.Tensor) -> int:
+    return int((~torch.isfinite(t)).sum())
+
+
 class DQNLearner:
     """The learner's networks, optimizer and one train step."""
 
@@ -104,25 +122,29 @@ class DQNLearner:
         self.precision = pick_precision(getattr(agent_cfg, "precision", "fp32"), device)
         self.bf16 = self.precision == "bf16"
         self.n_params = sum(p.numel() for p in self.online.parameters())
-        self.skip_reason = ""  # what was not finite in the last skipped batch
+        self.fault: Fault | None = None  # why the last skipped batch was skipped
+
+    def _forward(self, b: dict[str, torch.Tensor], w: torch.Tensor):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            y = n_step_target(self.online, self.target, b).float()
+            q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
+        return y, q, (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
 
     def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
         """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy).
 
         A batch whose loss or gradient is not finite is skipped: no step, no weight
-        change, and ``None`` instead of the |TD| (the caller keeps the old priorities).
+        change, and ``None`` instead of the |TD| (the caller keeps the old priorities);
+        ``self.fault`` then says what was not finite.
         """
         b = to_tensors(batch, self.device)
         w = torch.as_tensor(weights, device=self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            y = n_step_target(self.online, self.target, b).float()
-            q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
-        loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+        y, q, loss = self._forward(b, w)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
         if not (torch.isfinite(loss) and torch.isfinite(norm)):
-            self.skip_reason = self._what_was_not_finite(b, y, q, loss)
+            self.fault = self.diagnose(b, w, y, q, loss)
             self.optimizer.zero_grad(set_to_none=True)
             return float(loss.detach()), None  # skipped: the weights are untouched, no step counted
         self.optimizer.step()
@@ -131,24 +153,47 @@ class DQNLearner:
             self.target.load_state_dict(self.online.state_dict())
         return float(loss.detach()), (y - q.detach()).abs().cpu().numpy()
 
-    def _what_was_not_finite(self, b: dict, y: torch.Tensor, q: torch.Tensor, loss: torch.Tensor) -> str:
-        """The first non-finite thing on the way from the batch to the gradient, in words."""
-        for name in ("reward", "obs", "next_obs"):
-            if b[name].is_floating_point() and not torch.isfinite(b[name]).all():
-                return f"the batch's {name} (from the environment)"
-        for name, p in self.online.named_parameters():
-            if not torch.isfinite(p).all():
-                return f"the online network's parameters ({name})"
-        if not torch.isfinite(q).all():
-            return "the online network's Q-values"
-        if not torch.isfinite(y).all():
-            return "the n-step targets (the target network's Q-values)"
+    def diagnose(self, b: dict[str, torch.Tensor], w: torch.Tensor, y: torch.Tensor, q: torch.Tensor,
+                 loss: torch.Tensor) -> Fault:
+        """What was not finite in a skipped batch, walking from its inputs to the gradient.
+
+        Only on a skipped batch: the gradient is computed again, per parameter and before
+        clipping (clipping by a non-finite norm has made every gradient NaN or 0).
+        """
+        n = len(w)
+        for name in ("reward", "discount", "obs", "next_obs"):
+            if b[name].is_floating_point() and _not_finite(b[name]):
+                return Fault("batch", f"{_not_finite(b[name])} of the batch's {n} {name} values were not finite")
+        if _not_finite(w):
+            return Fault("weights", f"{_not_finite(w)} of the batch's {n} importance weights were not finite")
+        for net in ("online", "target"):
+            bad = [k for k, p in getattr(self, net).named_parameters() if _not_finite(p.detach())]
+            if bad:
+                return Fault("parameters", f"the {net} network's parameters were not finite ({', '.join(bad)})")
+        if _not_finite(q):
+            return Fault("q", f"{_not_finite(q)} of the online network's {n} Q-values were not finite (its parameters "
+                              f"are finite, up to {self._largest_parameter()})")
+        if _not_finite(y):
+            return Fault("targets", f"{_not_finite(y)} of the {n} n-step targets were not finite (n-step rewards up to "
+                                    f"{float(b['reward'].abs().max()):g}, the networks' parameters finite)")
         if not torch.isfinite(loss):
-            return f"the loss ({float(loss.detach()):g})"
-        for name, p in self.online.named_parameters():
-            if p.grad is not None and not torch.isfinite(p.grad).all():
-                return f"the gradient of {name} (loss {float(loss.detach()):g})"
-        return "the gradient's norm"
+            return Fault("loss", f"the loss was {float(loss.detach()):g} though its inputs were finite (|TD| up to "
+                                 f"{float((y - q.detach()).abs().max()):g}, n-step rewards up to "
+                                 f"{float(b['reward'].abs().max()):g})")
+        self.optimizer.zero_grad(set_to_none=True)
+        self._forward(b, w)[2].backward()
+        norms = {k: float(torch.linalg.vector_norm(p.grad)) for k, p in self.online.named_parameters()
+                 if p.grad is not None}
+        bad = [f"{k} ({v:g})" for k, v in norms.items() if not np.isfinite(v)]
+        if bad:
+            return Fault("gradient", f"the gradient norm of {', '.join(bad)} was not finite (loss {float(loss.detach()):g})")
+        top = max(norms, key=norms.get)
+        return Fault("gradient", f"the gradient's total norm overflowed (per parameter finite, largest "
+                                 f"{norms[top]:g} in {top}; loss {float(loss.detach()):g})")
+
+    def _largest_parameter(self) -> str:
+        name, p = max(self.online.named_parameters(), key=lambda kv: float(kv[1].detach().abs().max()))
+        return f"{float(p.detach().abs().max()):g} in {name}"
 
     def flat_params(self) -> np.ndarray:
         """The online network's parameters as one float32 numpy vector (on the CPU)."""

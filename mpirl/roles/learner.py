@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from mpirl.agents.dqn import DQNLearner, pick_device
+from mpirl.agents.dqn import DQNLearner, Fault, pick_device
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import BYE, DUMP, SAMPLE, dump_layout, request_layout, sample_layout
 from mpirl.comm.codec import codec_for
@@ -41,6 +41,23 @@ from mpirl.comm.buffer_link import BufferLink
 F8, I8 = np.float64, np.int64
 PREEMPTED = "preempted"  # how a stop reason starts when a signal stopped the job
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
+# The settings that feed each kind of non-finite batch (see DQNLearner.diagnose), named in the divergence message.
+FEEDS = {"batch": ("env.id", "agent.reward_clip"),
+         "weights": ("replay.alpha", "replay.beta", "replay.priority_eps"),
+         "parameters": ("agent.lr", "agent.grad_clip", "agent.adam_eps"),
+         "q": ("agent.lr", "agent.grad_clip", "agent.adam_eps"),
+         "targets": ("agent.reward_clip", "agent.lr", "agent.grad_clip", "agent.target_update"),
+         "loss": ("agent.reward_clip", "env.id", "agent.lr", "agent.grad_clip"),
+         "gradient": ("agent.lr", "agent.grad_clip", "agent.adam_eps", "agent.reward_clip")}
+
+
+def divergence(fault: Fault, settings: dict, in_a_row: int, steps: int, skipped: int) -> str:
+    """Why the learner gives up: what was not finite in the last skipped batch and the settings that feed it."""
+    feeds = ", ".join(f"{k}={settings[k]:g}" if isinstance(settings[k], float) else f"{k}={settings[k]}"
+                      for k in FEEDS[fault.kind])
+    what = "cannot train" if fault.kind == "batch" else "has diverged"  # "batch": what the environment gave
+    return (f"the learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
+            f"({skipped} skipped in all); in the last, {fault.detail}; the settings that feed it: {feeds}")
 
 
 class Clock:
@@ -267,7 +284,8 @@ class Learner:
             self.skipped += 1
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
-                raise FloatingPointError(self.divergence())
+                raise FloatingPointError(divergence(self.agent.fault, self.cfg.flat(), self.skipped_in_a_row,
+                                                    self.agent.steps, self.skipped))
             return np.array(sampled_priority, dtype=np.float32)
         self.skipped_in_a_row = 0
         p_s, td_abs = float(sampled_priority.mean()), float(td.mean())
@@ -277,18 +295,6 @@ class Learner:
         for key, value in zip(self.per_batch, (self.agent.steps, loss, p_s, self.last_p_t, td_abs)):
             self.per_batch[key].append(value)
         return td
-
-    def divergence(self) -> str:
-        """Why the job ends after too many non-finite batches: what was not finite and what feeds it."""
-        what, a = self.agent.skip_reason, self.cfg.agent
-        head = (f"{self.skipped_in_a_row} batches in a row were not finite after train step {self.agent.steps} "
-                f"({self.skipped} skipped in all); the last: {what} was not finite")
-        if what.startswith("the batch's"):
-            return f"{head}: the environment ({self.cfg.env.id}) produced it; fix the environment"
-        return (f"{head}: the learner has diverged; the settings that feed it: agent.lr = {a.lr:g}, "
-                f"agent.grad_clip = {a.grad_clip:g}, agent.adam_eps = {a.adam_eps:g}, agent.reward_clip = "
-                f"{a.reward_clip:g}, agent.gamma = {a.gamma:g}, agent.n_step = {a.n_step}, agent.precision = "
-                f"{a.precision}; lower agent.lr or agent.grad_clip, or clip rewards (agent.reward_clip)")
 
     def log(self, force: bool = False) -> None:
         if not (self.tick.due() or force):

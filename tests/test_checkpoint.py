@@ -108,7 +108,7 @@ def test_resume_auto_finds_the_unfinished_run_and_skips_finished_ones(tmp_path):
 
 # ---------------------------------------------------------------- whole jobs
 LONG = ("run.train_steps=3000", "run.env_steps=0", "run.target_return=nan", "run.wall_seconds=0",
-        "replay.learning_starts=500", "checkpoint.every_steps=500")
+        "replay.learning_starts=500", "checkpoint.every_steps=500", "log.interval=0.2")
 
 
 def _preempt(tmp_path, signum, rank=None, sets=LONG):
@@ -140,33 +140,82 @@ def _learner_steps(run_dir):
         return f["learner/batches/train_step"][()], f["learner/train/time"][()], f["learner/train/train_steps"][()]
 
 
-LEARNER_CUMULATIVE = ("train_steps", "env_steps", "compute_s", "comm_s", "bytes_in", "bytes_in_raw", "bytes_out",
-                      "bytes_out_raw", "samples_trained", "episodes", "param_version", "skipped_batches")
-BUFFER_CUMULATIVE = ("experiences_in", "bytes_in", "bytes_out", "bytes_out_raw", "stale_updates", "priority_updates",
-                     "consumed")
+# Columns that count since the run began: never lower in a later row, across a resume too.
+LEARNER_COUNTERS = ("time", "train_steps", "env_steps", "compute_s", "comm_s", "bytes_in", "bytes_in_raw", "bytes_out",
+                    "bytes_out_raw", "samples_trained", "episodes", "param_version", "skipped_batches")
+BUFFER_COUNTERS = ("time", "experiences_in", "bytes_in", "bytes_out", "bytes_out_raw", "consumed", "priority_updates",
+                   "stale_updates")
 
 
-def _assert_metrics_continue(run_dir, stop_time):
-    """Across the resume: cumulative columns never fall, rates stay in the run's own range, every learner row holds
-    batches and names a train step no other row names, and alpha stays defined once the learner has consumed."""
+def _table(group):
+    return {c: group[c][()] for c in group}
+
+
+def _first_after(t, resumed_at):
+    """Index of the first row the resumed process wrote."""
+    after = np.flatnonzero(t > resumed_at)
+    assert len(after), "no rows after the resume"
+    return int(after[0])
+
+
+def _rate_within_range(what, rate, first):
+    """Rates are >= 0, and the resumed process's first lies in the run's own range: at most 1.5 x the largest of
+    the run's other rows (NaN: no full window yet)."""
+    assert np.all(np.isnan(rate) | (rate >= 0)), f"{what}: a negative rate: {rate}"
+    top = np.nanmax(np.delete(rate, first))
+    assert np.isnan(rate[first]) or rate[first] <= 1.5 * top, (
+        f"{what}: {rate[first]:.1f}/s in the first row after the resume, at most {top:.1f}/s in the run's other rows")
+
+
+def _rate_over_real_interval(what, rate, count, t, resumed_at):
+    """Each row's rate is its counter's growth since the row before over the time between them (within one process);
+    the resumed process's first row counts from when that process started, at or after the resume."""
+    first = _first_after(t, resumed_at)
+    for i in range(1, len(t)):
+        grew, dt = count[i] - count[i - 1], t[i] - t[i - 1]
+        if i == first:
+            assert rate[i] * (t[i] - resumed_at) >= 0.98 * grew - 1, (what, i, rate[i], grew, t[i] - resumed_at)
+        else:
+            assert abs(rate[i] * dt - grew) <= 1 + 0.02 * grew, (
+                f"{what}: row {i} says {rate[i]:.1f}/s; its counter grew {grew} in {dt:.3f} s")
+    _rate_within_range(what, rate, first)
+
+
+def _assert_metrics_continue(run_dir, resumed_at, train_steps):
+    """A preempted and resumed run's metrics: every counter non-decreasing; every rate over its real interval, the
+    first row after the resume too; no train step in two learner rows (unless the later counts skipped batches);
+    a last learner row that holds batches."""
     with h5py.File(run_dir / "run.h5", "r") as f:
-        train = {k: v[()] for k, v in f["learner/train"].items()}
-        after = train["time"] > stop_time
-        assert after.any() and (~after).any()
-        for col in LEARNER_CUMULATIVE:
-            assert np.all(np.diff(train[col]) >= 0), (col, train[col])
-        assert np.all(np.diff(train["train_steps"]) > 0), train["train_steps"]  # no row repeats a train step
-        assert np.all(np.isfinite(train["loss"])) and np.all(train["train_steps_per_s"] > 0)  # every row holds data
-        before_max = train["train_steps_per_s"][~after].max()
-        assert train["train_steps_per_s"][after].max() <= 1.5 * before_max, (train["train_steps_per_s"], before_max)
-        for b in (k for k in f if k.startswith("buffer_")):
-            buf = {k: v[()] for k, v in f[b]["buffer"].items()}
-            for col in BUFFER_CUMULATIVE:
-                assert np.all(np.diff(buf[col]) >= 0), (b, col, buf[col])
-            consumed = buf["consumed"] > 0
-            assert np.all(np.isfinite(buf["alpha"][consumed])) and consumed[np.argmax(consumed):].all(), buf["consumed"]
-            rate, late = buf["experiences_in_per_s"], buf["time"] > stop_time
-            assert rate[late].max() <= 1.5 * rate[~late].max(), (rate, stop_time)
+        train = _table(f["learner/train"])
+        for col in LEARNER_COUNTERS:
+            assert np.all(np.diff(train[col]) >= 0), f"learner/train/{col} decreases: {train[col]}"
+        steps, skipped, loss, rate = (train[c] for c in ("train_steps", "skipped_batches", "loss", "train_steps_per_s"))
+        for i in np.flatnonzero(np.diff(steps) == 0) + 1:
+            assert skipped[i] > skipped[i - 1], (
+                f"learner/train row {i} repeats train step {steps[i]} with no batch in it (loss {loss[i]}, {rate[i]}/s)")
+        _rate_over_real_interval("learner train_steps_per_s", rate, steps, train["time"], resumed_at)
+        assert steps[-1] == train_steps and np.isfinite(loss[-1]) and rate[-1] > 0, (
+            f"the last learner/train row holds no batch: { {c: v[-1] for c, v in train.items()} }")
+        shards = _table(f["learner/shards"])
+        for b in np.unique(shards["buffer"]):
+            rows = shards["buffer"] == b
+            assert np.all(np.diff(shards["consumed"][rows]) >= 0), f"learner/shards consumed of buffer {b}"
+            _rate_within_range(f"learner/shards inserted_per_s of buffer {b}", shards["inserted_per_s"][rows],
+                               _first_after(shards["time"][rows], resumed_at))
+        for name in (k for k in f if k.startswith("buffer_")):
+            buf = _table(f[name]["buffer"])
+            for col in BUFFER_COUNTERS:
+                assert np.all(np.diff(buf[col]) >= 0), f"{name}/buffer/{col} decreases: {buf[col]}"
+            assert np.all(np.isfinite(buf["alpha"]) | (buf["consumed"] == 0)), (buf["alpha"], buf["consumed"])
+            _rate_over_real_interval(f"{name} experiences_in_per_s", buf["experiences_in_per_s"],
+                                     buf["experiences_in"], buf["time"], resumed_at)
+            actors = _table(f[name]["actors"])
+            for actor in f[name].attrs["actors"]:
+                rows = actors["actor"] == actor
+                assert np.all(np.diff(actors["env_steps"][rows]) >= 0), f"{name} actor {actor} env_steps"
+                assert np.all(np.diff(actors["time"][rows]) >= 0)
+                _rate_within_range(f"{name} actor {actor} env_steps_per_s", actors["env_steps_per_s"][rows],
+                                   _first_after(actors["time"][rows], resumed_at))
 
 
 @pytest.mark.mpi
@@ -218,7 +267,7 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, 
     assert logged[-1] == 3000
     state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
     assert state["train_steps"] == 3000 and state["version"] > 3000 // 16
-    _assert_metrics_continue(run_dir, stop_time)
+    _assert_metrics_continue(run_dir, stop_time, 3000)
 
 
 @pytest.mark.mpi

@@ -108,8 +108,14 @@ class Learner:
         self.stop_reason = ""
         self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
+        # What each buffer's env steps add to its count: after a resume its actors count on from their last
+        # metrics rows before the checkpoint (up to a log interval old), the learner from the checkpoint's count.
+        self.env_offset = [0] * n_buf
         if ctx.resume:
             self._restore(checkpoint.load(ctx.resume.checkpoint, map_location=self.agent.device))
+            for b, rank in enumerate(topo.buffers):
+                resumed = sum(ctx.resume.actor_steps.get(a, 0) for a in topo.actors_of(rank))
+                self.env_offset[b] = self.env_steps[b] - resumed
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.refreshed_at = self.agent.steps
         self._open_metrics()
@@ -188,8 +194,9 @@ class Learner:
         self.last_p_t = math.nan
         self.tick = Interval(self.cfg.log.interval)
         self.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
-        # Rates count from here: a resumed run's first row must not divide its restored steps by one interval.
-        self.last_steps, self.last_t = self.agent.steps, time.perf_counter()
+        # The last row's train steps and skipped batches (a resumed run's: its checkpoint's) and its time: a row's
+        # rate spans the time since the row before, or since here for the first.
+        self.last_row, self.last_t = (self.agent.steps, self.skipped), time.perf_counter()
 
     def _open_links(self) -> list[BufferLink]:
         """One request/reply line per buffer (learner-side rank b + 1 on the learner communicator)."""
@@ -222,9 +229,7 @@ class Learner:
         """The oldest reply of buffer ``b``: note its counters and episodes, return its record views."""
         buf = link.take()
         lay = link.reply
-        # Never back: after a resume the actors count on from their last rows before the checkpoint, which may
-        # lag the count the checkpoint saved by up to a log interval.
-        self.env_steps[b] = max(self.env_steps[b], int(lay.get(buf, "env_steps")))
+        self.env_steps[b] = int(lay.get(buf, "env_steps")) + self.env_offset[b]
         self.sizes[b] = int(lay.get(buf, "shard_size"))
         self.meters[b].update(time.perf_counter(), int(lay.get(buf, "inserted")))
         k = int(lay.get(buf, "episodes"))
@@ -301,21 +306,21 @@ class Learner:
             self.file.flush_if_due()
             return
         now = time.perf_counter()
-        if self.agent.steps == self.last_steps:
-            # Nothing trained since the last row (warm-up, a refill after a resume, or a checkpoint or the stop
-            # right after a row): no row, so every row holds batches and no train step appears twice.
-            self.last_t = now
+        if (self.agent.steps, self.skipped) == self.last_row:
+            # No batch since the last row, trained or skipped (warm-up, a refill after a resume, a checkpoint or the
+            # stop right after a row): no row, so no train step appears twice; the next row's rate spans the time
+            # since the last row, as its counters' growth does.
             self.file.flush_if_due()
             return
         mean = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}
         self.table.append(
             time=self.ctx.now(), train_steps=self.agent.steps, env_steps=sum(self.env_steps),
-            train_steps_per_s=(self.agent.steps - self.last_steps) / max(now - self.last_t, 1e-9),
+            train_steps_per_s=(self.agent.steps - self.last_row[0]) / max(now - self.last_t, 1e-9),
             compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
             samples_trained=self.agent.steps * self.cfg.replay.batch_size,
             return_mean20=float(np.mean(self.returns)) if self.returns else math.nan,
             episodes=self.episodes, param_version=self.version, skipped_batches=self.skipped, **mean)
-        self.last_steps, self.last_t = self.agent.steps, now
+        self.last_row, self.last_t = (self.agent.steps, self.skipped), now
         n = len(self.sizes)
         self.shard_table.extend(time=np.full(n, self.ctx.now()), buffer=np.array(self.ctx.topo.buffers),
                                 quota=np.array(self.quotas), size=np.array(self.sizes),
@@ -425,8 +430,9 @@ class Learner:
         trained = (self.agent.steps - self.refreshed_at) * self.cfg.replay.batch_size
         total = sum(self.sizes)
         if trained and total:
-            for b, size in enumerate(self.sizes):
-                self.consumed[b] += trained * size // total
+            upto = trained * np.cumsum(self.sizes) // total  # shares that add up to `trained` exactly
+            for b, share in enumerate(np.diff(upto, prepend=0)):
+                self.consumed[b] += int(share)
             self.refreshed_at = self.agent.steps
 
     def refresh(self, local: PrioritizedShard) -> None:

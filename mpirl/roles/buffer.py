@@ -114,6 +114,8 @@ class Buffer:
             self.actor_steps = {a: s for a, s in ctx.resume.actor_steps.items() if a in ctx.topo.actors_of(ctx.topo.rank)}
         self.tick = Interval(self.cfg.log.interval)
         self.last_in, self.last_t = self.inserted, ctx.now()
+        # Each actor's env steps and time at its last row: its rate spans the time since (from here at first).
+        self.actor_last = {a: (self.actor_steps.get(a, 0), self.last_t) for a in ctx.topo.actors_of(ctx.topo.rank)}
 
     # -- experiences from actors -----------------------------------------------
     def on_experience(self, buf: np.ndarray) -> bool:
@@ -138,7 +140,10 @@ class Buffer:
         final = bool(exp.get(buf, "final"))
         if final or self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
-            self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=exp.get(buf, "steps_per_s"),
+            last_steps, last_t = self.actor_last.get(actor, (0, t))
+            self.actor_last[actor] = steps, t
+            rate = (steps - last_steps) / max(t - last_t, 1e-9)
+            self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=rate,
                                  epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
                                  throttled_s=exp.get(buf, "throttled_s"), env_errors=int(exp.get(buf, "env_errors")))
         return final

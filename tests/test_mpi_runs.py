@@ -234,10 +234,13 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
         # Per experience that crossed buffer -> learner: 56,448 B of uint8 frames (obs + next_obs) and
         # 45 B of the rest (ids, versions, probs, priority, action, reward, done, discount), plus the
         # reply headers: frames crossed as uint8, not float32 (which would be 4x). The batches still
-        # in flight at the stop (prefetch 2 + 1) crossed too.
+        # in flight at the stop (prefetch 2 + 1) crossed too: in the run's totals (the file's
+        # attributes), after the last row.
         n = int(f["learner"].attrs["batch_size"])
-        crossed = (t["train_steps"][-1] + 3) * n
-        assert 56_493 * crossed <= t["bytes_in"][-1] <= 56_493 * crossed + 2_000 * (crossed // n)
+        trained = t["train_steps"][-1] * n
+        assert 56_493 * trained <= t["bytes_in"][-1] <= 56_493 * trained + 2_000 * (trained // n)
+        crossed = trained + 3 * n
+        assert 56_493 * crossed <= f["learner"].attrs["bytes_in"] <= 56_493 * crossed + 2_000 * (crossed // n)
         assert f["learner"].attrs["n_params"] > 3_000_000  # the Nature-CNN dueling network
         # The shard keeps each distinct frame once: at most 16 KB a slot, not 56 KB of stacks.
         assert f["buffer_1"].attrs["dedup_frames"]

@@ -463,7 +463,12 @@ class Learner:
             link.release()
 
     def shutdown(self) -> None:
-        """A checkpoint, the last broadcast with the stop flag, goodbye to the buffers, drain every reply."""
+        """A checkpoint, the last broadcast with the stop flag, goodbye to the buffers, drain every reply.
+
+        The checkpoint's row is the last learner/train row: nothing trains after it. What crosses after it
+        (the stop broadcast, the replies in flight at the stop) is in the file's totals, the root attributes
+        ``bytes_in``, ``bytes_in_raw``, ``bytes_out`` and ``bytes_out_raw``.
+        """
         self.checkpoint()
         self.publish(stop=True)
         for link in self.links:
@@ -471,8 +476,7 @@ class Learner:
         for link in self.links:
             link.close()
         self.params.close()
-        self.log(force=True)
-        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.agent.steps)
+        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.agent.steps, **self.link_bytes())
         self.file.close()
 
 

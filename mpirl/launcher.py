@@ -2,19 +2,28 @@
 
 One place builds the command line (the CLI, the benchmarks and the tests use it).
 :func:`supervise` runs it as a child in a session of its own, so a terminal's
-Ctrl-C reaches only the launcher, and turns stop requests into the job's clean
-stop:
+Ctrl-C, hang-up or Ctrl-Z reaches only the launcher, and turns stop requests into
+the job's clean stop:
 
-* the first SIGINT or SIGTERM (Ctrl-C, ``kill``, ``timeout``, a workflow tool) and
-  any SIGUSR1 become SIGUSR1 to ``mpiexec``, which Open MPI forwards to every rank:
-  the learner checkpoints, every rank exits with 75, ``run.h5`` says ``preempted``;
-* if the job is not gone after ``grace`` seconds, ``mpiexec`` gets SIGTERM (it takes
-  its ranks down), and 10 s later everything left gets SIGKILL;
-* a second SIGINT or SIGTERM kills the job at once (SIGKILL to its process group).
+* the first SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``kill``, ``timeout``, a workflow
+  tool, a closed terminal) and any SIGUSR1 become SIGUSR1 to ``mpiexec``, which
+  Open MPI forwards to every rank: the learner checkpoints, every rank exits with
+  75, ``run.h5`` says ``preempted``;
+* if the job is not gone ``grace`` seconds later, ``mpiexec`` gets SIGTERM (it
+  takes its ranks down), and ``kill_after`` seconds later every process left of
+  the job gets SIGKILL;
+* a second SIGINT or SIGTERM kills every process of the job at once (a hang-up
+  during the stop lets it finish).
 
-``mpiexec`` runs with a parent-death signal (Linux): should the launcher itself be
-killed outright, ``mpiexec`` gets SIGTERM and takes its ranks down, so no job is
-left running without a parent. No MPI import here.
+"Every process of the job" is every process in ``mpiexec``'s session (read from
+``/proc``): Open MPI puts each rank in a process group of its own, so killing
+``mpiexec``'s group would miss them. When :func:`supervise` returns, none is left.
+
+``mpiexec`` runs with a parent-death signal (Linux ``PR_SET_PDEATHSIG``): should
+the launcher itself be killed outright (``kill -9``), ``mpiexec`` gets SIGTERM and
+takes its ranks down, so no job runs on without its launcher. Elsewhere (no
+``prctl``, no ``/proc``) only ``mpiexec``'s process group is killed and a killed
+launcher leaves its job running. No MPI import here.
 """
 
 from __future__ import annotations
@@ -72,63 +81,138 @@ def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[
     return cmd, env
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the first asks for the clean stop
+FORCE = (signal.SIGINT, signal.SIGTERM)  # once the stop is under way, these kill the job at once
 
 
-def _say(text: str) -> None:
-    print(f"mpirl: {text}", file=sys.stderr, flush=True)
-
-
-def supervise(cmd: list[str], env: dict, grace: float = GRACE_SECONDS) -> int:
+def supervise(cmd: list[str], env: dict | None, grace: float = GRACE_SECONDS, *,
+              kill_after: float = KILL_AFTER_TERM) -> int:
     """Run ``cmd`` (an mpiexec command) to its end; returns its exit code (75: stopped cleanly).
 
-    A job killed here returns 128 + the signal that killed ``mpiexec``, as a shell reports it.
+    A job whose ``mpiexec`` was killed returns 128 + that signal, as a shell reports it (137 after a second
+    Ctrl-C). Returns only when no process of the job is left.
     """
-    requests: list[int] = []  # signals received, in order
+    requests: list[int] = []  # signals received, in order; the handler only notes them
     previous = {s: signal.signal(s, lambda signum, _frame: requests.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+                for s in (*STOPS, signal.SIGUSR1)}
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        handled, stop_asked, deadline, killed_at = 0, False, None, None
-        while proc.poll() is None:
-            while handled < len(requests):
-                signum = requests[handled]
-                handled += 1
-                name = signal.Signals(signum).name
-                if signum != signal.SIGUSR1 and stop_asked:
-                    _say(f"{name} again: killing the job now")
-                    _kill_group(proc, signal.SIGKILL)
-                    killed_at = time.monotonic()
-                    continue
-                if not stop_asked:
-                    _say(f"{name}: stopping the job cleanly (checkpoint, then exit 75; resume with --resume); "
-                         f"Ctrl-C again to kill it now, or it is killed after {grace:g} s")
-                stop_asked = stop_asked or signum != signal.SIGUSR1
-                deadline = deadline or time.monotonic() + grace
-                _signal(proc, signal.SIGUSR1)
-            now = time.monotonic()
-            if deadline is not None and now > deadline and killed_at is None:
-                _say(f"the job did not stop within {grace:g} s: terminating it")
-                _signal(proc, signal.SIGTERM)
-                killed_at = now
-            if killed_at is not None and now > killed_at + KILL_AFTER_TERM:
-                _kill_group(proc, signal.SIGKILL)
-            try:
-                proc.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_parent_death_signal())
+        try:
+            _stop_on_request(proc, requests, grace, kill_after)
+        finally:
+            _kill_job(proc)  # whatever of the job is left (nothing, unless it was killed or this raised)
         code = proc.returncode
+        if code is None:  # not even SIGKILL ended it within _kill_job's wait (a process stuck in the kernel)
+            _say(f"mpiexec (PID {proc.pid}) is still there after SIGKILL; giving up on it")
+            return 128 + signal.SIGKILL
         return 128 - code if code < 0 else code
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _stop_on_request(proc: subprocess.Popen, requests: list[int], grace: float, kill_after: float) -> None:
+    """Wait for ``mpiexec`` to end, turning the signals noted in ``requests`` into the stop, then the kill."""
+    handled, stopping_since, terminated_at = 0, None, None
+    while proc.poll() is None:
+        while handled < len(requests):
+            signum = requests[handled]
+            handled += 1
+            name = signal.Signals(signum).name
+            if stopping_since is None:
+                _say(f"{name}: stopping the job cleanly (a checkpoint, then exit 75; continue it with --resume); "
+                     f"Ctrl-C again kills it now, and it is killed if not gone in {grace:g} s")
+                stopping_since = time.monotonic()
+                _signal(proc, signal.SIGUSR1)
+            elif signum in FORCE:
+                _say(f"{name} again: killing the job now")
+                _kill_job(proc)
+                return
+            elif signum == signal.SIGUSR1:
+                _signal(proc, signal.SIGUSR1)  # a batch system asking again: Open MPI forwards it, ranks note once
+        now = time.monotonic()
+        if stopping_since is not None and terminated_at is None and now > stopping_since + grace:
+            _say(f"the job did not stop within {grace:g} s: terminating it")
+            _signal(proc, signal.SIGTERM)
+            terminated_at = now
+        if terminated_at is not None and now > terminated_at + kill_after:
+            _say(f"the job is still there {kill_after:g} s after SIGTERM: killing it")
+            _kill_job(proc)
+            return
+        try:
+            proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` giving ``mpiexec`` SIGTERM when the launcher dies (Linux), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+
+    def in_child() -> None:
+        prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG; it survives exec
+        if os.getppid() != launcher:  # the launcher died before that took effect: no signal will come
+            os._exit(1)
+    return in_child
+
+
+def _session(sid: int) -> list[int] | None:
+    """PIDs of the live (not zombie) processes in session ``sid``; None without ``/proc``."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    pids = []
+    for name in entries:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # state, ppid, pgrp, session, ...
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
+                pids.append(int(name))
+    return pids
+
+
+def _kill_job(proc: subprocess.Popen, seconds: float = 10.0) -> None:
+    """SIGKILL to every process of the job (``mpiexec``'s session), reap ``mpiexec``, wait until none is left."""
+    deadline = time.monotonic() + seconds
+    while True:
+        pids = _session(proc.pid)
+        if pids is None:  # no /proc: mpiexec's process group is what can be named
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                _signal(proc, signal.SIGKILL)
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        if not pids or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)  # SIGKILLed processes leave the table once the kernel has torn them down
+
+
+def _say(text: str) -> None:
+    try:
+        print(f"mpirl: {text}", file=sys.stderr, flush=True)
+    except OSError:  # the terminal is gone (a hang-up): go on stopping the job
+        pass
 
 
 def _signal(proc: subprocess.Popen, signum: int) -> None:
@@ -136,11 +220,3 @@ def _signal(proc: subprocess.Popen, signum: int) -> None:
         proc.send_signal(signum)
     except ProcessLookupError:
         pass
-
-
-def _kill_group(proc: subprocess.Popen, signum: int) -> None:
-    """``mpiexec`` and its ranks (they share its process group, the session it leads)."""
-    try:
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        _signal(proc, signum)

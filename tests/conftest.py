@@ -86,6 +86,19 @@ def ranks_of(mpiexec_pid: int) -> dict[int, int]:
     return out
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes (not this one) whose command line contains ``text``, e.g. a job's out_dir."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:  # a zombie's command line is empty: only processes still running match
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
 def train_steps_so_far(out_dir: Path) -> int:
     """The learner's last recorded train steps of the run under ``out_dir`` (0 before its first row)."""
     import h5py

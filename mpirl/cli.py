@@ -170,8 +170,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", type=int, help="ranks (default: what the job needs)")
     sp.add_argument("--mpiexec", help="mpiexec to use (default: the one beside this Python, else PATH)")
     sp.add_argument("--grace", type=float, default=GRACE_SECONDS, metavar="SECONDS",
-                    help="after Ctrl-C or SIGTERM, how long to wait for the clean stop (checkpoint, exit 75) before "
-                         f"killing the job (default {GRACE_SECONDS:g}); a second Ctrl-C kills at once")
+                    help="after Ctrl-C, SIGTERM or SIGHUP, how long to wait for the clean stop (checkpoint, exit 75) "
+                         f"before killing the job (default {GRACE_SECONDS:g}); a second Ctrl-C kills at once")
     sp.add_argument("mpiexec_args", nargs="*", help="after --: extra mpiexec arguments")
     resume_arg(sp)
     sp.set_defaults(func=cmd_launch)
@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `mpirl info ... | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before a job started (launch's checks, validate, info): no traceback
+        print("mpirl: interrupted", file=sys.stderr, flush=True)
+        return 128 + 2
 
 
 if __name__ == "__main__":

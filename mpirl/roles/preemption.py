@@ -6,8 +6,10 @@ own) every turn of its loop, and stops the job the usual way: the stop flag in
 the last parameter broadcast, after a checkpoint.
 
 How the signal gets there: Open MPI's ``mpiexec`` forwards SIGUSR1 to every
-rank, but follows a SIGTERM with SIGKILL within a fraction of a second, so a
-local job is preempted with ``kill -USR1 <mpiexec pid>``. Under Slurm, ``srun``
+rank, but follows a SIGTERM with SIGKILL within a fraction of a second, so
+``mpirl launch`` turns Ctrl-C, SIGTERM and SIGHUP into SIGUSR1 to its ``mpiexec``
+(``mpirl/launcher.py``), and a plain ``mpiexec`` is preempted with
+``kill -USR1 <mpiexec pid>``. Under Slurm, ``srun``
 steps get SIGTERM and ``KillWait`` seconds (30 by default) before SIGKILL;
 batch templates ask for ``--signal=B:USR1@120`` and forward it.
 """

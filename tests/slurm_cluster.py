@@ -47,6 +47,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -301,7 +302,10 @@ def start(work: Path, nodes: int = 1, shared: tuple = ()) -> Cluster:
         raise Unavailable("unshare (util-linux) is needed to give each test node its own /tmp")
     _install()
     work = work.resolve()
-    shared_dirs = [p for p in {work, *(Path(s).resolve() for s in shared)} if p.is_relative_to(TMP)]
+    # The jobs run this checkout with this Python: a clone or a venv under /tmp (CI's may be) must stay visible
+    # through the node's private /tmp, like the tests' own directories.
+    code = {Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent}
+    shared_dirs = [p for p in {work, *code, *(Path(s).resolve() for s in shared)} if p.is_relative_to(TMP)]
     shared_dirs = sorted(p for p in shared_dirs if not any(p != q and p.is_relative_to(q) for q in shared_dirs))
     host = socket.gethostname().split(".")[0]
     names = [host] if nodes == 1 else [f"n{i}" for i in range(1, nodes + 1)]

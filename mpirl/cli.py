@@ -84,7 +84,7 @@ def cmd_validate(args) -> int:
         cfg, _ = _load(args)
         from mpirl.roles.checks import check_job
         n = _ranks(args, cfg)
-        obs_shape, obs_dtype, n_actions = check_job(cfg, n, args.job)
+        obs_shape, obs_dtype, n_actions, est = check_job(cfg, n, args.job)
         plan = None
         if args.resume:
             from mpirl.roles.checkpoint import plan_resume
@@ -96,7 +96,7 @@ def cmd_validate(args) -> int:
           f"{cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
           f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
     from mpirl.roles import memory
-    est, avail = memory.estimate(cfg, n, obs_shape, obs_dtype, n_actions), memory.available_bytes()
+    avail = memory.available_bytes()
     print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks on one node ({est.text()}, "
           f"{memory.LIBRARIES / 2**20:.0f} MiB of shared libraries); "
           f"this node has {'?' if avail is None else f'{avail / 2**30:.1f}'} GiB available")

@@ -87,7 +87,7 @@ def test_every_shipped_job_validates(job):
     n = cfg.world_size
     if cfg.env.id.startswith("ALE/"):
         pytest.importorskip("ale_py")
-    obs_shape, obs_dtype, n_actions = check_job(cfg, n, str(JOBS / job))
+    obs_shape, obs_dtype, n_actions, _ = check_job(cfg, n, str(JOBS / job))
     assert n_actions >= 2
     if job.startswith("breakout_") and "small" not in job:
         # The paper's setting.

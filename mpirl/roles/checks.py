@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from mpirl.agents.networks import build_network
 from mpirl.config import ConfigError, JobConfig, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles import memory
 
 
-def check_job(cfg: JobConfig, world_size: int, job_path: str) -> tuple[tuple, np.dtype, int]:
-    """Everything that can be checked without messages; returns the env's spaces.
+class Checked(NamedTuple):
+    """What the checks found: the env's spaces and each rank's memory estimate."""
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    n_actions: int
+    memory: memory.Estimate
+
+
+def check_job(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    """Everything that can be checked without messages.
 
     Memory: the biggest single rank must fit in this node's available memory (where the
     other ranks run is only known inside the job, which checks each node's sum).
@@ -22,15 +30,13 @@ def check_job(cfg: JobConfig, world_size: int, job_path: str) -> tuple[tuple, np
     check_world_size(cfg, world_size, job_path)
     check_out_dir(cfg)
     obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    try:
-        build_network(obs_shape, n_actions, cfg.agent.hidden)
+    try:  # the estimate builds the job's network: a shape no network takes is refused here
+        est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
     except ValueError as err:
         raise ConfigError("env.id", str(err)) from None
-    est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
     memory.check_fits(cfg, est, memory.LIBRARIES + max(est.learner, est.buffer, est.actor),
-                      "one node (its largest rank alone)",
-                      memory.available_bytes())
-    return obs_shape, obs_dtype, n_actions
+                      "one node (its largest rank alone)", memory.available_bytes())
+    return Checked(obs_shape, obs_dtype, n_actions, est)
 
 
 def check_out_dir(cfg: JobConfig) -> None:
@@ -46,15 +52,15 @@ def check_out_dir(cfg: JobConfig) -> None:
                                          "is not writable; choose another run.out_dir")
 
 
-def check_local_job(cfg: JobConfig, world_size: int, job_path: str) -> tuple[tuple, np.dtype, int]:
+def check_local_job(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     """:func:`check_job` for a job whose ranks all run on this node (``mpirl launch``): their sum must fit,
     and a CUDA learner needs CUDA here."""
-    spaces = check_job(cfg, world_size, job_path)
-    est = memory.estimate(cfg, world_size, *spaces)
+    checked = check_job(cfg, world_size, job_path)
+    est = checked.memory
     memory.check_fits(cfg, est, est.total(), "this node (all ranks)", memory.available_bytes())
     if cfg.agent.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("agent.device", "'cuda' but this node has no usable CUDA device; "
                               "use 'auto' (CUDA when present) or 'cpu'")
-    return spaces
+    return checked

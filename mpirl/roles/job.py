@@ -169,8 +169,8 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
 def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, resume: str = "") -> int:
     """Run the job on this rank (every rank calls it); ``resume``: a run directory, ``auto`` or ''."""
     world = MPI.COMM_WORLD
-    obs_shape, obs_dtype, n_actions = check_job(cfg, world.size, job_path)
-    _agree_on_local_checks(world, cfg, memory.estimate(cfg, world.size, obs_shape, obs_dtype, n_actions))
+    obs_shape, obs_dtype, n_actions, est = check_job(cfg, world.size, job_path)
+    _agree_on_local_checks(world, cfg, est)
     plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
     # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
     t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))

@@ -101,6 +101,25 @@ class Fault:
     detail: str
 
 
+# The settings that feed each kind of non-finite batch (see DQNLearner.diagnose), named in the divergence message.
+FEEDS = {"batch": ("env.id", "agent.reward_clip"),
+         "weights": ("replay.alpha", "replay.beta", "replay.priority_eps"),
+         "parameters": ("agent.lr", "agent.grad_clip", "agent.adam_eps"),
+         "q": ("agent.lr", "agent.grad_clip", "agent.adam_eps"),
+         "targets": ("agent.reward_clip", "agent.lr", "agent.grad_clip", "agent.target_update"),
+         "loss": ("agent.reward_clip", "env.id", "agent.lr", "agent.grad_clip"),
+         "gradient": ("agent.lr", "agent.grad_clip", "agent.adam_eps", "agent.reward_clip")}
+
+
+def divergence(fault: Fault, settings: dict, in_a_row: int, steps: int, skipped: int) -> str:
+    """Why the learner gives up: what was not finite in the last skipped batch and the settings that feed it."""
+    feeds = ", ".join(f"{k}={settings[k]:g}" if isinstance(settings[k], float) else f"{k}={settings[k]}"
+                      for k in FEEDS[fault.kind])
+    what = "cannot train" if fault.kind == "batch" else "has diverged"  # "batch": what the environment gave
+    return (f"the learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
+            f"({skipped} skipped in all); in the last, {fault.detail}; the settings that feed it: {feeds}")
+
+
 def _not_finite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 

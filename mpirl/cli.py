@@ -28,6 +28,12 @@ def _load(args) -> tuple[config.JobConfig, str]:
     return config.load(args.job, args.set or [])
 
 
+def _algorithm(cfg: config.JobConfig):
+    """The job's algorithm module (``mpirl/algos/<agent.algorithm>/algorithm.py``)."""
+    from mpirl import algos
+    return algos.algorithm(cfg.agent.algorithm)
+
+
 def _ranks(args, cfg: config.JobConfig) -> int:
     """``-n`` if given (it must be >= 1), else the world size the job needs."""
     if args.n is None:
@@ -45,7 +51,7 @@ def cmd_run(args) -> int:
     world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
-        return run_job(cfg, text, args.job, quiet=args.quiet, resume=args.resume or "")
+        return run_job(cfg, _algorithm(cfg), text, args.job, quiet=args.quiet, resume=args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
     except BaseException:  # any other failure on any rank ends the whole job, never a hang
@@ -65,7 +71,7 @@ def cmd_launch(args) -> int:
             raise config.ConfigError("--grace", f"seconds to wait for a clean stop must be a finite number > 0, "
                                      f"got {args.grace}")
         from mpirl.roles.checks import check_local_job
-        check_local_job(cfg, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
+        check_local_job(cfg, _algorithm(cfg), n, args.job)  # every rank runs here: their memory, CUDA, the run directory
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
             from mpirl.roles.checkpoint import plan_resume
             plan_resume(cfg, n, args.resume)
@@ -84,17 +90,16 @@ def cmd_validate(args) -> int:
         cfg, _ = _load(args)
         from mpirl.roles.checks import check_job
         n = _ranks(args, cfg)
-        obs_shape, obs_dtype, n_actions, est = check_job(cfg, n, args.job)
+        algo = _algorithm(cfg)
+        checked = check_job(cfg, algo, n, args.job)
+        est = checked.memory
         plan = None
         if args.resume:
             from mpirl.roles.checkpoint import plan_resume
             plan = plan_resume(cfg, n, args.resume)
     except config.ConfigError as err:
         return _fail(str(err))
-    t = cfg.topology
-    print(f"ok: {args.job} on {n} ranks: 1 learner, {t.buffers} buffer(s), {config.actor_count(cfg, n)} actor(s); "
-          f"{cfg.env.id} obs {obs_shape} {obs_dtype}, {n_actions} actions; "
-          f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
+    print(f"ok: {args.job} on {n} ranks: {algo.describe(cfg, n, checked)}")
     from mpirl.roles import memory
     avail = memory.available_bytes()
     print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks on one node ({est.text()}, "
@@ -107,8 +112,16 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _summary(run_dir: Path) -> str:
+    """The run's algorithm's summary (``agent.algorithm`` in run.h5's job; runs older than the seam are Ape-X)."""
+    from mpirl import algos
+    from mpirl.metrics.run_file import read_algorithm
+    name = read_algorithm(run_dir)
+    mod = algos.info(name if name in config.ALGORITHMS else "apex")
+    return mod.format_summary(mod.summarize(run_dir))
+
+
 def cmd_info(args) -> int:
-    from mpirl.metrics.summary import format_summary, summarize
     path = Path(args.run_dir)
     if not (path / "run.h5").exists():
         runs = sorted((p for p in path.glob("*/run.h5")), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
@@ -116,7 +129,7 @@ def cmd_info(args) -> int:
             return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
         path = runs[-1].parent
         print(f"mpirl: newest run in {args.run_dir}: {path}")
-    print(format_summary(summarize(path)))
+    print(_summary(path))
     return 0
 
 

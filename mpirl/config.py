@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import math
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +34,15 @@ class ConfigError(ValueError):
 
     def __reduce__(self):  # survives pickling, e.g. a broadcast from rank 0 to every rank
         return type(self), (self.key, self.message)
+
+
+def _algorithm_names() -> tuple[str, ...]:
+    """The folders of mpirl/algos/ that declare settings: adding an algorithm is adding a folder."""
+    root = Path(__file__).resolve().parent / "algos"
+    return tuple(sorted(p.name for p in root.iterdir() if (p / "settings.py").is_file()))
+
+
+ALGORITHMS = _algorithm_names()
 
 
 @dataclass
@@ -64,6 +74,18 @@ class TopologyConfig:
 
 
 @dataclass
+class PredatorPreyConfig:
+    """The sources' stag-hunt predator-prey (``env.id = "predator_prey"``, mpirl/envs/predator_prey.py)."""
+    grid: int = setting(10, ge=3, le=1000, why="the square grid's side")
+    predators: int = setting(8, ge=2, le=10_000)
+    # Prey on the grid; 0: as many as predators, as the sources do.
+    prey: int = setting(0, ge=0, le=10_000, why="0: as many as predators")
+    # Added to the team reward for each lone catch (a catch no second predator joined): 0 or -1.5 in the sources.
+    punishment: float = setting(0.0, ge=-1000, le=0)
+    capture_reward: float = setting(10.0, gt=0, le=1e6)
+
+
+@dataclass
 class EnvConfig:
     id: str = setting("CartPole-v1", text=True)
     envs_per_actor: int = setting(1, ge=1, le=4096)
@@ -79,10 +101,13 @@ class EnvConfig:
     terminal_on_life_loss: bool = setting(True)
     # Press FIRE after a lost life, as the reset does (games that need it to go on, e.g. Breakout).
     fire_on_life_loss: bool = setting(True)
+    predator_prey: PredatorPreyConfig = field(default_factory=PredatorPreyConfig)
 
 
 @dataclass
 class AgentConfig:
+    # Which algorithm the job runs: a folder of mpirl/algos/ (its settings, roles and records).
+    algorithm: str = setting("apex", choices=ALGORITHMS)
     gamma: float = setting(0.99, gt=0, le=1)
     n_step: int = setting(3, ge=1, le=1000)
     lr: float = setting(1e-3, gt=0)
@@ -131,6 +156,11 @@ class ReplayConfig:
     # Keep each distinct image frame once (Atari: ~7 KB a slot instead of 56 KB for obs + next_obs
     # stacks); baseline dumps then carry each frame once too. No effect on vector observations.
     dedup_frames: bool = setting(True)
+    # Episode replay (QMIX): "uniform" picks, or AccMER's reuse of the highest-weight episodes for a window of
+    # floor(d / b) train steps plus (1 - accmer_alpha) * b uniform picks (needs qmix.loss_weights = "macpo").
+    sampler: str = setting("uniform", choices=("uniform", "accmer"))
+    accmer_alpha: float = setting(0.5, ge=0, le=1, why="the reused share of a batch")
+    accmer_discount: float = setting(0.8, gt=0, le=1, why="every weight is multiplied by it after each step")
 
 
 @dataclass
@@ -183,16 +213,8 @@ class CheckpointConfig:
     replay: bool = setting(False)
 
 
-@dataclass
-class JobConfig:
-    run: RunConfig = field(default_factory=RunConfig)
-    topology: TopologyConfig = field(default_factory=TopologyConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    comm: CommConfig = field(default_factory=CommConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+class _Job:
+    """What every job has beside its sections (the dataclass itself is built below, see ``JobConfig``)."""
 
     @property
     def world_size(self) -> int:
@@ -201,7 +223,8 @@ class JobConfig:
         return 1 + t.buffers + (t.actors or 2 * t.buffers)
 
     def flat(self) -> dict:
-        """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes."""
+        """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes: the
+        shared sections and the job's algorithm's own (another algorithm's sections are left out)."""
         def walk(obj, prefix):
             for f in dataclasses.fields(obj):
                 value = getattr(obj, f.name)
@@ -209,10 +232,28 @@ class JobConfig:
                     yield from walk(value, f"{prefix}{f.name}.")
                 else:
                     yield f"{prefix}{f.name}", value
-        return dict(walk(self, ""))
+        skip = {s for s, owner in OWNER.items() if owner != self.agent.algorithm}
+        return {k: v for k, v in walk(self, "") if k.split(".")[0] not in skip}
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+SHARED = {"run": RunConfig, "topology": TopologyConfig, "env": EnvConfig, "agent": AgentConfig,
+          "replay": ReplayConfig, "comm": CommConfig, "log": LogConfig, "checkpoint": CheckpointConfig}
+# Each algorithm's settings module (mpirl/algos/<name>/settings.py, standard library and mpirl.domain only)
+# declares the sections it owns (SECTIONS) and the keys of the shared sections it reads (USES).
+SETTINGS = {name: importlib.import_module(f"mpirl.algos.{name}.settings") for name in ALGORITHMS}
+OWNER = {section: name for name, mod in SETTINGS.items() for section in mod.SECTIONS}
+# Sections every algorithm reads whole; in the others, a key the job's algorithm does not read is refused.
+GENERIC = ("run", "topology", "log", "checkpoint")
+
+# The whole job: the shared sections, then every algorithm's own (filled with defaults when absent).
+JobConfig = dataclasses.make_dataclass(
+    "JobConfig",
+    [(name, kind, field(default_factory=kind)) for name, kind in
+     [*SHARED.items(), *((s, k) for mod in SETTINGS.values() for s, k in mod.SECTIONS.items())]],
+    bases=(_Job,))
+JobConfig.__module__ = __name__
+
+
 
 
 def _close(word: str, options) -> str:
@@ -248,8 +289,17 @@ def from_dict(data: dict) -> JobConfig:
     """Build a JobConfig from nested dicts (a parsed TOML), checking every key."""
     cfg = JobConfig()
     _fill(cfg, data, "")
-    validate(cfg)
+    validate(cfg, given=list(_leaves(data)))
     return cfg
+
+
+def _leaves(data: dict, prefix: str = ""):
+    """The dotted keys a job file (with its overrides) sets."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -311,12 +361,15 @@ def fields_with_domains(obj=None, prefix: str = ""):
             yield f"{prefix}{f.name}", hints[f.name], f.metadata["domain"], value
 
 
-def validate(cfg: JobConfig) -> None:
-    """Every field against its declared domain, then the values that cannot work together, each with its fix."""
+def validate(cfg: JobConfig, given=()) -> None:
+    """Every field against its declared domain; then the keys the job sets (``given``) that its algorithm does
+    not read; then the values that cannot work together, each with its fix."""
     for key, kind, dom, value in fields_with_domains(cfg):
         what = problem(value, kind, dom)
         if what:
             raise ConfigError(key, what)
+    for key in given:
+        _check_owner(cfg.agent.algorithm, key)
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
@@ -330,6 +383,26 @@ def validate(cfg: JobConfig) -> None:
           f"must hold at least one batch share ({share}), got {rp.capacity}")
     _need(rp.learning_starts <= rp.capacity * t.buffers, "replay.learning_starts",
           f"must be between 0 and the total capacity {rp.capacity * t.buffers}, got {rp.learning_starts}")
+    SETTINGS[cfg.agent.algorithm].check(cfg)
+
+
+def _check_owner(algorithm: str, key: str) -> None:
+    """``key`` (set by the job) must be one the job's algorithm reads: its own sections, the generic ones, or
+    the keys of the shared sections it lists in USES."""
+    section, rest = key.split(".", 1) if "." in key else (key, "")
+    uses = SETTINGS[algorithm].USES
+    if section in GENERIC or key == "agent.algorithm" or section in SETTINGS[algorithm].SECTIONS:
+        return
+    if section in OWNER:
+        raise ConfigError(key, f"[{section}] belongs to agent.algorithm = '{OWNER[section]}' and this job runs "
+                               f"'{algorithm}'; set agent.algorithm = '{OWNER[section]}' or remove [{section}]")
+    if any(rest == k or rest.startswith(k + ".") for k in uses.get(section, ())):
+        return
+    users = [name for name, mod in SETTINGS.items()
+             if any(rest == k or rest.startswith(k + ".") for k in mod.USES.get(section, ()))]
+    whose = f" (a setting of {' and '.join(map(repr, users))})" if users else ""
+    raise ConfigError(key, f"agent.algorithm = '{algorithm}' does not use it{whose}; remove it. "
+                           f"'{algorithm}' reads [{section}] {', '.join(uses.get(section, ())) or 'nothing'}")
 
 
 def actor_count(cfg: JobConfig, size: int) -> int:

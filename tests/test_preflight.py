@@ -7,6 +7,7 @@ import pytest
 
 from mpirl import config
 from mpirl.roles import memory
+from mpirl.algos.apex import memory as apex_memory
 
 from conftest import JOBS, run_cli, run_mpi
 
@@ -19,17 +20,17 @@ def error_lines(proc) -> list[str]:
 
 def cartpole_slot() -> float:
     cfg, _ = config.load(JOBS / "cartpole.toml")
-    return memory.estimate(cfg, 4, (4,), "float32", 2).slot_bytes
+    return apex_memory.estimate(cfg, 4, (4,), "float32", 2).slot_bytes
 
 
 def test_the_estimate_is_near_the_peaks_measured_on_the_default_job():
     cfg, _ = config.load(JOBS / "cartpole.toml")
-    est = memory.estimate(cfg, 4, (4,), "float32", 2)
+    est = apex_memory.estimate(cfg, 4, (4,), "float32", 2)
     # Measured peaks (run.h5 peak_rss_bytes, default job): learner 398 MB, buffer 360 MB, actors 318 MB.
     for got, measured in ((est.learner, 398), (est.buffer, 360), (est.actor, 318)):  # RSS counts shared pages
         assert 0.8 * measured <= (got + memory.LIBRARIES) / 2**20 <= 1.3 * measured
     cfg.replay.capacity *= 10
-    bigger = memory.estimate(cfg, 4, (4,), "float32", 2)
+    bigger = apex_memory.estimate(cfg, 4, (4,), "float32", 2)
     assert bigger.buffer - est.buffer == pytest.approx(9 * 50_000 * est.slot_bytes, rel=0.01)
 
 

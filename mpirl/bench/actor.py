@@ -2,7 +2,7 @@
 
     mpirl bench actor [--reps 5]
 
-The loop is the actor's own (:class:`mpirl.roles.actor.Acting`): epsilon-greedy
+The loop is the actor's own (:class:`mpirl.algos.apex.actor.Acting`): epsilon-greedy
 actions from the local network, n-step transitions, initial priorities from the
 local network for every batch, one torch thread. An actor rank (``mpiexec -n 2``,
 rank 1) runs it in alternating halves of each repetition: without MPI (batches
@@ -22,7 +22,7 @@ from mpirl.bench.report import MIN_REPS, Row
 from mpirl.bench.run_mpi import mpiexec_json
 from mpirl.config import JobConfig
 from mpirl.envs.vector import vector_spaces
-from mpirl.roles.actor import Acting
+from mpirl.algos.apex.actor import Acting
 
 ENVS = [("CartPole-v1", 1), ("ALE/Breakout-v5", 4)]
 

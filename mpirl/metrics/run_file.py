@@ -166,6 +166,17 @@ def read_status(run_dir: Path) -> dict[str, Any]:
         return read_attrs(f)
 
 
+def read_algorithm(run_dir: Path) -> str:
+    """The run's ``agent.algorithm`` from run.h5's job attributes ('apex' for runs that predate the setting)."""
+    f, _ = open_h5(Path(run_dir) / RUN_FILE)
+    if f is None:
+        return "apex"
+    with f:
+        job = f.get("job")
+        value = job.attrs.get("agent.algorithm", "apex") if isinstance(job, h5py.Group) else "apex"
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def open_h5(path: Path) -> tuple[h5py.File | None, str]:
     """Open read-only: ``(file, "ok")`` or ``(None, reason)``."""
     if not Path(path).exists():

@@ -1,42 +1,43 @@
-"""Checks of a job that need no MPI: world size, environment, network, memory. Used by run, launch, validate."""
+"""Checks of a job that need no MPI: world size, environment, network, memory. Used by run, launch, validate.
+
+The algorithm (a module of :mod:`mpirl.algos`, passed in by the caller: this layer never names one)
+checks its world size, environment and network and estimates each rank's memory; the checks here are
+the ones every algorithm shares: the run directory, and the memory against this node.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple
 
-import numpy as np
-
-from mpirl.config import ConfigError, JobConfig, check_world_size
-from mpirl.envs.factory import env_spaces
+from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
 
 
 class Checked(NamedTuple):
-    """What the checks found: the env's spaces and each rank's memory estimate."""
-    obs_shape: tuple
-    obs_dtype: np.dtype
-    n_actions: int
+    """What an algorithm's checks found: the env's spaces (the algorithm's own record of them), the record spec
+    its replay and messages use, the length of the parameter vector every broadcast carries, and each rank's
+    memory estimate."""
+    spaces: Any
+    spec: dict
+    n_params: int
     memory: memory.Estimate
 
 
-def check_job(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+def check_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) -> Checked:
     """Everything that can be checked without messages.
 
     Memory: the biggest single rank must fit in this node's available memory (where the
     other ranks run is only known inside the job, which checks each node's sum).
     """
-    check_world_size(cfg, world_size, job_path)
+    checked = algo.check(cfg, world_size, job_path)
     check_out_dir(cfg)
-    obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    try:  # the estimate builds the job's network: a shape no network takes is refused here
-        est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
-    except ValueError as err:
-        raise ConfigError("env.id", str(err)) from None
+    est = checked.memory
     memory.check_fits(cfg, est, memory.LIBRARIES + max(est.learner, est.buffer, est.actor),
                       "one node (its largest rank alone)", memory.available_bytes())
-    return Checked(obs_shape, obs_dtype, n_actions, est)
+    return checked
 
 
 def check_out_dir(cfg: JobConfig) -> None:
@@ -52,10 +53,10 @@ def check_out_dir(cfg: JobConfig) -> None:
                                          "is not writable; choose another run.out_dir")
 
 
-def check_local_job(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+def check_local_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) -> Checked:
     """:func:`check_job` for a job whose ranks all run on this node (``mpirl launch``): their sum must fit,
     and a CUDA learner needs CUDA here."""
-    checked = check_job(cfg, world_size, job_path)
+    checked = check_job(cfg, algo, world_size, job_path)
     est = checked.memory
     memory.check_fits(cfg, est, est.total(), "this node (all ranks)", memory.available_bytes())
     if cfg.agent.device == "cuda":

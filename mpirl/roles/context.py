@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpirl.agents.dqn import transition_spec
-from mpirl.agents.networks import build_network
 from mpirl.comm.topology import Topology
 from mpirl.config import JobConfig
 
@@ -25,22 +22,12 @@ class RoleContext:
     cfg: JobConfig
     topo: Topology
     run_dir: Path
-    obs_shape: tuple
-    obs_dtype: np.dtype
-    n_actions: int
+    spaces: Any  # the algorithm's record of the env's spaces (what its check found)
+    spec: dict  # the record spec: the replay's fields and the experience messages' rows
+    n_params: int  # length of the flat parameter vector every broadcast carries
     t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
     preempt: "Preemption | None" = None  # signals -> a clean stop (see roles/preemption.py)
     resume: "Resume | None" = None  # set when continuing a run from a checkpoint
-
-    @property
-    def spec(self) -> dict:
-        return transition_spec(self.obs_shape, self.obs_dtype)
-
-    @cached_property
-    def n_params(self) -> int:
-        """Length of the flat parameter vector every broadcast carries."""
-        net = build_network(self.obs_shape, self.n_actions, self.cfg.agent.hidden)
-        return sum(p.numel() for p in net.parameters())
 
     def now(self) -> float:
         return time.time() - self.t0

@@ -1,6 +1,8 @@
 """The one place that wires the distributed job: checks, topology, run directory, roles.
 
-Every rank runs :func:`run_job`. Checks that can fail (world size, environment)
+Every rank runs :func:`run_job` with the job's algorithm (a module of :mod:`mpirl.algos`, chosen by
+the caller from ``agent.algorithm``); what is wired here is what every algorithm shares, and no
+algorithm is named. Checks that can fail (world size, environment)
 run on every rank before the first message, so a bad job exits with code 2 on
 all ranks without a collective left waiting.
 """
@@ -16,25 +18,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 from mpi4py import MPI
 
 import mpirl
 from mpirl.comm.backoff import wait_until
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
-from mpirl.metrics.summary import format_summary, summarize
-from mpirl.roles.actor import run_actor
-from mpirl.roles.buffer import run_buffer
 from mpirl.roles.checkpoint import Resume, plan_resume
 from mpirl.roles import memory
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import PREEMPTED, run_learner
-from mpirl.roles.preemption import Preemption
+from mpirl.roles.preemption import PREEMPTED, Preemption
 
 
 EXIT_PREEMPTED = 75  # a preempted job: checkpointed, resume it (sysexits' EX_TEMPFAIL)
@@ -63,15 +61,22 @@ def _git_commit() -> str:
         return ""
 
 
+def _version(module: str) -> str:
+    """A library's version, '' when the job does not use it (its import is not paid for)."""
+    if module not in sys.modules:
+        return ""
+    return str(getattr(sys.modules[module], "__version__", ""))
+
+
 def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     import gymnasium
-    import torch
     import mpi4py
     return {
         "package_version": mpirl.__version__, "git_commit": _git_commit(), "world_size": world.size,
         "hosts": ",".join(sorted(set(hosts))), "rank_hosts": ",".join(hosts),
         "mpi_library": MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip(),
-        "mpi4py": mpi4py.__version__, "torch": str(torch.__version__), "numpy": np.__version__,
+        "mpi4py": mpi4py.__version__, "torch": _version("torch"), "numpy": np.__version__,
+        "pettingzoo": _version("pettingzoo"),
         "gymnasium": gymnasium.__version__, "python": platform.python_version(),
         "start_time": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv), "cwd": os.getcwd(), "user": getpass.getuser(),
@@ -116,7 +121,7 @@ def _peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate) -> None:
+def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate, role: str) -> None:
     """Checks whose answer depends on the rank's node; every rank learns the first failure.
 
     Memory: the ranks of each node (their roles follow from their rank) must fit in its available memory.
@@ -127,7 +132,7 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate
         if not torch.cuda.is_available():
             problem = ("agent.device", f"'cuda' but the learner's node ({MPI.Get_processor_name()}) has no usable "
                        "CUDA device; use 'auto' (CUDA when present) or 'cpu'")
-    mine = est.learner if world.rank == 0 else est.buffer if world.rank <= cfg.topology.buffers else est.actor
+    mine = getattr(est, role)
     nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes()))
     for host in sorted({h for h, _, _ in nodes}):
         need = memory.LIBRARIES + sum(b for h, b, _ in nodes if h == host)
@@ -166,16 +171,18 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
     return Path(_on_rank0(world, make))
 
 
-def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, resume: str = "") -> int:
-    """Run the job on this rank (every rank calls it); ``resume``: a run directory, ``auto`` or ''."""
+def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quiet: bool = False,
+            resume: str = "") -> int:
+    """Run the job on this rank (every rank calls it); ``algo``: the job's algorithm module
+    (``mpirl.algos.<name>.algorithm``); ``resume``: a run directory, ``auto`` or ''."""
     world = MPI.COMM_WORLD
-    obs_shape, obs_dtype, n_actions, est = check_job(cfg, world.size, job_path)
-    _agree_on_local_checks(world, cfg, est)
+    checked = check_job(cfg, algo, world.size, job_path)
+    _agree_on_local_checks(world, cfg, checked.memory, algo.rank_role(cfg, world.size, world.rank))
     plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
     # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
     t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))
     run_dir = Path(plan.run_dir) if plan else _shared_run_dir(world, cfg)
-    topo = build(world, cfg.topology.buffers, cfg.topology.node_local)
+    topo = algo.build_topology(world, cfg)
     if world.rank == 0:
         if plan:
             (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
@@ -189,13 +196,12 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, r
                 print(f"mpirl: --resume {resume}: no unfinished run of '{cfg.run.name}' with a checkpoint "
                       f"under {cfg.run.out_dir}; starting a new one", flush=True)
             create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
-        link_rank_files(run_dir, {"learner": "learner.h5",
-                                  **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}})
+        link_rank_files(run_dir, algo.rank_files(topo))
         print(f"mpirl: run directory {run_dir}", flush=True)
         print(f"mpirl: ranks: {role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
-    ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, obs_shape=obs_shape, obs_dtype=obs_dtype,
-                      n_actions=n_actions, t0=t0, preempt=Preemption(world), resume=plan)
-    role = {LEARNER: run_learner, BUFFER: run_buffer, ACTOR: run_actor}[topo.role]
+    ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, spaces=checked.spaces, spec=checked.spec,
+                      n_params=checked.n_params, t0=t0, preempt=Preemption(world), resume=plan)
+    role = algo.ROLES[topo.role]
     # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
     pids = world.gather((socket.gethostname(), os.getpid()))
     heart = Heartbeat(run_dir, pids) if world.rank == 0 else None
@@ -218,7 +224,7 @@ def run_job(cfg: JobConfig, job_text: str, job_path: str, quiet: bool = False, r
         finish_run_file(run_dir, "preempted" if preempted else "completed", stop_reason=stop_reason or "",
                         wall_seconds=time.time() - t0, peak_rss_bytes=peak)
         if not quiet:
-            print(format_summary(summarize(run_dir)), flush=True)
+            print(algo.summary(run_dir), flush=True)
         if preempted:
             print(f"mpirl: {stop_reason}; checkpoint written. Continue with: "
                   f"mpirl launch {job_path} --resume {run_dir}", flush=True)

@@ -27,6 +27,9 @@ TAG = 77
 POLL_SECONDS = 0.05  # how often the learner tests for other ranks' notices: an MPI_Test can yield the core
 
 
+PREEMPTED = "preempted"  # how a stop reason starts when a signal stopped the job
+
+
 class Preemption:
     """One per rank; construct on every rank in the same order (it duplicates ``world``)."""
 

@@ -193,7 +193,7 @@ def run_actor(ctx: RoleContext) -> None:
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
     epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
     epsilon = float(epsilons.mean())  # reported: the mean over this actor's games
-    acting = Acting(cfg, ctx.obs_shape, ctx.n_actions, ctx.spec, epsilons, ctx.seed(), label=f"actor rank {topo.rank}")
+    acting = Acting(cfg, ctx.spaces.obs_shape, ctx.spaces.n_actions, ctx.spec, epsilons, ctx.seed(), label=f"actor rank {topo.rank}")
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     steps_before = acting.env_steps

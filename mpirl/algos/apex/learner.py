@@ -35,11 +35,10 @@ from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
-from mpirl.roles.preemption import signal_name
+from mpirl.roles.preemption import PREEMPTED, signal_name
 from mpirl.comm.buffer_link import BufferLink
 
 F8, I8 = np.float64, np.int64
-PREEMPTED = "preempted"  # how a stop reason starts when a signal stopped the job
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
 
 
@@ -70,7 +69,7 @@ class Learner:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = min(cfg.agent.torch_threads, cores)
         torch.set_num_threads(self.threads)
-        self.agent = DQNLearner(ctx.obs_shape, ctx.n_actions, cfg.agent, pick_device(cfg.agent.device),
+        self.agent = DQNLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, pick_device(cfg.agent.device),
                                 seed=cfg.run.seed)
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
         n_buf = len(topo.buffers)

@@ -1,0 +1,88 @@
+"""Ape-X DQN behind the algorithm seam: its checks, roles, rank files and validate line.
+
+Ranks: 0 the learner, then the buffers, then the actors (spread over the buffers; see
+:mod:`mpirl.comm.topology`). Records: the n-step transition of :func:`mpirl.agents.dqn.transition_spec`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from mpirl.algos.apex import memory
+from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
+from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
+from mpirl.envs.factory import env_spaces
+from mpirl.roles.checks import Checked
+
+
+class Spaces(NamedTuple):
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    n_actions: int
+
+
+def multi_agent_id(env_id: str) -> bool:
+    return env_id == "predator_prey" or env_id.split(".")[0] in ("pettingzoo", "mpe2")
+
+
+def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    check_world_size(cfg, world_size, job_path)
+    if multi_agent_id(cfg.env.id):
+        raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and Ape-X plays "
+                                    "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
+    obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
+    try:  # the estimate builds the job's network: a shape no network takes is refused here
+        est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
+    except ValueError as err:
+        raise ConfigError("env.id", str(err)) from None
+    from mpirl.agents.dqn import transition_spec
+    # The estimate counted the network's parameters in float32 bytes: that is the broadcast's length.
+    return Checked(Spaces(obs_shape, np.dtype(obs_dtype), n_actions), transition_spec(obs_shape, obs_dtype),
+                   est.network_bytes // 4, est)
+
+
+def build_topology(world, cfg: JobConfig):
+    return build(world, cfg.topology.buffers, cfg.topology.node_local)
+
+
+def _learner(ctx):
+    from mpirl.algos.apex.learner import run_learner
+    return run_learner(ctx)
+
+
+def _buffer(ctx):
+    from mpirl.algos.apex.buffer import run_buffer
+    return run_buffer(ctx)
+
+
+def _actor(ctx):
+    from mpirl.algos.apex.actor import run_actor
+    return run_actor(ctx)
+
+
+ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
+
+
+def rank_files(topo) -> dict[str, str]:
+    """The HDF5 files run.h5 links: the learner's and each buffer's (actors' rows live in their buffer's file)."""
+    return {"learner": "learner.h5", **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}}
+
+
+def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
+    s, t = checked.spaces, cfg.topology
+    return (f"1 learner, {t.buffers} buffer(s), {actor_count(cfg, world_size)} actor(s); "
+            f"{cfg.env.id} obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; "
+            f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
+
+
+def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
+    """The role of ``rank`` before the topology is built (for the per-node memory check)."""
+    return LEARNER if rank == 0 else BUFFER if rank <= cfg.topology.buffers else ACTOR
+
+
+def summary(run_dir) -> str:
+    """The end-of-job summary (what ``mpirl info`` prints)."""
+    from mpirl.algos.apex.info import format_summary, summarize
+    return format_summary(summarize(run_dir))

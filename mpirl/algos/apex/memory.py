@@ -1,0 +1,81 @@
+"""Ape-X's memory estimate per rank: the replay memories from the record spec and capacity (frames stored once:
+about one 84x84 frame a slot), the message buffers from their layouts, the learner's networks, optimizer state and
+activations from the network itself (see :mod:`mpirl.roles.memory` for the constants and the check)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
+from mpirl.config import JobConfig, actor_count
+from mpirl.replay.frames import framed_fields
+from mpirl.replay.quotas import max_quota
+from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
+
+
+def _slot_bytes(spec: dict, dedup: bool) -> float:
+    framed = framed_fields(spec) if dedup else {}
+    total = float(SLOT_INDEX)
+    for name, (shape, dtype) in spec.items():
+        if name in framed:
+            total += 4 * framed[name][0]  # int32 frame indices
+        else:
+            total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if framed:
+        frame = next(iter(framed.values()))[1]
+        total += FRAMES_PER_SLOT * int(np.prod(frame))
+    return total
+
+
+def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, batch: int) -> tuple[int, int]:
+    """(parameters in bytes, activations of one training batch in bytes) of the job's network."""
+    import torch
+
+    from mpirl.agents.networks import build_network
+    net = build_network(obs_shape, n_actions, hidden)
+    params = sum(p.numel() for p in net.parameters()) * 4
+    outputs: list[int] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() // 2))
+             for m in net.modules() if not list(m.children())]
+    with torch.no_grad():
+        net(torch.zeros((2, *obs_shape)))
+    for h in hooks:
+        h.remove()
+    # The batch's forward pass with its gradients, the target passes, and obs/next_obs as float32.
+    per_sample = 3 * sum(outputs) * 4 + 2 * int(np.prod(obs_shape)) * 4
+    return params, per_sample * batch
+
+
+def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_actions: int) -> Estimate:
+    from mpirl.agents.dqn import transition_spec
+    spec = transition_spec(obs_shape, obs_dtype)
+    rp, c, t = cfg.replay, cfg.comm, cfg.topology
+    n_buf, n_act = t.buffers, actor_count(cfg, world_size)
+    slot = _slot_bytes(spec, rp.dedup_frames)
+    memory = int(slot * rp.capacity)
+    share = max_quota(rp.batch_size, n_buf, rp.shares)
+    message = experience_layout(spec, c.send_batch).max_nbytes
+    actors_per_buffer = math.ceil(n_act / n_buf)
+    params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, rp.batch_size)
+    network = 5 * params + activations  # online, target, gradients, Adam's two moments
+    proposed = rp.architecture == "proposed"
+    process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)
+    if proposed:
+        replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
+        buffer = process + NUMBA + memory + actors_per_buffer * c.recv_depth * message + replies
+        learner = process + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
+    else:
+        dump = int(slot * rp.capacity)  # a dump fills about what the memory holds (frames once)
+        buffer = process + memory + dump + actors_per_buffer * c.recv_depth * message
+        learner = process + NUMBA + TRAINING + network + n_buf * (memory + dump)
+    actor = process + c.send_ring * message + 3 * params
+    framed = framed_fields(spec) if rp.dedup_frames else {}
+    # The frame pool reserves room for no sharing at all (touched only as frames arrive); the kernel refuses
+    # a reservation beyond its RAM and swap. The baseline learner's pool holds every buffer's memory.
+    pool = 0
+    if framed:
+        frame = int(np.prod(next(iter(framed.values()))[1]))
+        pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
+    return Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, params, pool)

@@ -1,0 +1,62 @@
+"""QMIX's settings: the ``[qmix]`` section, and the keys of the shared sections it reads.
+
+QMIX = ``loss_weights = "none"`` with ``replay.sampler = "uniform"``; MAC-PO = ``"macpo"`` with
+``"uniform"``; AccMER = ``"macpo"`` with ``"accmer"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpirl.domain import setting
+
+
+@dataclass
+class QmixConfig:
+    # TD(lambda) targets over the episode (PyMARL2/EPyMARL use 0.6 with QMIX).
+    td_lambda: float = setting(0.6, ge=0, le=1)
+    # Each actor's epsilon falls linearly over its own env steps (its games together), as PyMARL's schedule.
+    epsilon_start: float = setting(1.0, ge=0, le=1)
+    epsilon_finish: float = setting(0.05, ge=0, le=1)
+    epsilon_anneal_steps: int = setting(50_000, ge=1, why="env steps of one actor")
+    rnn_hidden: int = setting(64, ge=1, le=65_536)
+    mixer_embed: int = setting(32, ge=1, le=65_536)
+    hypernet_hidden: int = setting(64, ge=1, le=65_536)
+    # MAC-PO's central mixer Q* (feed-forward over the state and the agents' chosen Q-values).
+    central_hidden: int = setting(256, ge=1, le=65_536)
+    # "macpo": each step's squared TD error weighted by |Q_tot - y| exp(-|Q_tot - Q*|) f(pi) (AccMER Eqs. 1-3).
+    loss_weights: str = setting("none", choices=("none", "macpo"))
+    # The learner plays this many greedy episodes (epsilon 0) every test_every train steps and at the end.
+    test_episodes: int = setting(32, ge=1, le=100_000)
+    test_every: int = setting(1_000, ge=1, why="train steps between greedy test rounds")
+
+
+SECTIONS = {"qmix": QmixConfig}
+
+USES = {
+    "agent": ("gamma", "lr", "adam_eps", "target_update", "grad_clip", "device", "torch_threads"),
+    "env": ("id", "envs_per_actor", "max_episode_steps", "predator_prey"),
+    "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "sampler",
+               "accmer_alpha", "accmer_discount"),
+    "comm": ("send_batch", "send_ring", "recv_depth", "n_update", "prefetch", "max_message_mb", "link"),
+}
+
+
+def check(cfg) -> None:
+    """QMIX's cross-field checks (no MPI, no torch)."""
+    from mpirl.config import ConfigError
+    rp, q = cfg.replay, cfg.qmix
+    if rp.sampler == "accmer" and q.loss_weights != "macpo":
+        raise ConfigError("replay.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "
+                                            "qmix.loss_weights = \"macpo\" (AccMER = macpo + accmer)")
+    if q.epsilon_finish > q.epsilon_start:
+        raise ConfigError("qmix.epsilon_finish", f"must be <= qmix.epsilon_start ({q.epsilon_start}), "
+                                                 f"got {q.epsilon_finish}")
+    share = -(-rp.batch_size // cfg.topology.buffers)
+    if rp.learning_starts < rp.batch_size:
+        raise ConfigError("replay.learning_starts", f"episodes held before sampling must be >= replay.batch_size "
+                                                    f"({rp.batch_size}) so a batch of distinct episodes can be "
+                                                    f"drawn, got {rp.learning_starts}")
+    if rp.capacity < share:
+        raise ConfigError("replay.capacity", f"a memory must hold at least one batch share ({share} episodes): "
+                                             f"b > d; got {rp.capacity}")

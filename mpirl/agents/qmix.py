@@ -1,0 +1,579 @@
+"""QMIX over whole episodes, with TD(lambda) targets and optional MAC-PO loss weights.
+
+The learner trains on batches of whole episodes (the record spec is ``episode_spec``),
+as PyMARL/EPyMARL's QMIX does: one recurrent agent network shared by all agents,
+a monotonic mixer whose weights come from hypernetworks over the global state, a
+target copy of both refreshed every ``target_update`` train steps, double-Q targets.
+
+MAC-PO (``loss_weights="macpo"``) weights each step's squared TD error by
+
+    w = |Q_tot - y| * exp(-|Q_tot - Q*|) * f(pi),   f(pi) = 1 + sum_i prod_{j!=i} pi_j - n prod_j pi_j
+
+where Q* is a feed-forward central mixer (WQMIX's "central" QMIX-ff) trained to the
+same targets y and pi_j is agent j's softmax probability of the action it took. The
+per-episode mean of w is what AccMER's weight table stores (``episode_weights``).
+
+Nothing here knows about MPI or the config: plain arguments and ``QmixHyper``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mpirl.agents.dqn import Fault, pick_device  # noqa: F401  (pick_device: re-exported for callers)
+
+# What PyMARL writes into unavailable actions' Q-values before a max/argmax.
+UNAVAILABLE = -9999999.0
+
+
+def episode_spec(n_agents: int, obs_shape: tuple[int, ...], obs_dtype, state_shape: tuple[int, ...], state_dtype,
+                 n_actions: int, episode_limit: int) -> dict:
+    """Field name -> (per-episode shape, dtype); every shape starts with the time axis T + 1 (T = episode_limit).
+
+    Row t of ``actions``/``reward``/``terminated`` is the step taken at t; ``filled[t]`` says that step
+    exists (t < the episode's length L). Rows ``obs``/``state``/``avail`` hold t = 0..L, row L being the
+    state the episode ended in (a truncated episode bootstraps from it). ``terminated`` is true only at
+    a real end of the game, never at truncation. Rows past the episode are padding (zeros).
+    """
+    t1, n = episode_limit + 1, n_agents
+    return {
+        "obs": ((t1, n, *tuple(obs_shape)), np.dtype(obs_dtype)),
+        "state": ((t1, *tuple(state_shape)), np.dtype(state_dtype)),
+        "avail": ((t1, n, n_actions), np.dtype(np.bool_)),
+        "actions": ((t1, n), np.dtype(np.int64)),
+        "reward": ((t1,), np.dtype(np.float32)),
+        "terminated": ((t1,), np.dtype(np.bool_)),
+        "filled": ((t1,), np.dtype(np.bool_)),
+    }
+
+
+@dataclass
+class QmixHyper:
+    """QMIX's hyperparameters; defaults are PyMARL/EPyMARL's unless said otherwise.
+
+    * ``gamma`` 0.99, ``lr`` 5e-4, ``grad_clip`` 10, ``rnn_hidden`` 64, ``mixer_embed`` 32,
+      ``hypernet_hidden`` 64 (two-layer hypernetworks), ``target_update`` 200, ``double_q``: PyMARL's
+      qmix.yaml/default.yaml (its 200 counts episodes, one train step each; EPyMARL counts train steps).
+    * ``td_lambda`` 0.6: pymarl2 (Hu et al., "Rethinking the implementation tricks ... of QMIX") trains
+      QMIX on TD(lambda) targets with lambda 0.6; lambda = 0 gives PyMARL's one-step targets.
+    * ``optimizer`` "adam": EPyMARL's QLearner and pymarl2 use Adam (pymarl2 found it markedly better
+      than RMSprop for QMIX); "rmsprop" gives PyMARL's RMSprop(alpha 0.99, eps 1e-5).
+    * ``loss_weights``: "none" (plain masked MSE) or "macpo"; ``central_hidden`` 256 is WQMIX's
+      central mixing width. The central mixer has its own optimizer (same kind and lr) and its own
+      gradient clip, so QMIX's update is the same with and without it.
+    """
+    gamma: float = 0.99
+    td_lambda: float = 0.6
+    lr: float = 5e-4
+    optimizer: str = "adam"
+    grad_clip: float = 10.0
+    target_update: int = 200
+    double_q: bool = True
+    rnn_hidden: int = 64
+    mixer_embed: int = 32
+    hypernet_hidden: int = 64
+    loss_weights: str = "none"
+    central_hidden: int = 256
+
+    def __post_init__(self):
+        if self.optimizer not in ("adam", "rmsprop"):
+            raise ValueError(f"optimizer must be 'adam' or 'rmsprop', not {self.optimizer!r}")
+        if self.loss_weights not in ("none", "macpo"):
+            raise ValueError(f"loss_weights must be 'none' or 'macpo', not {self.loss_weights!r}")
+        if not 0.0 <= self.td_lambda <= 1.0:
+            raise ValueError(f"td_lambda must lie in [0, 1], not {self.td_lambda}")
+        if self.target_update < 1:
+            raise ValueError(f"target_update must be at least 1, not {self.target_update}")
+
+
+def epsilon_schedule(step: int, start: float = 1.0, finish: float = 0.05, anneal_steps: int = 50_000) -> float:
+    """PyMARL's linear decay from ``start`` to ``finish`` over ``anneal_steps`` env steps, flat after."""
+    if anneal_steps <= 0:
+        return finish
+    frac = min(max(step, 0) / anneal_steps, 1.0)
+    return start + frac * (finish - start)
+
+
+# ----------------------------------------------------------------------------------------------- networks
+
+def agent_input_dim(obs_dim: int, n_actions: int, n_agents: int) -> int:
+    """Width of one agent's input: flat observation + one-hot last action + one-hot agent id."""
+    return obs_dim + n_actions + n_agents
+
+
+def agent_inputs(obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
+    """Each agent's network input ``[..., n, obs_dim + A + n]``, for acting and training alike.
+
+    ``obs`` ``[..., n, obs_dim]`` (flat, any dtype: taken as float as it is), ``last_onehot`` ``[..., n, A]``
+    the one-hot action each agent took on the previous step (zeros on an episode's first step).
+    """
+    n = obs.shape[-2]
+    ids = torch.eye(n, device=obs.device).expand(*obs.shape[:-1], n)
+    return torch.cat([obs.float(), last_onehot.float(), ids], dim=-1)
+
+
+def last_action_onehot(actions: torch.Tensor, n_actions: int) -> torch.Tensor:
+    """``actions`` ``[B, T+1, n]`` -> the previous step's one-hot action ``[B, T+1, n, A]`` (zeros at t = 0)."""
+    onehot = F.one_hot(actions[:, :-1], n_actions).float()
+    return torch.cat([torch.zeros_like(onehot[:, :1]), onehot], dim=1)
+
+
+class AgentNet(nn.Module):
+    """fc -> ReLU -> GRU -> fc to one Q-value per action; one network shared by all agents.
+
+    The recurrent layer is a one-layer ``nn.GRU``: the same equations and parameters as PyMARL's
+    ``GRUCell``, but a whole episode runs in one call (5x faster backward on the CPU than a Python
+    loop of cells). ``step`` runs one time step (acting), ``sequence`` a batch of whole episodes.
+    """
+
+    def __init__(self, input_dim: int, n_actions: int, hidden: int = 64):
+        super().__init__()
+        self.hidden = hidden
+        self.fc1 = nn.Linear(input_dim, hidden)
+        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
+        self.fc2 = nn.Linear(hidden, n_actions)
+
+    def step(self, inputs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``inputs`` ``[N, D]``, hidden ``[N, H]`` -> (Q ``[N, A]``, new hidden ``[N, H]``)."""
+        x = F.relu(self.fc1(inputs)).unsqueeze(1)
+        out, h_new = self.rnn(x, h.unsqueeze(0).contiguous())
+        return self.fc2(out.squeeze(1)), h_new.squeeze(0)
+
+    def sequence(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``inputs`` ``[N, T, D]`` from a zero hidden state -> Q ``[N, T, A]``."""
+        out, _ = self.rnn(F.relu(self.fc1(inputs)))
+        return self.fc2(out)
+
+    forward = sequence
+
+
+class QMixer(nn.Module):
+    """Monotonic mixing: Q_tot = elu(q W1 + b1) W2 + V(s), W1 and W2 non-negative (abs), all from the state.
+
+    Two-layer hypernetworks (width ``hypernet_hidden``) make W1 ``[n, embed]`` and W2 ``[embed, 1]``;
+    one layer makes b1; V(s) has one hidden layer of width ``embed``.
+    """
+
+    def __init__(self, n_agents: int, state_dim: int, embed: int = 32, hypernet_hidden: int = 64):
+        super().__init__()
+        self.n_agents, self.state_dim, self.embed = n_agents, state_dim, embed
+        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, hypernet_hidden), nn.ReLU(),
+                                      nn.Linear(hypernet_hidden, n_agents * embed))
+        self.hyper_b1 = nn.Linear(state_dim, embed)
+        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet_hidden), nn.ReLU(),
+                                      nn.Linear(hypernet_hidden, embed))
+        self.value = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
+
+    def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """``agent_qs`` ``[..., n]``, ``states`` ``[..., state_dim]`` -> Q_tot ``[...]``."""
+        lead = agent_qs.shape[:-1]
+        s = states.reshape(-1, self.state_dim).float()
+        q = agent_qs.reshape(-1, 1, self.n_agents)
+        w1 = self.hyper_w1(s).abs().view(-1, self.n_agents, self.embed)
+        b1 = self.hyper_b1(s).view(-1, 1, self.embed)
+        hidden = F.elu(torch.bmm(q, w1) + b1)
+        w2 = self.hyper_w2(s).abs().view(-1, self.embed, 1)
+        return (torch.bmm(hidden, w2).view(-1) + self.value(s).view(-1)).view(lead)
+
+
+class CentralMixer(nn.Module):
+    """MAC-PO's Q*: an unconstrained feed-forward net over [state, the agents' Q of their taken actions].
+
+    WQMIX's central "QMIX-ff" mixer (ReLU layers of width ``hidden``). Here it reads the QMIX agents'
+    chosen-action Q-values (detached, so its loss never moves the agents) instead of a central agent net.
+    """
+
+    def __init__(self, n_agents: int, state_dim: int, hidden: int = 256):
+        super().__init__()
+        self.n_agents, self.state_dim = n_agents, state_dim
+        self.net = nn.Sequential(nn.Linear(state_dim + n_agents, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        lead = agent_qs.shape[:-1]
+        x = torch.cat([states.reshape(-1, self.state_dim).float(), agent_qs.reshape(-1, self.n_agents)], dim=1)
+        return self.net(x).view(lead)
+
+
+def central_loss(q_star: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The central mixer's masked MSE to the QMIX targets (mean over the steps where ``mask``)."""
+    err = torch.where(mask, q_star - targets, torch.zeros_like(q_star))
+    return (err ** 2).sum() / mask.sum().clamp_min(1)
+
+
+# ----------------------------------------------------------------------------------------------- targets, weights
+
+def step_mask(terminated: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+    """Steps ``[B, T]`` that are real transitions: filled and not after a termination (PyMARL's mask)."""
+    after_end = torch.cumsum(terminated.long(), dim=1) - terminated.long() > 0
+    return filled & ~after_end
+
+
+@torch.no_grad()
+def td_lambda_targets(rewards: torch.Tensor, terminated: torch.Tensor, filled: torch.Tensor,
+                      target_qtot: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """TD(lambda) targets ``[B, T]`` (the forward view, computed backwards like PyMARL's build_td_lambda_targets).
+
+    ``rewards``, ``terminated``, ``filled``: ``[B, T]`` (rows 0..T-1 of the episode record);
+    ``target_qtot`` ``[B, T+1]``: the target mixer's value of state t (t = 0..T). With L the episode's
+    length, G_{L-1} = r + gamma * Q(s_L) unless the episode terminated there (then r alone), and
+    G_t = r_t + gamma * ((1 - lam) Q(s_{t+1}) + lam G_{t+1}). A truncated episode thus bootstraps from
+    its last state whatever L is (PyMARL's version does so only when L = T). Zero where not a step.
+    """
+    mask = step_mask(terminated, filled)
+    B, T = rewards.shape
+    zero = rewards.new_zeros(B)
+    g = zero
+    has_next = torch.zeros(B, dtype=torch.bool, device=rewards.device)
+    out = []
+    for t in range(T - 1, -1, -1):
+        q_next = target_qtot[:, t + 1]
+        ahead = torch.where(has_next, (1.0 - lam) * q_next + lam * g, q_next)
+        g = torch.where(mask[:, t], rewards[:, t] + gamma * torch.where(terminated[:, t], zero, ahead), zero)
+        has_next = mask[:, t]
+        out.append(g)
+    return torch.stack(out[::-1], dim=1)
+
+
+def f_pi(pi: torch.Tensor) -> torch.Tensor:
+    """MAC-PO's f(pi) = 1 + sum_i prod_{j!=i} pi_j - n prod_j pi_j over the last axis (agents), in [1, 2].
+
+    Written as 1 + sum_i (1 - pi_i) prod_{j<i} pi_j prod_{j>i} pi_j with exclusive prefix and suffix
+    products: no division, exact when some pi_j are 0. (The sum is the probability that exactly one
+    agent deviates from the joint action, hence f <= 2.)
+    """
+    ones = torch.ones_like(pi[..., :1])
+    prefix = torch.cumprod(torch.cat([ones, pi[..., :-1]], dim=-1), dim=-1)
+    suffix = torch.cumprod(torch.cat([ones, pi.flip(-1)[..., :-1]], dim=-1), dim=-1).flip(-1)
+    return 1.0 + (prefix * suffix * (1.0 - pi)).sum(dim=-1)
+
+
+def mask_unavailable(q: torch.Tensor, avail: torch.Tensor, fill: float = UNAVAILABLE) -> torch.Tensor:
+    """``q`` with unavailable actions set to ``fill``; a row with no available action (padding) is left as is."""
+    usable = avail | ~avail.any(dim=-1, keepdim=True)
+    return q.masked_fill(~usable, fill)
+
+
+# ----------------------------------------------------------------------------------------------- learner
+
+# The hyperparameters that feed each kind of non-finite batch (see QMixLearner.diagnose), as in dqn.FEEDS.
+FEEDS = {"batch": ("env",),
+         "parameters": ("lr", "grad_clip", "optimizer"),
+         "q": ("lr", "grad_clip", "optimizer"),
+         "targets": ("gamma", "td_lambda", "lr", "target_update"),
+         "weights": ("loss_weights", "central_hidden", "lr"),
+         "loss": ("lr", "grad_clip", "loss_weights"),
+         "gradient": ("lr", "grad_clip", "optimizer", "loss_weights")}
+
+
+def divergence(fault: Fault, hp: QmixHyper, in_a_row: int, steps: int, skipped: int) -> str:
+    """Why a QMIX learner gives up: what was not finite in the last skipped batch and what feeds it."""
+    settings = asdict(hp)
+    feeds = ", ".join(f"{k}={settings[k]:g}" if isinstance(settings[k], float) else f"{k}={settings[k]}"
+                      for k in FEEDS[fault.kind] if k in settings)
+    what = "cannot train" if fault.kind == "batch" else "has diverged"
+    tail = f"; the settings that feed it: {feeds}" if feeds else "; the environment gave it"
+    return (f"the QMIX learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
+            f"({skipped} skipped in all); in the last, {fault.detail}{tail}")
+
+
+def _not_finite(t: torch.Tensor) -> int:
+    return int((~torch.isfinite(t)).sum())
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    n = int(mask.sum())
+    return float(torch.where(mask, x, torch.zeros_like(x)).sum()) / n if n else float("nan")
+
+
+class QMixLearner:
+    """QMIX's networks, optimizers and one train step on a batch of whole episodes.
+
+    ``n_agents`` agents with observations ``obs_shape`` (flattened) and ``n_actions`` actions each,
+    global state ``state_shape``. The central mixer (MAC-PO's Q*) is built and trained only with
+    ``loss_weights="macpo"``; with "none" ``central_loss``, ``w_mean_raw`` and ``f_mean`` are nan.
+    """
+
+    def __init__(self, n_agents: int, obs_shape, state_shape, n_actions: int, hp: QmixHyper | None = None,
+                 device: torch.device | str = "cpu", seed: int = 0):
+        self.hp = hp = hp or QmixHyper()
+        self.n_agents, self.n_actions = n_agents, n_actions
+        self.obs_dim = int(np.prod(obs_shape))
+        self.state_dim = int(np.prod(state_shape))
+        self.device = torch.device(device)
+        torch.manual_seed(seed)
+        in_dim = agent_input_dim(self.obs_dim, n_actions, n_agents)
+        self.agent = AgentNet(in_dim, n_actions, hp.rnn_hidden).to(self.device)
+        self.mixer = QMixer(n_agents, self.state_dim, hp.mixer_embed, hp.hypernet_hidden).to(self.device)
+        self.target_agent = AgentNet(in_dim, n_actions, hp.rnn_hidden).to(self.device)
+        self.target_mixer = QMixer(n_agents, self.state_dim, hp.mixer_embed, hp.hypernet_hidden).to(self.device)
+        self._update_targets()
+        self.target_agent.requires_grad_(False)
+        self.target_mixer.requires_grad_(False)
+        self.params = list(self.agent.parameters()) + list(self.mixer.parameters())
+        self.optimizer = self._optimizer(self.params)
+        self.central = None
+        self.central_optimizer = None
+        if hp.loss_weights == "macpo":
+            self.central = CentralMixer(n_agents, self.state_dim, hp.central_hidden).to(self.device)
+            self.central_optimizer = self._optimizer(self.central.parameters())
+        self.steps = 0
+        self.skipped_batches = 0
+        self.fault: Fault | None = None  # why the last skipped batch was skipped
+        self.n_params = sum(p.numel() for p in self.agent.parameters())
+
+    def _optimizer(self, params):
+        if self.hp.optimizer == "rmsprop":
+            return torch.optim.RMSprop(params, lr=self.hp.lr, alpha=0.99, eps=1e-5)
+        return torch.optim.Adam(params, lr=self.hp.lr)
+
+    def _update_targets(self) -> None:
+        self.target_agent.load_state_dict(self.agent.state_dict())
+        self.target_mixer.load_state_dict(self.mixer.state_dict())
+
+    # ---- forward pieces
+    def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        b = {k: torch.as_tensor(batch[k], device=self.device)
+             for k in ("obs", "state", "avail", "actions", "reward", "terminated", "filled")}
+        B, T1 = b["actions"].shape[:2]
+        b["obs"] = b["obs"].reshape(B, T1, self.n_agents, self.obs_dim)
+        b["state"] = b["state"].reshape(B, T1, self.state_dim).float()
+        b["avail"] = b["avail"].bool()
+        b["terminated"] = b["terminated"].bool()
+        b["filled"] = b["filled"].bool()
+        b["reward"] = b["reward"].float()
+        b["inputs"] = agent_inputs(b["obs"], last_action_onehot(b["actions"], self.n_actions))
+        return b
+
+    def _agent_q(self, net: AgentNet, inputs: torch.Tensor) -> torch.Tensor:
+        """[B, T+1, n, D] -> Q [B, T+1, n, A] (each agent's episode is one sequence)."""
+        B, T1, n, D = inputs.shape
+        q = net.sequence(inputs.transpose(1, 2).reshape(B * n, T1, D))
+        return q.view(B, n, T1, -1).transpose(1, 2)
+
+    def _forward(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hp = self.hp
+        actions, avail = b["actions"], b["avail"]
+        q_all = self._agent_q(self.agent, b["inputs"])                                   # [B, T+1, n, A]
+        chosen = q_all[:, :-1].gather(3, actions[:, :-1].unsqueeze(3)).squeeze(3)       # [B, T, n]
+        with torch.no_grad():
+            q_targ = mask_unavailable(self._agent_q(self.target_agent, b["inputs"]), avail)
+            if hp.double_q:
+                greedy = mask_unavailable(q_all.detach(), avail).argmax(dim=3, keepdim=True)
+                q_max = q_targ.gather(3, greedy).squeeze(3)
+            else:
+                q_max = q_targ.max(dim=3).values
+            target_qtot = self.target_mixer(q_max, b["state"])                            # [B, T+1]
+            y = td_lambda_targets(b["reward"][:, :-1], b["terminated"][:, :-1], b["filled"][:, :-1],
+                                  target_qtot, hp.gamma, hp.td_lambda)
+        q_tot = self.mixer(chosen, b["state"][:, :-1])                                   # [B, T]
+        mask = step_mask(b["terminated"][:, :-1], b["filled"][:, :-1])
+        count = mask.sum().clamp_min(1)
+        td = torch.where(mask, q_tot - y, torch.zeros_like(q_tot))
+        out = {"q_all": q_all, "chosen": chosen, "q_tot": q_tot, "y": y, "mask": mask, "td": td}
+        if self.central is None:
+            out["loss"] = (td ** 2).sum() / count
+            return out
+        q_star = self.central(chosen.detach(), b["state"][:, :-1])
+        out["q_star"] = q_star
+        out["central_loss"] = central_loss(q_star, y, mask)
+        with torch.no_grad():
+            logits = mask_unavailable(q_all[:, :-1].detach(), avail[:, :-1], float("-inf"))
+            pi = torch.softmax(logits, dim=3).gather(3, actions[:, :-1].unsqueeze(3)).squeeze(3)
+            f = f_pi(pi)
+            w_raw = td.abs() * torch.exp(-(q_tot.detach() - q_star.detach()).abs()) * f
+            w_raw = torch.where(mask, w_raw, torch.zeros_like(w_raw))
+            w = w_raw / (w_raw.sum() / count).clamp_min(1e-12)
+        out.update(f=f, w_raw=w_raw)
+        out["loss"] = (w * td ** 2).sum() / count
+        return out
+
+    # ---- the step
+    def train_step(self, batch: dict[str, np.ndarray]) -> dict:
+        """One gradient step on a batch of ``B`` whole episodes (``episode_spec`` fields, ``[B, T+1, ...]``).
+
+        Returns the stats ``loss``, ``td_abs`` (mean |Q_tot - y| over real steps), ``q_tot``,
+        ``central_loss``, ``w_mean_raw``, ``f_mean``, ``grad_norm`` (QMIX's, before clipping),
+        ``skipped`` and ``episode_weights`` (float64 ``[B]``): each episode's mean raw MAC-PO weight over
+        its steps, or with ``loss_weights="none"`` its mean |TD| (so a weighted sampler still has a score).
+        A batch whose loss or gradient is not finite is skipped: no step, ``skipped_batches`` + 1,
+        ``skipped=True``, ``reason`` says what was not finite (``self.fault`` too) and
+        ``episode_weights`` is None (keep the old weights).
+        """
+        b = self._tensors(batch)
+        out = self._forward(b)
+        loss = out["loss"]
+        closs = out.get("central_loss")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.central_optimizer is not None:
+            self.central_optimizer.zero_grad(set_to_none=True)
+        (loss + closs if closs is not None else loss).backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.hp.grad_clip)
+        finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(norm))
+        if closs is not None:
+            cnorm = torch.nn.utils.clip_grad_norm_(self.central.parameters(), self.hp.grad_clip)
+            finite = finite and bool(torch.isfinite(closs)) and bool(torch.isfinite(cnorm))
+        mask = out["mask"]
+        stats = {"loss": float(loss.detach()),
+                 "td_abs": _masked_mean(out["td"].detach().abs(), mask),
+                 "q_tot": _masked_mean(out["q_tot"].detach(), mask),
+                 "central_loss": float(closs.detach()) if closs is not None else float("nan"),
+                 "w_mean_raw": _masked_mean(out["w_raw"], mask) if "w_raw" in out else float("nan"),
+                 "f_mean": _masked_mean(out["f"], mask) if "f" in out else float("nan"),
+                 "grad_norm": float(norm)}
+        if not finite:
+            self.fault = self.diagnose(b, out)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.central_optimizer is not None:
+                self.central_optimizer.zero_grad(set_to_none=True)
+            self.skipped_batches += 1
+            return {**stats, "skipped": True, "reason": f"{self.fault.kind}: {self.fault.detail}",
+                    "episode_weights": None}
+        self.optimizer.step()
+        if self.central_optimizer is not None:
+            self.central_optimizer.step()
+        self.steps += 1
+        if self.steps % self.hp.target_update == 0:
+            self._update_targets()
+        per_step = out["w_raw"] if "w_raw" in out else out["td"].detach().abs()
+        steps = mask.sum(dim=1)
+        ew = (per_step.sum(dim=1) / steps.clamp_min(1)).double().cpu().numpy()
+        return {**stats, "skipped": False, "reason": "", "episode_weights": ew}
+
+    def diagnose(self, b: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> Fault:
+        """What was not finite in a skipped batch, walking from its inputs to the gradient."""
+        mask = out["mask"]
+        n = int(mask.sum())
+        reward = torch.where(mask, b["reward"][:, :-1], torch.zeros_like(b["reward"][:, :-1]))
+        if _not_finite(reward):
+            return Fault("batch", f"{_not_finite(reward)} of the batch's {n} rewards were not finite")
+        for name in ("obs", "state"):
+            if b[name].is_floating_point() and _not_finite(b[name]):
+                return Fault("batch", f"{_not_finite(b[name])} of the batch's {name} values were not finite")
+        nets = [("agent", self.agent), ("mixer", self.mixer), ("target agent", self.target_agent),
+                ("target mixer", self.target_mixer)] + ([("central mixer", self.central)] if self.central else [])
+        for label, net in nets:
+            bad = [k for k, p in net.named_parameters() if _not_finite(p.detach())]
+            if bad:
+                return Fault("parameters", f"the {label} network's parameters were not finite ({', '.join(bad)})")
+        for key, what in (("q_all", "agents' Q-values"), ("q_tot", "mixed Q_tot values")):
+            x = out[key].detach()
+            if key == "q_tot":
+                x = torch.where(mask, x, torch.zeros_like(x))
+            if _not_finite(x):
+                return Fault("q", f"{_not_finite(x)} of the {what} were not finite (parameters finite)")
+        y = out["y"]
+        if _not_finite(y):
+            return Fault("targets", f"{_not_finite(y)} of the {n} TD(lambda) targets were not finite "
+                                    f"(rewards up to {float(reward.abs().max()):g}, parameters finite)")
+        if "q_star" in out:
+            for key, what in (("q_star", "central mixer's Q* values"), ("w_raw", "MAC-PO weights")):
+                x = torch.where(mask, out[key].detach(), torch.zeros_like(out[key].detach()))
+                if _not_finite(x):
+                    return Fault("weights", f"{_not_finite(x)} of the {n} {what} were not finite")
+        for key, what in (("loss", "loss"), ("central_loss", "central mixer's loss")):
+            if key in out and not torch.isfinite(out[key]):
+                return Fault("loss", f"the {what} was {float(out[key].detach()):g} though its inputs were finite "
+                                     f"(|TD| up to {float(out['td'].detach().abs().max()):g})")
+        norms = {}
+        for label, net in nets[:2] + nets[4:]:
+            for k, p in net.named_parameters():
+                if p.grad is not None:
+                    norms[f"{label}.{k}"] = float(torch.linalg.vector_norm(p.grad))
+        bad = [f"{k} ({v:g})" for k, v in norms.items() if not np.isfinite(v)]
+        if bad:
+            return Fault("gradient", f"the gradient norm of {', '.join(bad)} was not finite")
+        return Fault("gradient", "the gradient's total norm overflowed (per parameter finite)")
+
+    # ---- parameters, checkpoints
+    def flat_params(self) -> np.ndarray:
+        """The agent network's parameters (all the actors need) as one float32 numpy vector."""
+        return torch.nn.utils.parameters_to_vector(self.agent.parameters()).detach().float().cpu().numpy()
+
+    def state_dict(self) -> dict:
+        """Everything a checkpoint needs: all networks, optimizers, counters and the hyperparameters.
+
+        A deep copy: a snapshot that later train steps do not change (torch's optimizer state dicts hold
+        the live moment tensors, and loading one on the same device would share them).
+        """
+        sd = {"agent": self.agent.state_dict(), "mixer": self.mixer.state_dict(),
+              "target_agent": self.target_agent.state_dict(), "target_mixer": self.target_mixer.state_dict(),
+              "optimizer": self.optimizer.state_dict(), "steps": self.steps,
+              "skipped_batches": self.skipped_batches, "hp": asdict(self.hp)}
+        if self.central is not None:
+            sd["central"] = self.central.state_dict()
+            sd["central_optimizer"] = self.central_optimizer.state_dict()
+        return copy.deepcopy(sd)
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.agent.load_state_dict(sd["agent"])
+        self.mixer.load_state_dict(sd["mixer"])
+        self.target_agent.load_state_dict(sd["target_agent"])
+        self.target_mixer.load_state_dict(sd["target_mixer"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        if self.central is not None:
+            if "central" not in sd:
+                raise ValueError("the checkpoint has no central mixer (it was trained with loss_weights='none')")
+            self.central.load_state_dict(sd["central"])
+            self.central_optimizer.load_state_dict(sd["central_optimizer"])
+        self.steps = int(sd["steps"])
+        self.skipped_batches = int(sd["skipped_batches"])
+
+
+# ----------------------------------------------------------------------------------------------- actor side
+
+class QMixPolicy:
+    """An actor's copy of the agent network: epsilon-greedy joint actions for ``E`` envs at once, numpy in/out.
+
+    Keeps each env's GRU hidden state ``[E, n, H]`` and last actions between calls; ``reset`` starts all
+    envs afresh, ``reset_envs`` those whose episode restarted (call it before acting on their first step).
+    """
+
+    def __init__(self, n_agents: int, obs_shape, n_actions: int, hidden: int = 64):
+        self.n_agents, self.n_actions, self.hidden = n_agents, n_actions, hidden
+        self.obs_dim = int(np.prod(obs_shape))
+        self.net = AgentNet(agent_input_dim(self.obs_dim, n_actions, n_agents), n_actions, hidden)
+        self.net.requires_grad_(False)
+        self.n_params = sum(p.numel() for p in self.net.parameters())
+        self.reset(1)
+
+    def load_flat(self, params: np.ndarray) -> None:
+        torch.nn.utils.vector_to_parameters(torch.as_tensor(params, dtype=torch.float32), self.net.parameters())
+
+    def reset(self, n_envs: int) -> None:
+        self.h = torch.zeros(n_envs, self.n_agents, self.hidden)
+        self.last = torch.zeros(n_envs, self.n_agents, self.n_actions)
+
+    def reset_envs(self, idx) -> None:
+        self.h[idx] = 0.0
+        self.last[idx] = 0.0
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray) -> torch.Tensor:
+        """Advance the hidden state on ``obs`` ``[E, n, *obs_shape]``; Q ``[E, n, A]`` (last actions unchanged)."""
+        E, n = obs.shape[:2]
+        x = agent_inputs(torch.as_tensor(obs).reshape(E, n, self.obs_dim), self.last)
+        q, h = self.net.step(x.reshape(E * n, -1), self.h.reshape(E * n, -1))
+        self.h = h.view(E, n, -1)
+        return q.view(E, n, -1)
+
+    def act(self, obs: np.ndarray, avail: np.ndarray, epsilon: float, rng: np.random.Generator,
+            greedy: bool = False) -> np.ndarray:
+        """Actions ``[E, n]`` int64: each agent's best available action, or with probability ``epsilon``
+        (per agent, ignored when ``greedy``) a uniformly random available one."""
+        avail = np.asarray(avail, dtype=bool)
+        q = mask_unavailable(self.q_values(obs), torch.as_tensor(avail), float("-inf"))
+        actions = q.argmax(dim=2).numpy().astype(np.int64)
+        if not greedy and epsilon > 0:
+            keys = np.where(avail, rng.random(avail.shape), -1.0)
+            random = keys.argmax(axis=2)
+            explore = rng.random(actions.shape) < epsilon
+            actions = np.where(explore, random, actions).astype(np.int64)
+        self.last = F.one_hot(torch.from_numpy(actions), self.n_actions).float()
+        return actions

@@ -223,8 +223,8 @@ class _Job:
         return 1 + t.buffers + (t.actors or 2 * t.buffers)
 
     def flat(self) -> dict:
-        """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes: the
-        shared sections and the job's algorithm's own (another algorithm's sections are left out)."""
+        """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes and
+        checkpoints: every key the job's algorithm reads (another algorithm's settings are left out)."""
         def walk(obj, prefix):
             for f in dataclasses.fields(obj):
                 value = getattr(obj, f.name)
@@ -232,8 +232,7 @@ class _Job:
                     yield from walk(value, f"{prefix}{f.name}.")
                 else:
                     yield f"{prefix}{f.name}", value
-        skip = {s for s, owner in OWNER.items() if owner != self.agent.algorithm}
-        return {k: v for k, v in walk(self, "") if k.split(".")[0] not in skip}
+        return {k: v for k, v in walk(self, "") if reads(self.agent.algorithm, k)}
 
 
 SHARED = {"run": RunConfig, "topology": TopologyConfig, "env": EnvConfig, "agent": AgentConfig,
@@ -386,18 +385,26 @@ def validate(cfg: JobConfig, given=()) -> None:
     SETTINGS[cfg.agent.algorithm].check(cfg)
 
 
+def reads(algorithm: str, key: str) -> bool:
+    """Whether ``algorithm`` reads the setting ``key`` (``"agent.n_step"``, ``"comm.link.latency_ms"``)."""
+    section, rest = key.split(".", 1) if "." in key else (key, "")
+    if section in GENERIC or key == "agent.algorithm" or section in SETTINGS[algorithm].SECTIONS:
+        return True
+    if section in OWNER:
+        return False
+    return any(rest == k or rest.startswith(k + ".") for k in SETTINGS[algorithm].USES.get(section, ()))
+
+
 def _check_owner(algorithm: str, key: str) -> None:
     """``key`` (set by the job) must be one the job's algorithm reads: its own sections, the generic ones, or
     the keys of the shared sections it lists in USES."""
     section, rest = key.split(".", 1) if "." in key else (key, "")
     uses = SETTINGS[algorithm].USES
-    if section in GENERIC or key == "agent.algorithm" or section in SETTINGS[algorithm].SECTIONS:
+    if reads(algorithm, key):
         return
     if section in OWNER:
         raise ConfigError(key, f"[{section}] belongs to agent.algorithm = '{OWNER[section]}' and this job runs "
                                f"'{algorithm}'; set agent.algorithm = '{OWNER[section]}' or remove [{section}]")
-    if any(rest == k or rest.startswith(k + ".") for k in uses.get(section, ())):
-        return
     users = [name for name, mod in SETTINGS.items()
              if any(rest == k or rest.startswith(k + ".") for k in mod.USES.get(section, ()))]
     whose = f" (a setting of {' and '.join(map(repr, users))})" if users else ""

@@ -23,8 +23,13 @@ from .ring import RingStore
 from .shard import PrioritizedShard
 
 
+def _prioritized(memory) -> bool:
+    """A memory that keeps a priority per slot (PrioritizedShard, an episode shard's weights)."""
+    return hasattr(memory, "raw_priority")
+
+
 def _ring(memory) -> RingStore:
-    return memory.store if isinstance(memory, PrioritizedShard) else memory
+    return memory.store if _prioritized(memory) else memory
 
 
 def snapshot(memory: PrioritizedShard | RingStore) -> dict[str, np.ndarray]:
@@ -43,7 +48,7 @@ def snapshot(memory: PrioritizedShard | RingStore) -> dict[str, np.ndarray]:
         out["frames"] = frames[:used]
     else:
         ring.export(out)
-    if isinstance(memory, PrioritizedShard):
+    if _prioritized(memory):
         out["priority"] = memory.raw_priority[ring.oldest_first()]
     return out
 
@@ -58,7 +63,7 @@ def restore(memory: PrioritizedShard | RingStore, arrays: dict[str, np.ndarray])
     n = len(arrays["priority"])
     if not n:
         return 0
-    if isinstance(memory, PrioritizedShard):
+    if _prioritized(memory):
         prio = arrays.pop("priority")
         return len(memory.add_framed(arrays, frames, prio) if frames is not None else memory.add(arrays, prio))
     return len(memory.add_framed(arrays, frames) if frames is not None else memory.add(arrays))

@@ -62,8 +62,7 @@ class Buffer:
                                 cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
                                 codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
         if self.proposed:
-            self.store = PrioritizedShard(spec, cfg.replay.capacity, cfg.replay.alpha, cfg.replay.priority_eps,
-                                          dedup_frames=dedup)
+            self.store = self.make_shard()
         else:  # the actors' priorities are stored as one more field and shipped with the records
             self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup)
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
@@ -82,6 +81,11 @@ class Buffer:
         self._open_metrics()
         if ctx.resume and cfg.checkpoint.replay:
             self._restore_replay()
+
+    def make_shard(self):
+        """The replay memory the proposed placement serves from."""
+        rp = self.cfg.replay
+        return PrioritizedShard(self.spec, rp.capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames)
 
     def _open_metrics(self) -> None:
         ctx = self.ctx

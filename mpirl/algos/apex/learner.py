@@ -69,8 +69,7 @@ class Learner:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = min(cfg.agent.torch_threads, cores)
         torch.set_num_threads(self.threads)
-        self.agent = DQNLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, pick_device(cfg.agent.device),
-                                seed=cfg.run.seed)
+        self.agent = self.make_agent()
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
         n_buf = len(topo.buffers)
         self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
@@ -101,6 +100,12 @@ class Learner:
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.refreshed_at = self.agent.steps
         self._open_metrics()
+
+    def make_agent(self):
+        """The learning agent (networks, optimizer, ``train_step``, ``flat_params``, ``steps``)."""
+        cfg = self.cfg
+        return DQNLearner(self.ctx.spaces.obs_shape, self.ctx.spaces.n_actions, cfg.agent,
+                          pick_device(cfg.agent.device), seed=cfg.run.seed)
 
     # -- checkpoints ---------------------------------------------------------------
     def _state(self) -> dict:

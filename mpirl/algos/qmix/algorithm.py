@@ -1,0 +1,153 @@
+"""QMIX behind the algorithm seam: its checks, roles, rank files and validate line.
+
+The ranks are Ape-X's (0 the learner, then the buffers, then the actors; :mod:`mpirl.comm.topology`)
+and so are the paths: actors send whole episodes to their buffer, buffers hold episode shards
+(``replay.architecture = "proposed"``) or relay them (``"baseline"``: the learner keeps the replay),
+and parameters come down in versioned broadcasts. Records: one episode per row
+(:func:`mpirl.agents.qmix.episode_spec`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from mpirl.algos.qmix.envs import env_kwargs, episode_limit
+from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
+from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
+from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
+from mpirl.replay.quotas import max_quota
+from mpirl.roles import memory
+from mpirl.roles.checks import Checked
+
+
+class Spaces(NamedTuple):
+    n_agents: int
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    state_shape: tuple
+    state_dtype: np.dtype
+    n_actions: int
+    episode_limit: int
+
+
+def spaces_of(cfg: JobConfig) -> Spaces:
+    """The env's spaces, or a ConfigError naming env.id and why QMIX cannot use it."""
+    try:
+        from mpirl.envs import pettingzoo as pz
+    except ModuleNotFoundError as err:
+        raise ConfigError("env.id", f"QMIX needs PettingZoo ({err.name} is missing); "
+                                    "install it with: pip install 'mpirl[marl]'") from None
+    try:
+        env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
+    except ModuleNotFoundError as err:
+        raise ConfigError("env.id", f"{cfg.env.id!r} needs {err.name}, which is not installed; "
+                                    "pip install 'mpirl[marl]'") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
+    try:
+        return Spaces(env.n_agents, tuple(env.obs_shape), np.dtype(env.obs_dtype), tuple(env.state_shape),
+                      np.dtype(env.state_dtype), int(env.n_actions), episode_limit(cfg))
+    finally:
+        env.close()
+
+
+def _networks(spaces: Spaces, cfg: JobConfig) -> tuple[int, int]:
+    """(agent network parameters, all learner parameters) of the job's QMIX."""
+    from mpirl.agents.qmix import QmixHyper, QMixLearner
+    q = cfg.qmix
+    hp = QmixHyper(rnn_hidden=q.rnn_hidden, mixer_embed=q.mixer_embed, hypernet_hidden=q.hypernet_hidden,
+                   loss_weights=q.loss_weights, central_hidden=q.central_hidden)
+    learner = QMixLearner(spaces.n_agents, spaces.obs_shape, spaces.state_shape, spaces.n_actions, hp)
+    total = sum(p.numel() for net in (learner.agent, learner.mixer, learner.central) if net is not None
+                for p in net.parameters())
+    return learner.n_params, total
+
+
+def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_params: int, total_params: int):
+    """Each rank's memory: episode slots from the spec, messages from their layouts, the networks, and the
+    learner's batch (its activations over B episodes x T+1 steps x n agents)."""
+    rp, c, t = cfg.replay, cfg.comm, cfg.topology
+    n_buf, n_act = t.buffers, actor_count(cfg, world_size)
+    slot = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()) + 16
+    share = max_quota(rp.batch_size, n_buf, "even")
+    message = experience_layout(spec, c.send_batch).max_nbytes
+    rows = rp.batch_size * (spaces.episode_limit + 1) * spaces.n_agents
+    # Per agent-step: float inputs, GRU and layer outputs with gradients, online and target passes (~8 x H floats).
+    activations = rows * (4 * (int(np.prod(spaces.obs_shape)) + spaces.n_actions + spaces.n_agents)
+                          + 8 * 4 * cfg.qmix.rnn_hidden)
+    batch = 2 * rp.batch_size * slot  # the batch as numpy and as tensors
+    network = 5 * 4 * total_params + activations + batch
+    per_buffer = math.ceil(n_act / n_buf)
+    if rp.architecture == "proposed":
+        replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
+        buffer = memory.PROCESS + slot * rp.capacity + per_buffer * c.recv_depth * message + replies
+        learner = (memory.PROCESS + memory.TRAINING + network
+                   + n_buf * (replies + request_layout(share).max_nbytes))
+    else:
+        dump = dump_layout(spec, rp.capacity).max_nbytes
+        buffer = memory.PROCESS + slot * rp.capacity + dump + per_buffer * c.recv_depth * message
+        learner = memory.PROCESS + memory.TRAINING + network + n_buf * (slot * rp.capacity + dump)
+    # An actor: its games' episodes being recorded, its staging and send ring, its copy of the agent network.
+    actor = (memory.PROCESS + (cfg.env.envs_per_actor + c.send_batch) * slot + c.send_ring * message
+             + 3 * 4 * n_params)
+    return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * total_params,
+                           network_key="qmix.rnn_hidden")
+
+
+def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    from mpirl.agents.qmix import episode_spec
+    check_world_size(cfg, world_size, job_path)
+    spaces = spaces_of(cfg)
+    spec = episode_spec(spaces.n_agents, spaces.obs_shape, spaces.obs_dtype, spaces.state_shape,
+                        spaces.state_dtype, spaces.n_actions, spaces.episode_limit)
+    n_params, total = _networks(spaces, cfg)
+    return Checked(spaces, spec, n_params, estimate(cfg, world_size, spaces, spec, n_params, total))
+
+
+def build_topology(world, cfg: JobConfig):
+    return build(world, cfg.topology.buffers, cfg.topology.node_local)
+
+
+def _learner(ctx):
+    from mpirl.algos.qmix.learner import run_learner
+    return run_learner(ctx)
+
+
+def _buffer(ctx):
+    from mpirl.algos.qmix.buffer import run_buffer
+    return run_buffer(ctx)
+
+
+def _actor(ctx):
+    from mpirl.algos.qmix.actor import run_actor
+    return run_actor(ctx)
+
+
+ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
+
+
+def rank_files(topo) -> dict[str, str]:
+    return {"learner": "learner.h5", **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}}
+
+
+def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
+    return LEARNER if rank == 0 else BUFFER if rank <= cfg.topology.buffers else ACTOR
+
+
+def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
+    s, t, rp = checked.spaces, cfg.topology, cfg.replay
+    variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
+        (cfg.qmix.loss_weights, rp.sampler)]
+    return (f"1 learner, {t.buffers} buffer(s), {actor_count(cfg, world_size)} actor(s); {variant} on "
+            f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "
+            f"{s.n_actions} actions, episodes of up to {s.episode_limit} steps; replay {rp.architecture}, "
+            f"batch {rp.batch_size} episodes, capacity {rp.capacity} episodes "
+            f"({checked.memory.slot_bytes / 2**10:,.0f} KiB each)")
+
+
+def summary(run_dir) -> str:
+    from mpirl.algos.qmix.info import format_summary, summarize
+    return format_summary(summarize(run_dir))

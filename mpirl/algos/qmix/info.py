@@ -1,0 +1,66 @@
+"""``mpirl info`` for a QMIX run: the shared summary (status, buffers, episodes, actors) plus QMIX's
+learner stats and its greedy test rounds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from mpirl.metrics import summary as shared
+from mpirl.metrics.summary import _f
+
+STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")
+
+
+def _table(path: Path, name: str) -> dict[str, np.ndarray]:
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            grp = f.get(name)
+            return {k: np.asarray(v[...]) for k, v in grp.items()} if isinstance(grp, h5py.Group) else {}
+    except (OSError, KeyError):
+        return {}
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    s = shared.summarize(run_dir)
+    learner = Path(run_dir) / "learner.h5"
+    train, test = _table(learner, "train"), _table(learner, "test")
+    q: dict[str, Any] = {k: shared._tail_mean(train, k) for k in STATS}
+    for k in ("sample_s", "train_s", "test_s"):
+        q[k] = shared._last(train, k)
+    q["sampling_share"] = shared._ratio(q["sample_s"], (q["sample_s"] or 0) + (q["train_s"] or 0))
+    rows = len(test.get("time", ()))
+    q["tests"] = rows
+    q["test"] = ({k: shared._last(test, k) for k in ("train_steps", "return_mean", "return_std", "captures",
+                                                     "lone_catches", "length", "episodes")} if rows else None)
+    q["best_test_return"] = float(np.max(test["return_mean"])) if rows else math.nan
+    s["qmix"] = q
+    return s
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    job = s.get("job", {})
+    variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}.get(
+        (job.get("qmix.loss_weights"), job.get("replay.sampler")), "QMIX")
+    q = s["qmix"]
+    out = [shared.format_summary(s), "",
+           f"{variant:<13} on {job.get('env.id', '-')}",
+           f"  loss / |TD| / Q_tot (last 10%)   {_f(q['loss'], '.4g')} / {_f(q['td_abs'], '.4g')} / "
+           f"{_f(q['q_tot'], '.4g')}",
+           f"  MAC-PO w raw / f(pi) / central   {_f(q['w_mean_raw'], '.4g')} / {_f(q['f_mean'], '.4g')} / "
+           f"{_f(q['central_loss'], '.4g')}",
+           f"  sampling / training / testing    {_f(q['sample_s'], ',.1f', ' s')} / {_f(q['train_s'], ',.1f', ' s')}"
+           f" / {_f(q['test_s'], ',.1f', ' s')}   (sampling share {_f(100 * q['sampling_share'], '.1f', ' %')})"]
+    t = q["test"]
+    if t:
+        out.append(f"  greedy test ({_f(t['episodes'])} episodes at train step {_f(t['train_steps'])}): return "
+                   f"{_f(t['return_mean'], ',.2f')} ± {_f(t['return_std'], ',.2f')}, captures "
+                   f"{_f(t['captures'], ',.2f')}, lone catches {_f(t['lone_catches'], ',.2f')}, length "
+                   f"{_f(t['length'], ',.1f')}; best round {_f(q['best_test_return'], ',.2f')} of {q['tests']}")
+    else:
+        out.append("  greedy test   no rounds yet")
+    return "\n".join(out)

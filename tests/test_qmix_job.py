@@ -1,0 +1,109 @@
+"""QMIX as one MPI job: every role exits 0 in both replay placements and with each of QMIX, MAC-PO and AccMER,
+the learner's and buffers' HDF5 rows are there, and bad QMIX input is exit 2 naming the key."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import JOBS, run_cli, run_mpi
+
+pytest.importorskip("pettingzoo", reason="QMIX jobs need the marl extra (the README's test command installs it)")
+
+JOB = JOBS / "predator_prey_qmix.toml"
+# A few train steps on small episodes: the point is the plumbing, not the learning (test_learning.py).
+SHORT = ("run.train_steps=24", "run.wall_seconds=0", "env.max_episode_steps=25", "replay.batch_size=8",
+         "replay.learning_starts=8", "replay.capacity=40", "qmix.test_every=10", "qmix.test_episodes=4",
+         "comm.n_update=2", "log.interval=0.2")
+
+
+def check_run(job, *, steps=24, buffers=1):
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed", f.attrs["stop_reason"]
+        assert f["job"].attrs["agent.algorithm"] == "qmix"
+        assert f["provenance"].attrs["pettingzoo"]  # the PettingZoo version the run used
+        assert "agent.n_step" not in f["job"].attrs  # Ape-X's settings are not QMIX's
+        train, test = f["learner/train"], f["learner/test"]
+        assert train["train_steps"][-1] == steps
+        for col in ("loss", "td_abs", "q_tot", "grad_norm"):
+            assert np.isfinite(train[col][()]).any(), col
+        assert train["sample_s"][-1] > 0 and train["train_s"][-1] > 0
+        assert train["samples_trained"][-1] == steps * 8
+        # Rounds at train steps 10 and 20, and the final policy's at the stop.
+        np.testing.assert_array_equal(test["train_steps"][()], [10, 20, steps])
+        assert (test["episodes"][()] == 4).all() and np.isfinite(test["return_mean"][()]).all()
+        assert np.isfinite(test["captures"][()]).all() and np.isfinite(test["lone_catches"][()]).all()
+        for b in (k for k in f if k.startswith("buffer_")):
+            assert f[b]["buffer"]["experiences_in"][-1] >= 1  # whole episodes
+            eps = f[b]["episodes"]
+            assert eps["return"].shape[0] > 0 and (eps["length"][()] <= 25).all() and (eps["length"][()] > 0).all()
+        assert len([k for k in f if k.startswith("buffer_")]) == buffers
+    return job.run_dir
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("architecture", ["proposed", "baseline"])
+@pytest.mark.parametrize("variant", ["qmix", "macpo", "accmer"])
+def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
+    sets = {"qmix": (), "macpo": ("qmix.loss_weights=macpo",),
+            "accmer": ("qmix.loss_weights=macpo", "replay.sampler=accmer")}[variant]
+    job = run_mpi(4, tmp_path, *SHORT, f"replay.architecture={architecture}", *sets, job=JOB, timeout=240)
+    run_dir = check_run(job)
+    with h5py.File(run_dir / "learner.h5", "r") as f:
+        train = f["train"]
+        if variant == "qmix":
+            assert np.isnan(train["w_mean_raw"][()]).all()
+        else:  # MAC-PO's raw weights and f(pi) in [1, 2] are recorded
+            w, fpi = train["w_mean_raw"][()], train["f_mean"][()]
+            assert np.isfinite(w).any() and (w[np.isfinite(w)] > 0).all()
+            assert ((fpi[np.isfinite(fpi)] >= 1) & (fpi[np.isfinite(fpi)] <= 2)).all()
+    info = run_cli("info", str(run_dir))
+    assert info.returncode == 0 and "greedy test (4 episodes at train step 24)" in info.stdout, info.stdout
+
+
+@pytest.mark.mpi
+def test_two_buffers_share_the_episode_batch(tmp_path):
+    job = run_mpi(5, tmp_path, *SHORT, "topology.buffers=2", job=JOB, timeout=240)
+    check_run(job, buffers=2)
+
+
+@pytest.mark.parametrize("sets, key", [
+    (("agent.n_step=3",), "agent.n_step"),                          # an Ape-X setting under qmix
+    (("replay.alpha=0.6",), "replay.alpha"),
+    (("replay.sampler=accmer",), "replay.sampler"),                 # accmer without macpo
+    (("replay.accmer_alpha=1.5",), "replay.accmer_alpha"),          # alpha outside [0, 1]
+    (("replay.learning_starts=4",), "replay.learning_starts"),      # b > d when sampling starts
+    (("replay.capacity=8", "replay.batch_size=16", "replay.learning_starts=16"), "replay.capacity"),
+    (("agent.algorithm=distql",), "agent.algorithm"),               # unknown algorithm
+    (("env.id=CartPole-v1",), "env.id"),                            # not a multi-agent env
+    (("env.id=pettingzoo.classic.tictactoe_v3",), "env.id"),        # not a parallel env
+    (("qmix.epsilon_finish=1.5",), "qmix.epsilon_finish"),
+])
+def test_bad_qmix_input_is_exit_2_naming_the_key(sets, key):
+    proc = run_cli("validate", str(JOB), "-n", "5", *[x for s in sets for x in ("--set", s)])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mpirl: error: {key}: "), proc.stderr
+
+
+def test_qmix_settings_under_apex_are_refused():
+    proc = run_cli("validate", str(JOBS / "cartpole.toml"), "--set", "qmix.td_lambda=0.5")
+    assert proc.returncode == 2 and "qmix.td_lambda: [qmix] belongs to agent.algorithm = 'qmix'" in proc.stderr
+
+
+def test_a_multi_agent_env_under_apex_is_refused():
+    proc = run_cli("validate", str(JOBS / "cartpole.toml"), "--set", "env.id=predator_prey")
+    assert proc.returncode == 2 and "env.id:" in proc.stderr and "qmix" in proc.stderr
+
+
+def test_world_size_that_does_not_fit_is_exit_2():
+    proc = run_cli("validate", str(JOB), "-n", "2")
+    assert proc.returncode == 2 and "world size" in proc.stderr
+
+
+def test_validate_describes_the_qmix_job():
+    proc = run_cli("validate", str(JOB), "-n", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "QMIX on predator_prey: 8 agents, obs (5, 5, 3) uint8, state (10, 10, 3)" in proc.stdout

@@ -79,6 +79,7 @@ def test_two_buffers_share_the_episode_batch(tmp_path):
     (("agent.algorithm=distql",), "agent.algorithm"),               # unknown algorithm
     (("env.id=CartPole-v1",), "env.id"),                            # not a multi-agent env
     (("env.id=pettingzoo.classic.tictactoe_v3",), "env.id"),        # not a parallel env
+    (("env.id=mpe2.simple_adversary_v3",), "env.id"),               # heterogeneous agents
     (("qmix.epsilon_finish=1.5",), "qmix.epsilon_finish"),
 ])
 def test_bad_qmix_input_is_exit_2_naming_the_key(sets, key):
@@ -107,3 +108,46 @@ def test_validate_describes_the_qmix_job():
     proc = run_cli("validate", str(JOB), "-n", "5")
     assert proc.returncode == 0, proc.stderr
     assert "QMIX on predator_prey: 8 agents, obs (5, 5, 3) uint8, state (10, 10, 3)" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_preempted_qmix_job_resumes_with_its_replay(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from conftest import ROOT, mpi_command, mpi_env, train_steps_so_far
+    from mpirl.roles import checkpoint
+
+    out = tmp_path / "runs"
+    sets = (*[s for s in SHORT if not s.startswith("run.train_steps")], "run.train_steps=400",
+            "checkpoint.replay=true", "checkpoint.every_steps=10")
+    proc = subprocess.Popen(mpi_command(4, out, *sets, job=JOB), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=mpi_env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 150
+        while train_steps_so_far(out) < 30 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None and train_steps_so_far(out) >= 30, "the job did not train 30 steps in 150 s"
+        proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank: a clean stop
+        text, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, text
+    run_dir = next(out.glob("*/run.h5")).parent
+    stopped_at = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])["train_steps"]
+    assert 30 <= stopped_at < 400
+    with h5py.File(run_dir / "buffer_1.h5", "r") as f:
+        fill_at_stop = int(f["buffer/fill"][-1])
+    job = run_mpi(4, out, *[s for s in sets if not s.startswith("run.train_steps")],
+                  f"run.train_steps={stopped_at + 20}", job=JOB, args=("--resume", str(run_dir)), timeout=240)
+    assert job.proc.returncode == 0, job.output
+    assert f"buffer rank 1: replay restored, {fill_at_stop} records" in job.output
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1
+        tested = f["learner/test/train_steps"][()]
+        assert np.all(np.diff(tested) > 0) and tested[-1] == stopped_at + 20  # no round twice, the last at the stop
+        assert np.all(np.diff(f["learner/train/train_steps"][()]) >= 0)
+    state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
+    assert state["train_steps"] == stopped_at + 20 and "agent" in state

@@ -47,6 +47,7 @@ functions raise :class:`MarlDependencyError` (a ``ModuleNotFoundError``) that na
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from typing import Any, Callable, NamedTuple
@@ -336,6 +337,22 @@ def _simple_spread(kwargs: dict) -> TeamEnv:
     return TeamEnv(mod.parallel_env(**kwargs), reward="mean", noop=0)  # action 0: no move
 
 
+def _any_parallel(env_id: str, kwargs: dict) -> TeamEnv:
+    """Any PettingZoo env module by its import path, if it offers a ParallelEnv (its team reward: the mean)."""
+    try:
+        mod = importlib.import_module(env_id)
+    except ModuleNotFoundError as err:
+        if err.name and env_id.startswith(err.name):
+            raise ValueError(f"no module {env_id!r}; known ids: {', '.join(TEAM_ENVS)}, or a PettingZoo env "
+                             "module such as pettingzoo.sisl.pursuit_v5") from None
+        raise MarlDependencyError(f"{env_id} needs the Python package {err.name!r}, which is not installed: "
+                                  f"{INSTALL_HINT}", name=err.name) from None
+    if not callable(getattr(mod, "parallel_env", None)):
+        raise ValueError(f"{env_id} has no parallel_env(): it is an AEC (turn-based) env only, and QMIX steps "
+                         "every agent at once (a ParallelEnv)")
+    return TeamEnv(mod.parallel_env(**kwargs), reward="mean")
+
+
 TEAM_ENVS: dict[str, Callable[[dict], TeamEnv]] = {
     "predator_prey": _predator_prey,
     "pettingzoo.sisl.pursuit_v5": _pursuit,
@@ -350,8 +367,11 @@ def make_team_env(env_id: str, seed: int | None = None, **kwargs) -> TeamEnv:
     env's package is missing.
     """
     make = TEAM_ENVS.get(env_id)
+    if make is None and env_id.split(".")[0] in ("pettingzoo", "mpe2") and env_id.count(".") >= 1:
+        make = functools.partial(_any_parallel, env_id)
     if make is None:
-        raise ValueError(f"unknown multi-agent env {env_id!r}; known: {', '.join(TEAM_ENVS)}")
+        raise ValueError(f"unknown multi-agent env {env_id!r}; known: {', '.join(TEAM_ENVS)}, or any PettingZoo "
+                         "ParallelEnv module as pettingzoo.<family>.<name> (or mpe2.<name>)")
     try:
         team = make(dict(kwargs))
     except TypeError as err:  # an unknown keyword for the env's constructor

@@ -21,9 +21,10 @@ import torch
 from mpirl.agents.qmix import QMixPolicy, epsilon_schedule
 from mpirl.algos.apex.actor import ExperienceSender, Staging
 from mpirl.algos.qmix.envs import make
-from mpirl.comm.backoff import wait_until
+from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import EPISODE_SLOTS
 from mpirl.comm.params import ParamBroadcast
+from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
 
 MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
@@ -158,26 +159,34 @@ def run_actor(ctx: RoleContext) -> None:
     steps_before = playing.env_steps
     sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
     params = ParamBroadcast(topo.group_params, ctx.n_params)
-    version = -1
+    version, throttled = -1, 0.0
+    rp = cfg.replay
+    # replay.samples_per_insert: each episode is trained on about that many times; the actors wait for the
+    # learner instead of taking the CPU it needs (on a few shared cores the learner is the bottleneck).
+    budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
+                          rp.learning_starts, len(topo.buffers), topo.group.size - 1,
+                          slack=batch + playing.n)
 
     def send(rows: int, final: bool = False) -> None:
         records = playing.staging.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
         sender.send(records, np.ones(rows, np.float32), playing.episodes, final=final,
                     env_steps=playing.env_steps, param_version=version, epsilon=playing.epsilon(),
-                    steps_per_s=(playing.env_steps - steps_before) / elapsed, throttled_s=0.0,
+                    steps_per_s=(playing.env_steps - steps_before) / elapsed, throttled_s=throttled,
                     env_errors=playing.env_errors)
         playing.staging.drop(rows)
 
     params.post()
     wait_until(params.arrived, first=1e-4, longest=10e-3)
     stopped = params.stop
+    first = params.version  # 1, or a resumed learner's version: the insert budget counts from here
     if not stopped:
         playing.policy.load_flat(params.params)
         version = params.version
         params.post()
     playing.start()
     started = time.perf_counter()
+    waiting = Backoff(first=1e-4, longest=10e-3)
     while not stopped:
         if params.arrived():
             stopped = params.stop
@@ -187,6 +196,12 @@ def run_actor(ctx: RoleContext) -> None:
             version = params.version
             params.post()
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+        if budget.over(sender.sent + playing.staging.count, version - first + 1):
+            t0 = time.perf_counter()
+            waiting.sleep()
+            throttled += time.perf_counter() - t0
+            continue
+        waiting.reset()
         playing.step()
         while playing.staging.count >= batch:
             send(batch)

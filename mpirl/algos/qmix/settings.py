@@ -37,7 +37,7 @@ USES = {
     "agent": ("gamma", "lr", "adam_eps", "target_update", "grad_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "predator_prey"),
     "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "sampler",
-               "accmer_alpha", "accmer_discount"),
+               "accmer_alpha", "accmer_discount", "samples_per_insert"),
     "comm": ("send_batch", "send_ring", "recv_depth", "n_update", "prefetch", "max_message_mb", "link"),
 }
 

@@ -43,3 +43,32 @@ def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("all actors"))
     assert float(row[-1]) > 3, proc.stdout
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+def test_qmix_beats_random_play_on_predator_prey(tmp_path):
+    """The shorter variant of jobs/predator_prey_qmix.toml: 200 train steps on 5 ranks (about 3 minutes
+    here), then the final greedy round (32 episodes) against 32 episodes of random legal actions."""
+    pytest.importorskip("pettingzoo")
+    from mpirl import config
+    from mpirl.algos.qmix.random_play import random_play
+
+    job_file = ROOT / "jobs" / "predator_prey_qmix.toml"
+    job = run_mpi(5, tmp_path, "run.train_steps=200", "run.wall_seconds=420", "qmix.test_every=100",
+                  job=job_file, timeout=600)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == "train_steps 200 reached", (
+            f"the budget ran out before 200 train steps: {f.attrs['stop_reason']}")
+        test = {k: f["learner/test"][k][()] for k in ("train_steps", "return_mean", "return_std", "captures")}
+    cfg, _ = config.load(job_file)
+    rand = random_play(cfg, 32)
+    n = 32
+    mean, std = float(test["return_mean"][-1]), float(test["return_std"][-1])
+    se = np.sqrt(std ** 2 / (n - 1) + rand["returns"].var(ddof=1) / n)
+    z = (mean - rand["returns"].mean()) / se
+    captures, random_captures = float(test["captures"][-1]), float(rand["captures"].mean())
+    what = (f"greedy return {mean:.1f} ± {std:.1f} vs random {rand['returns'].mean():.1f}: z = {z:.1f}; "
+            f"captures {captures:.2f} vs random {random_captures:.2f}; rounds {test['return_mean'].round(1)}")
+    assert z > 3 and captures >= 2 * random_captures, what

@@ -162,7 +162,11 @@ class QmixLearner(Learner):
         for k in STATS:
             self.acc[k].append(stats[k])
         self.after_step()
-        return stats["episode_weights"].astype(np.float32)
+        weights = stats["episode_weights"].astype(np.float32)
+        bad = ~np.isfinite(weights)
+        if bad.any():  # a weight the sampler cannot rank: those episodes keep the weights they had
+            weights[bad] = np.asarray(sampled_priority, dtype=np.float32)[bad]
+        return weights
 
     def after_step(self) -> None:
         q = self.cfg.qmix

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 
 from mpirl.atomic import write_atomically
 from mpirl.config import ConfigError, JobConfig
@@ -65,6 +64,7 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
     d = Path(run_dir) / CKPT_DIR
     d.mkdir(exist_ok=True)
     path = d / f"ckpt-{int(state['train_steps']):010d}.pt"
+    import torch  # here, not at the top: every rank plans a resume, and a tabular job never imports torch
     with write_atomically(path) as f:
         torch.save({"format": FORMAT, **state}, f)
     for old in checkpoints(run_dir)[:-keep]:
@@ -74,6 +74,7 @@ def save(run_dir: Path, state: dict, keep: int) -> Path:
 
 def load(path: Path, map_location=None) -> dict:
     """A checkpoint's state (tensors and plain Python values only: nothing is executed)."""
+    import torch
     return torch.load(path, map_location=map_location, weights_only=True)
 
 

@@ -1,6 +1,6 @@
 """How much memory each rank of a job will hold, and the check against a node.
 
-Each algorithm estimates its ranks (e.g. :mod:`mpirl.algos.apex.memory`); this module holds the constants
+Each algorithm estimates its own ranks (in its folder of mpirl/algos/); this module holds the constants
 they share, the :class:`Estimate` and the check against a node's available memory.
 
 The estimate is built from what the job allocates: the replay memories from the

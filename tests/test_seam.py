@@ -1,0 +1,60 @@
+"""The algorithm seam: every folder of mpirl/algos/ offers the same interface, the shared wiring never names an
+algorithm, and a job imports only its own algorithm (the shared wiring imports no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpirl import config
+
+PKG = Path(config.__file__).resolve().parent
+
+
+@pytest.mark.parametrize("name", config.ALGORITHMS)
+def test_every_algorithm_offers_the_interface(name):
+    settings = importlib.import_module(f"mpirl.algos.{name}.settings")
+    assert isinstance(settings.SECTIONS, dict) and callable(settings.check)
+    for section, keys in settings.USES.items():  # every key it claims to read exists in that shared section
+        fields = {f.name for f in dataclasses.fields(config.SHARED[section])}
+        assert set(keys) <= fields, (name, section, set(keys) - fields)
+    algo = importlib.import_module(f"mpirl.algos.{name}.algorithm")
+    for attr in ("check", "build_topology", "rank_files", "rank_role", "describe", "summary"):
+        assert callable(getattr(algo, attr)), (name, attr)
+    assert set(algo.ROLES) and all(callable(loop) for loop in algo.ROLES.values())
+    info = importlib.import_module(f"mpirl.algos.{name}.info")
+    assert callable(info.summarize) and callable(info.format_summary)
+
+
+def test_the_shared_wiring_never_names_an_algorithm():
+    for path in sorted((PKG / "roles").glob("*.py")):
+        text = path.read_text()
+        for name in config.ALGORITHMS:
+            assert not re.search(rf"\b{name}\b", text), f"{path.name} names the algorithm {name!r}"
+    assert "apex" not in (PKG / "config.py").read_text().replace('"apex"', "")  # only as agent.algorithm's default
+
+
+def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
+    code = ("import sys; import mpirl.config, mpirl.algos, mpirl.roles.job, mpirl.roles.checks, "
+            "mpirl.roles.checkpoint, mpirl.metrics.summary, mpirl.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'pettingzoo', 'mpirl.algos.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = eval(out.stdout)  # noqa: S307 - our own printout
+    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS for m in loaded), loaded
+    assert not [m for m in loaded if m.startswith(("torch", "pettingzoo"))], loaded
+
+
+def test_a_job_sets_only_keys_its_algorithm_reads():
+    cfg = config.JobConfig()
+    assert "agent.n_step" in cfg.flat() and "qmix.td_lambda" not in cfg.flat()
+    cfg.agent.algorithm = "qmix"
+    flat = cfg.flat()
+    assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
+    assert all(config.reads("qmix", key) for key in flat)

@@ -202,12 +202,20 @@ def test_a_second_stop_kills_every_process_of_the_job(tmp_path):
 
 
 def test_ctrl_c_during_the_checks_before_the_job_starts_is_one_line(tmp_path):
+    # SIGINT's default disposition in the child even when this test runs in the background of a shell (which
+    # starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT ignored).
     proc = subprocess.Popen([sys.executable, "-m", "mpirl", "launch", str(JOBS / "breakout_proposed_small.toml"),
                              "--set", f'run.out_dir="{tmp_path}"'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=mpi_env(), cwd=ROOT)
-    time.sleep(1.0)  # importing torch and building the Atari env take longer than this
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+                            text=True, env=mpi_env(), cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(1.0)  # importing torch and building the Atari env take longer than this
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave a job behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     if proc.returncode == 75:
         pytest.skip("the checks finished before the signal: the job started and stopped cleanly")
     assert proc.returncode == 130 and err.strip() == "mpirl: interrupted", (proc.returncode, err[-2000:])

@@ -44,8 +44,8 @@ def check_run(job, *, steps=24, buffers=1):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("architecture", ["proposed", "baseline"])
-@pytest.mark.parametrize("variant", ["qmix", "macpo", "accmer"])
+@pytest.mark.parametrize("variant, architecture", [("qmix", "proposed"), ("macpo", "baseline"),
+                                                   ("accmer", "proposed"), ("accmer", "baseline")])
 def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
     sets = {"qmix": (), "macpo": ("qmix.loss_weights=macpo",),
             "accmer": ("qmix.loss_weights=macpo", "replay.sampler=accmer")}[variant]

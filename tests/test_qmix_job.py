@@ -61,6 +61,16 @@ def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
             assert ((fpi[np.isfinite(fpi)] >= 1) & (fpi[np.isfinite(fpi)] <= 2)).all()
     info = run_cli("info", str(run_dir))
     assert info.returncode == 0 and "greedy test (4 episodes at train step 24)" in info.stdout, info.stdout
+    if variant == "qmix":  # the learning check reads the run's own env settings and plays random games on them
+        import subprocess
+        import sys
+
+        from conftest import ROOT
+        check = subprocess.run([sys.executable, "analysis/marl_check.py", str(run_dir)], capture_output=True,
+                               text=True, cwd=ROOT, timeout=120)
+        assert check.returncode == 0, check.stderr
+        row = check.stdout.splitlines()[1].split()
+        assert row[0] == run_dir.name and row[1] == "24" and row[-1] in ("learned", "NOT"), check.stdout
 
 
 @pytest.mark.mpi

@@ -48,6 +48,9 @@ def main() -> None:
             test = {k: f["learner/test"][k][()] for k in ("train_steps", "return_mean", "return_std", "captures",
                                                           "lone_catches", "episodes")}
             wall = float(f.attrs.get("wall_seconds", math.nan))
+        if not len(test["train_steps"]):
+            print(f"{run_dir.name:<34} no greedy round yet")
+            continue
         cfg = job_of(run_dir)
         key = (cfg.env.id, cfg.env.max_episode_steps, str(cfg.env.predator_prey))
         if key not in randoms:

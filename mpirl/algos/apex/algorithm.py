@@ -11,10 +11,11 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.apex import memory
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
+from mpirl.comm.topology import ACTOR, BUFFER, LEARNER
 from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
+from mpirl.roles.replay_layout import build_topology, rank_files, rank_role  # noqa: F401 - the interface
 
 
 class Spaces(NamedTuple):
@@ -43,9 +44,6 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                    est.network_bytes // 4, est)
 
 
-def build_topology(world, cfg: JobConfig):
-    return build(world, cfg.topology.buffers, cfg.topology.node_local)
-
 
 def _learner(ctx):
     from mpirl.algos.apex.learner import run_learner
@@ -65,10 +63,6 @@ def _actor(ctx):
 ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
 
 
-def rank_files(topo) -> dict[str, str]:
-    """The HDF5 files run.h5 links: the learner's and each buffer's (actors' rows live in their buffer's file)."""
-    return {"learner": "learner.h5", **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}}
-
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t = checked.spaces, cfg.topology
@@ -76,10 +70,6 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
             f"{cfg.env.id} obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; "
             f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
 
-
-def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
-    """The role of ``rank`` before the topology is built (for the per-node memory check)."""
-    return LEARNER if rank == 0 else BUFFER if rank <= cfg.topology.buffers else ACTOR
 
 
 def summary(run_dir) -> str:

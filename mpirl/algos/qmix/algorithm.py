@@ -16,11 +16,12 @@ import numpy as np
 
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
+from mpirl.comm.topology import ACTOR, BUFFER, LEARNER
 from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
+from mpirl.roles.replay_layout import build_topology, rank_files, rank_role  # noqa: F401 - the interface
 
 
 class Spaces(NamedTuple):
@@ -107,9 +108,6 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     return Checked(spaces, spec, n_params, estimate(cfg, world_size, spaces, spec, n_params, total))
 
 
-def build_topology(world, cfg: JobConfig):
-    return build(world, cfg.topology.buffers, cfg.topology.node_local)
-
 
 def _learner(ctx):
     from mpirl.algos.qmix.learner import run_learner
@@ -129,12 +127,6 @@ def _actor(ctx):
 ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
 
 
-def rank_files(topo) -> dict[str, str]:
-    return {"learner": "learner.h5", **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers}}
-
-
-def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
-    return LEARNER if rank == 0 else BUFFER if rank <= cfg.topology.buffers else ACTOR
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:

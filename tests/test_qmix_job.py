@@ -161,3 +161,15 @@ def test_a_preempted_qmix_job_resumes_with_its_replay(tmp_path):
         assert np.all(np.diff(f["learner/train/train_steps"][()]) >= 0)
     state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
     assert state["train_steps"] == stopped_at + 20 and "agent" in state
+
+
+def test_a_missing_marl_extra_is_named(monkeypatch, capsys):
+    import sys
+
+    from mpirl import cli
+    for mod in [m for m in sys.modules if m == "pettingzoo" or m.startswith(("pettingzoo.", "mpirl.envs.predator_prey"))]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "pettingzoo", None)  # as if PettingZoo were not installed
+    assert cli.main(["validate", str(JOB), "-n", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mpirl: error: env.id: ") and "pip install 'mpirl[marl]'" in err[0], err

@@ -86,8 +86,14 @@ class EpisodeShard:
     def sample_into(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray]) -> Sample:
         """Sample ``k`` episodes into ``out`` (a reply's views: the spec's fields and ids, versions, probs,
         priority); the reuse block is copied from the cache, gathered only when the window opens."""
-        picks = self.pick(k, rng)
         fields = {name: out[name] for name in self.episodes.spec}
+        if k > self.size:  # only when the job stops before the memory holds a batch: any episodes will do
+            ids = rng.integers(0, self.size, k)
+            self.episodes.gather(ids, fields)
+            versions, probs, prio = self.episodes.versions[ids], np.full(k, 1.0 / self.size), self._weights_of(ids)
+            out["ids"][:k], out["versions"][:k], out["probs"][:k], out["priority"][:k] = ids, versions, probs, prio
+            return Sample(ids, versions, probs, prio)
+        picks = self.pick(k, rng)
         r = picks.reuse
         if r:
             if picks.fresh or self.cache is None:

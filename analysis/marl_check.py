@@ -60,7 +60,8 @@ def main() -> None:
         mean, std = float(test["return_mean"][-1]), float(test["return_std"][-1])
         se = math.sqrt(std ** 2 / max(n - 1, 1) + rnd["returns"].var(ddof=1) / len(rnd["returns"]))
         z = (mean - rnd["returns"].mean()) / se if se > 0 else math.inf
-        cap, rcap = float(test["captures"][-1]), float(np.nanmean(rnd["captures"]))
+        counts = rnd["captures"][np.isfinite(rnd["captures"])]
+        cap, rcap = float(test["captures"][-1]), float(counts.mean()) if counts.size else math.nan
         counted = np.isfinite(cap) and np.isfinite(rcap)
         ok = z > 3 and (cap >= 2 * rcap if counted else True)
         print(f"{run_dir.name:<34} {int(test['train_steps'][-1]):>6} {wall:>7.0f} {mean:>8.1f} ± {std:<5.1f}"

@@ -3,6 +3,8 @@ the rest actors (:mod:`mpirl.comm.topology`); what an algorithm's ``algorithm.py
 
 from __future__ import annotations
 
+import importlib
+
 from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, build
 from mpirl.config import JobConfig
 
@@ -19,3 +21,14 @@ def rank_files(topo) -> dict[str, str]:
 def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
     """The role of ``rank`` before the topology is built (for the per-node memory check)."""
     return LEARNER if rank == 0 else BUFFER if rank <= cfg.topology.buffers else ACTOR
+
+
+def lazy_roles(package: str) -> dict:
+    """Role name -> loop for an algorithm package with ``learner.run_learner``, ``buffer.run_buffer`` and
+    ``actor.run_actor``; each module is imported when its rank starts (a rank imports only its own loop)."""
+    def loop(module: str, func: str):
+        def run(ctx):
+            return getattr(importlib.import_module(f"{package}.{module}"), func)(ctx)
+        return run
+    return {LEARNER: loop("learner", "run_learner"), BUFFER: loop("buffer", "run_buffer"),
+            ACTOR: loop("actor", "run_actor")}

@@ -11,11 +11,10 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.apex import memory
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER
 from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import build_topology, rank_files, rank_role  # noqa: F401 - the interface
+from mpirl.roles.replay_layout import build_topology, lazy_roles, rank_files, rank_role  # noqa: F401 - the interface
 
 
 class Spaces(NamedTuple):
@@ -45,22 +44,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-def _learner(ctx):
-    from mpirl.algos.apex.learner import run_learner
-    return run_learner(ctx)
-
-
-def _buffer(ctx):
-    from mpirl.algos.apex.buffer import run_buffer
-    return run_buffer(ctx)
-
-
-def _actor(ctx):
-    from mpirl.algos.apex.actor import run_actor
-    return run_actor(ctx)
-
-
-ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
+ROLES = lazy_roles("mpirl.algos.apex")
 
 
 

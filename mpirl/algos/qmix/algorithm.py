@@ -16,12 +16,11 @@ import numpy as np
 
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER
 from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import build_topology, rank_files, rank_role  # noqa: F401 - the interface
+from mpirl.roles.replay_layout import build_topology, lazy_roles, rank_files, rank_role  # noqa: F401 - the interface
 
 
 class Spaces(NamedTuple):
@@ -109,22 +108,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-def _learner(ctx):
-    from mpirl.algos.qmix.learner import run_learner
-    return run_learner(ctx)
-
-
-def _buffer(ctx):
-    from mpirl.algos.qmix.buffer import run_buffer
-    return run_buffer(ctx)
-
-
-def _actor(ctx):
-    from mpirl.algos.qmix.actor import run_actor
-    return run_actor(ctx)
-
-
-ROLES = {LEARNER: _learner, BUFFER: _buffer, ACTOR: _actor}
+ROLES = lazy_roles("mpirl.algos.qmix")
 
 
 

@@ -253,8 +253,6 @@ JobConfig = dataclasses.make_dataclass(
 JobConfig.__module__ = __name__
 
 
-
-
 def _close(word: str, options) -> str:
     near = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean '{near[0]}'?)" if near else ""

@@ -58,3 +58,11 @@ def test_a_job_sets_only_keys_its_algorithm_reads():
     flat = cfg.flat()
     assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
     assert all(config.reads("qmix", key) for key in flat)
+
+
+def test_no_algorithm_imports_another_algorithm_s_folder():
+    for name in config.ALGORITHMS:
+        others = [o for o in config.ALGORITHMS if o != name]
+        for path in sorted((PKG / "algos" / name).glob("*.py")):
+            for other in others:
+                assert f"mpirl.algos.{other}" not in path.read_text(), f"algos/{name}/{path.name} imports algos/{other}"

@@ -24,43 +24,16 @@ import torch
 
 from mpirl.agents.dqn import ActingPolicy, env_epsilons
 from mpirl.comm.backoff import Backoff, wait_until
-from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
+from mpirl.comm.messages import EPISODE_SLOTS
 from mpirl.comm.params import ParamBroadcast
-from mpirl.comm.pools import SendRing
 from mpirl.config import JobConfig
 from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
+from mpirl.roles.experience import ExperienceSender, Staging
 
 MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
-
-
-class Staging:
-    """Transitions waiting to be sent: one preallocated array per field."""
-
-    def __init__(self, spec: dict, rows: int):
-        self.fields = {name: np.zeros((rows, *shape), dtype) for name, (shape, dtype) in spec.items()}
-        self.count = 0
-
-    def put(self, transition: tuple) -> None:
-        obs, action, ret, next_obs, done, discount = transition
-        i, f = self.count, self.fields
-        f["obs"][i], f["action"][i], f["reward"][i] = obs, action, ret
-        f["next_obs"][i], f["done"][i], f["discount"][i] = next_obs, done, discount
-        self.count += 1
-
-    def take(self, n: int) -> dict:
-        """Views of the first ``n`` rows (valid until ``drop(n)``)."""
-        return {name: arr[:n] for name, arr in self.fields.items()}
-
-    def drop(self, n: int) -> None:
-        """Forget the first ``n`` rows, moving the rest to the front."""
-        rest = self.count - n
-        if rest:
-            for arr in self.fields.values():
-                arr[:rest] = arr[n:self.count]
-        self.count = rest
 
 
 class Acting:
@@ -161,30 +134,6 @@ class Acting:
     def close(self) -> None:
         if self.envs is not None:
             self.envs.close()
-
-
-class ExperienceSender:
-    """An actor's line to its buffer: batches packed into a ring of send buffers, ``Isend``."""
-
-    def __init__(self, comm, spec: dict, send_batch: int, ring_size: int, rank: int):
-        self.layout = experience_layout(spec, send_batch)
-        self.ring = SendRing(comm, dest=0, tag=TAG_EXPERIENCE, nbytes=self.layout.max_nbytes, size=ring_size)
-        self.rank = rank
-        self.sent = 0
-
-    def send(self, records: dict, priorities: np.ndarray, episodes: deque, final: bool = False, **header) -> None:
-        """Pack and send ``records`` with their priorities and up to EPISODE_SLOTS finished episodes."""
-        slot, buf = self.ring.acquire()
-        k = min(len(episodes), EPISODE_SLOTS)
-        done_eps = [episodes.popleft() for _ in range(k)]
-        nbytes = self.layout.pack(buf, {**records, "priority": priorities}, actor=self.rank, final=int(final),
-                                  episodes=k, ep_return=[r for r, _ in done_eps], ep_length=[n for _, n in done_eps],
-                                  **header)
-        self.ring.send(slot, nbytes)
-        self.sent += len(priorities)
-
-    def close(self) -> None:
-        self.ring.close()
 
 
 def run_actor(ctx: RoleContext) -> None:

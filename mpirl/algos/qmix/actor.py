@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from mpirl.agents.qmix import QMixPolicy, epsilon_schedule
-from mpirl.algos.apex.actor import ExperienceSender, Staging
 from mpirl.algos.qmix.envs import make
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import EPISODE_SLOTS
 from mpirl.comm.params import ParamBroadcast
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
+from mpirl.roles.experience import ExperienceSender, Staging
 
 MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
 
@@ -59,15 +59,6 @@ class EpisodeRecorder:
         return tuple(arr[k] for arr in self.rows.values())
 
 
-class EpisodeStaging(Staging):
-    """Finished episodes waiting to be sent (rows of the episode spec)."""
-
-    def put(self, row: tuple) -> None:
-        for arr, value in zip(self.fields.values(), row):
-            arr[self.count] = value
-        self.count += 1
-
-
 class Playing:
     """One actor's games and policy; no MPI. ``step()`` plays one step of every game."""
 
@@ -79,7 +70,7 @@ class Playing:
         self.rng = np.random.default_rng(self.seed)
         self.policy = QMixPolicy(s.n_agents, s.obs_shape, s.n_actions, cfg.qmix.rnn_hidden)
         self.recorder = EpisodeRecorder(ctx.spec, self.n)
-        self.staging = EpisodeStaging(ctx.spec, cfg.comm.send_batch + self.n)
+        self.staging = Staging(ctx.spec, cfg.comm.send_batch + self.n)
         self.episodes: deque = deque()  # (return, length) of finished episodes not yet reported
         self.env_steps = 0
         self.env_errors = self.failing = 0

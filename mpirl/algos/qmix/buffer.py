@@ -1,18 +1,18 @@
-"""The QMIX buffer: Ape-X's buffer loop over episodes.
+"""The QMIX buffer: the shared buffer loop over episodes.
 
 Receiving actors' messages, serving the learner's requests (applying the weights a request carries
 before sampling), relaying parameters and writing the group's metrics are the same as Ape-X's
-(:mod:`mpirl.algos.apex.buffer`); what differs is the memory: an episode shard with a uniform or an
+(:mod:`mpirl.roles.replay_buffer`); what differs is the memory: an episode shard with a uniform or an
 AccMER sampler (:class:`~mpirl.replay.episode_shard.EpisodeShard`). The baseline placement relays
 whole episodes as Ape-X's relays transitions.
 """
 
 from __future__ import annotations
 
-from mpirl.algos.apex.buffer import Buffer
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.context import RoleContext
+from mpirl.roles.replay_buffer import Buffer
 
 
 class EpisodeBuffer(Buffer):

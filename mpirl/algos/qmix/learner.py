@@ -1,5 +1,5 @@
-"""The QMIX learner: Ape-X's learner loop (requests, replies, parameter broadcasts, checkpoints, stop
-conditions; :mod:`mpirl.algos.apex.learner`) over batches of whole episodes.
+"""The QMIX learner: the shared learner loop (requests, replies, parameter broadcasts, checkpoints, stop
+conditions; :mod:`mpirl.roles.replay_learner`) over batches of whole episodes.
 
 *proposed*: each buffer samples its share of episodes (uniform, or AccMER's reuse set plus uniform
 picks) and the next request carries the sampled episodes' new weights. *baseline*: the learner keeps
@@ -22,7 +22,7 @@ import torch
 
 from mpirl.agents.dqn import pick_device
 from mpirl.agents.qmix import QmixHyper, QMixLearner, QMixPolicy, divergence
-from mpirl.algos.apex.learner import MAX_SKIPPED_IN_A_ROW, Learner
+from mpirl.roles.replay_learner import MAX_SKIPPED_IN_A_ROW, Learner
 from mpirl.algos.qmix.envs import make
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard

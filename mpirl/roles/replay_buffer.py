@@ -1,0 +1,292 @@
+"""The buffer loop of the replay-based algorithms: receive experiences, serve the learner, relay parameters.
+
+The loop never names an algorithm: its replay memory comes from :meth:`Buffer.make_shard`, which each
+algorithm's buffer provides (Ape-X: a prioritized shard of transitions; QMIX: an episode shard).
+
+*proposed*: the replay memory lives here (a prioritized shard). A learner
+request first applies the priorities it carries (dropping updates for slots
+overwritten since they were sampled), then a batch is sampled straight into the
+reply buffer and sent back with ids, versions and probabilities.
+
+*baseline*: the buffer keeps the latest ``capacity`` experiences with the
+priorities their actors gave them and ships them all when the learner asks.
+
+Both relay every parameter broadcast from the learner to the actors, and write
+the group's metrics (buffer counters, episodes, actor stats) to HDF5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from mpirl.comm.backoff import Backoff
+from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, dump_layout,
+                                 experience_layout, request_layout, sample_layout)
+from mpirl.comm.codec import codec_for
+from mpirl.comm.link import shaper_for
+from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.pools import RecvPool, SendRing
+from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.quotas import max_quota
+from mpirl.replay.frames import framed_fields
+from mpirl.replay.ring import RingStore
+from mpirl.replay import snapshot
+from mpirl.roles.checkpoint import CKPT_DIR
+from mpirl.roles.context import Interval, RoleContext
+
+F8, I8, F32 = np.float64, np.int64, np.dtype(np.float32)
+
+
+class Buffer:
+    def __init__(self, ctx: RoleContext):
+        cfg, topo = ctx.cfg, ctx.topo
+        self.ctx, self.cfg = ctx, cfg
+        self.proposed = cfg.replay.architecture == "proposed"
+        self.spec = spec = ctx.spec
+        self.rng = np.random.default_rng(ctx.seed())
+        share = max_quota(cfg.replay.batch_size, len(topo.buffers), cfg.replay.shares)
+        self.min_fill = max(1, int(np.ceil(cfg.replay.learning_starts / len(topo.buffers))))
+
+        self.exp = experience_layout(spec, cfg.comm.send_batch)
+        self.req = request_layout(share)
+        dedup = cfg.replay.dedup_frames
+        framed = framed_fields(spec) if dedup else {}
+        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
+        self.n_actors = topo.group.size - 1
+        self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
+                                 self.exp.max_nbytes, cfg.comm.recv_depth)
+        codec = codec_for(cfg.comm.link)
+        self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
+        self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
+                                cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
+                                codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
+        if self.proposed:
+            self.store = self.make_shard()
+        else:  # the actors' priorities are stored as one more field and shipped with the records
+            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup)
+        self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
+        self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
+
+        self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
+        # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
+        # toward the learner's return window (run.return_from = "least_exploring": other actors').
+        self.to_learner: deque = deque()
+        self.window_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        self.actor_steps: dict[int, int] = {}
+        self.actor_logged: dict[int, float] = {}
+        self.inserted = self.consumed = self.stale = self.updates = 0
+        self.finals, self.bye = 0, False
+        self.stop_steps = 0  # the learner's train steps at the stop (its BYE): names the stop checkpoint
+        self._open_metrics()
+        if ctx.resume and cfg.checkpoint.replay:
+            self._restore_replay()
+
+    def make_shard(self):
+        """The replay memory the proposed placement serves from (``add``, ``sample_into``,
+        ``update_priorities``, ``size``, ``total``, ``nbytes``, ``framed``): the algorithm's buffer says which."""
+        raise NotImplementedError
+
+    def _open_metrics(self) -> None:
+        ctx = self.ctx
+        self.file = MetricsFile(ctx.run_dir / f"buffer_{ctx.topo.rank}.h5", flush_seconds=ctx.cfg.log.flush_seconds,
+                                attrs={"role": "buffer", "rank": ctx.topo.rank, "capacity": self.cfg.replay.capacity,
+                                       "architecture": self.cfg.replay.architecture,
+                                       "dedup_frames": bool(self.store.framed),
+                                       "actors": ctx.topo.actors_of(ctx.topo.rank)}, resume=bool(ctx.resume))
+        self.t_buffer = self.file.table("buffer", {
+            "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
+            "bytes_out_raw": I8,
+            "fill": I8, "stale_updates": I8, "priority_updates": I8, "consumed": I8, "alpha": F8,
+            "total_priority": F8, "bytes_held": I8})
+        self.t_episodes = self.file.table("episodes", {"time": F8, "actor": I8, "env_steps": I8,
+                                                       "return": F8, "length": I8})
+        self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
+                                                   "env_steps_per_s": F8, "epsilon": F8, "param_version": I8,
+                                                   "throttled_s": F8, "env_errors": I8})
+        # Cumulative columns continue from the last row at or before a resumed run's checkpoint.
+        self.base = dict.fromkeys(("bytes_in", "bytes_out", "bytes_out_raw"), 0)
+        if ctx.resume:
+            t = ctx.resume.job_time
+            for table in (self.t_buffer, self.t_episodes, self.t_actors):
+                table.truncate(table.rows_until("time", t))
+            if self.t_buffer.rows:
+                last = {c: ds[self.t_buffer.rows - 1] for c, ds in self.file.columns("buffer").items()}
+                self.base = {k: int(last[k]) for k in self.base}
+                self.inserted, self.stale = int(last["experiences_in"]), int(last["stale_updates"])
+                self.updates, self.consumed = int(last["priority_updates"]), int(last["consumed"])
+            self.actor_steps = {a: s for a, s in ctx.resume.actor_steps.items() if a in ctx.topo.actors_of(ctx.topo.rank)}
+        self.tick = Interval(self.cfg.log.interval)
+        self.last_in, self.last_t = self.inserted, ctx.now()
+        # Each actor's env steps and time at its last row: its rate spans the time since (from here at first).
+        self.actor_last = {a: (self.actor_steps.get(a, 0), self.last_t) for a in ctx.topo.actors_of(ctx.topo.rank)}
+
+    # -- experiences from actors -----------------------------------------------
+    def on_experience(self, buf: np.ndarray) -> bool:
+        """Store one actor message; returns True if it was the actor's last."""
+        exp, rows = self.exp, self.exp.rows(buf)
+        if rows:
+            views = exp.views(buf, rows)
+            if self.proposed:
+                self.store.add(views, views.pop("priority"))
+            else:
+                self.store.add(views)
+            self.inserted += rows
+        actor, t = int(exp.get(buf, "actor")), self.ctx.now()
+        steps = self.actor_steps[actor] = int(exp.get(buf, "env_steps"))
+        k = int(exp.get(buf, "episodes"))
+        if k:
+            rets = exp.get(buf, "ep_return")[:k].copy()
+            self.t_episodes.extend(time=np.full(k, t), actor=np.full(k, actor), env_steps=np.full(k, steps),
+                                   length=exp.get(buf, "ep_length")[:k].astype(I8), **{"return": rets})
+            counts = self.window_actor is None or actor == self.window_actor
+            self.to_learner.extend(rets.tolist() if counts else [math.nan] * k)
+        final = bool(exp.get(buf, "final"))
+        if final or self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
+            self.actor_logged[actor] = t
+            last_steps, last_t = self.actor_last.get(actor, (0, t))
+            self.actor_last[actor] = steps, t
+            rate = (steps - last_steps) / max(t - last_t, 1e-9)
+            self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=rate,
+                                 epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
+                                 throttled_s=exp.get(buf, "throttled_s"), env_errors=int(exp.get(buf, "env_errors")))
+        return final
+
+    # -- the learner's requests ------------------------------------------------
+    def on_request(self, buf: np.ndarray) -> None:
+        req, rows = self.req, self.req.rows(buf)
+        kind = int(req.get(buf, "kind"))
+        self.consumed = int(req.get(buf, "consumed"))
+        if rows and self.proposed:
+            v = req.views(buf, rows)
+            self.stale += self.store.update_priorities(v["ids"], v["versions"], v["priority"])
+            self.updates += rows
+        if kind == SAMPLE:
+            self.waiting.append((req.get(buf, "seq"), int(req.get(buf, "want"))))
+        elif kind == DUMP:
+            self.serve_dump(req.get(buf, "seq"))
+        elif kind == BYE:
+            self.bye = True
+            self.stop_steps = int(req.get(buf, "train_steps"))
+
+    def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0) -> None:
+        k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
+        rets = [self.to_learner.popleft() for _ in range(k)]
+        self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
+                       shard_total=self.store.total if self.proposed else 0.0,
+                       env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
+        if self.reply.counted:
+            self.reply.set(buf, frames_rows=frames)
+        self.replies.send(slot, self.reply.nbytes(rows, frames=frames))
+
+    def serve_sample(self, seq: float, want: int) -> None:
+        """Sample ``want`` records straight into a reply buffer (fewer only at shutdown)."""
+        slot, buf = self.replies.acquire()
+        rows = want if self.store.size else 0
+        views = self.reply.views(buf, rows)
+        if rows:
+            self.store.sample_into(rows, self.rng, views)
+        self._send_reply(slot, buf, SAMPLE, seq, rows)
+
+    def serve_dump(self, seq: float) -> None:
+        """Ship every stored experience, oldest first (baseline)."""
+        slot, buf = self.replies.acquire()
+        rows, frames = self.store.size, 0
+        if self.reply.counted:  # frames once, stacks as indices
+            views = self.reply.views(buf, rows, frames=self.reply.counted["frames"][2])
+            rows, frames = self.store.export_framed(views, views["frames"])
+        else:
+            self.store.export(self.reply.views(buf, rows))
+        self._send_reply(slot, buf, DUMP, seq, rows, frames)
+
+    # -- the loop ----------------------------------------------------------------
+    def finished(self) -> bool:
+        return self.bye and self.finals == self.n_actors and not self.waiting and self.params_out.done()
+
+    def step(self) -> bool:
+        """One pass over every source of work; True if anything happened."""
+        progress = False
+        self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+        self.replies.pump()
+        for slot, _, buf, _ in self.exp_pool.poll():
+            progress = True
+            if self.on_experience(buf):
+                self.finals += 1
+            else:
+                self.exp_pool.post(slot)
+        for slot, _, buf, _ in self.req_pool.poll():
+            progress = True
+            self.on_request(buf)
+            if not self.bye:
+                self.req_pool.post(slot)
+        while self.waiting and (self.store.size >= self.min_fill or self.bye):
+            self.serve_sample(*self.waiting.popleft())
+            progress = True
+        if not self.params_in.closed and self.params_in.arrived():
+            progress = True
+            self.params_out.publish(self.params_in.version, self.params_in.params, stop=self.params_in.stop)
+            if not self.params_in.stop:
+                self.params_in.post()
+        if self.tick.due():
+            self.write_row()
+        self.file.flush_if_due()
+        return progress
+
+    def write_row(self) -> None:
+        t = self.ctx.now()
+        rate = (self.inserted - self.last_in) / max(t - self.last_t, 1e-9)
+        self.last_in, self.last_t = self.inserted, t
+        self.t_buffer.append(
+            time=t, experiences_in=self.inserted, experiences_in_per_s=rate,
+            bytes_in=self.base["bytes_in"] + self.exp_pool.bytes_received,
+            bytes_out=self.base["bytes_out"] + self.replies.bytes_sent,
+            bytes_out_raw=self.base["bytes_out_raw"] + self.replies.raw_bytes_sent, fill=self.store.size,
+            stale_updates=self.stale,
+            priority_updates=self.updates, consumed=self.consumed,
+            alpha=self.inserted / self.consumed if self.consumed else np.nan,
+            total_priority=self.store.total if self.proposed else np.nan, bytes_held=self.store.nbytes)
+
+    # -- checkpoint.replay ---------------------------------------------------------
+    def _replay_file(self):
+        return self.ctx.run_dir / CKPT_DIR / f"replay-{self.ctx.topo.rank}.npz"
+
+    def _save_replay(self) -> None:
+        """The memory as the job stops, beside the learner's stop checkpoint (same train steps)."""
+        path = self._replay_file()
+        path.parent.mkdir(exist_ok=True)
+        snapshot.save(path, snapshot.snapshot(self.store), train_steps=self.stop_steps)
+
+    def _restore_replay(self) -> None:
+        path, steps = self._replay_file(), self.ctx.resume.train_steps
+        where = f"mpirl: buffer rank {self.ctx.topo.rank}"
+        if not path.exists():
+            print(f"{where}: no replay snapshot ({path.name}); the memory starts empty", flush=True)
+            return
+        arrays, meta = snapshot.load(path)
+        if meta.get("train_steps") != steps:
+            print(f"{where}: {path.name} is from train step {meta.get('train_steps')}, the checkpoint from "
+                  f"{steps}; the memory starts empty", flush=True)
+            return
+        n = snapshot.restore(self.store, arrays)
+        print(f"{where}: replay restored, {n} records from {path.name}", flush=True)
+
+    def run(self) -> None:
+        self.params_in.post()
+        backoff = Backoff()
+        while not self.finished():
+            if self.step():
+                backoff.reset()
+            else:
+                backoff.sleep()
+        self.write_row()
+        if self.cfg.checkpoint.replay:
+            self._save_replay()
+        # Memory per slot as the run left it (frames stored once fill lazily, so not known at start).
+        self.file.set_attrs(bytes_per_slot=self.store.nbytes / self.cfg.replay.capacity)
+        self.replies.close()
+        self.exp_pool.close()
+        self.req_pool.close()
+        self.params_out.close()
+        self.file.close()

@@ -6,8 +6,8 @@
 
 Every (agents, variant, seed) runs ``jobs/predator_prey_qmix.toml`` for a fixed number of train
 steps (``--steps``) with the replay on the learner (``replay.architecture = "baseline"``, as in AccMER,
-where the learner samples its own memory; ``--set`` adds overrides to every run). A run already in
-``--out`` with that configuration is not run again. Per (agents, variant) it prints the medians over
+where the learner samples its own memory; ``--set`` adds overrides to every run). A completed run already in
+``--out`` with the same settings (its recorded job) is not run again. Per (agents, variant) it prints the medians over
 seeds of: the learner's wall time from its first to its last train step, the share of that spent
 sampling (gathering batches) and training, the final greedy test return (mean of ``qmix.test_episodes``
 episodes) and its captures, and the ratio of each variant's time to MAC-PO's (AccMER's reported
@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "jobs" / "predator_prey_qmix.toml"
@@ -37,29 +36,44 @@ def run_name(agents: int, variant: str, seed: int) -> str:
     return f"pp{agents}-{variant}-s{seed}"
 
 
-def finished(out: Path, name: str) -> Path | None:
+def overrides(agents: int, variant: str, seed: int, steps: int, extra: list[str]) -> list[str]:
+    """The settings of one run (besides its name and directory): what makes an earlier run the same run."""
+    return [f"run.seed={seed}", f"run.train_steps={steps}", "run.wall_seconds=0",
+            f"env.predator_prey.predators={agents}", "replay.architecture=baseline", *VARIANTS[variant], *extra]
+
+
+def same(recorded, wanted: str) -> bool:
+    try:
+        return float(recorded) == float(wanted)
+    except (TypeError, ValueError):
+        return str(recorded).lower() == wanted.strip().strip("'\"").lower()
+
+
+def finished(out: Path, name: str, sets: list[str]) -> Path | None:
+    """A completed run of this name whose recorded job has every one of ``sets`` (so --steps 300 never
+    reuses a 60-step run)."""
     for run_h5 in sorted(out.glob(f"{name}-*/run.h5")):
         with h5py.File(run_h5, "r", locking=False) as f:
-            if f.attrs.get("status") == "completed":
+            if f.attrs.get("status") != "completed":
+                continue
+            job = f["job"].attrs
+            if all(key in job and same(job[key], value) for key, value in (s.split("=", 1) for s in sets)):
                 return run_h5.parent
     return None
 
 
-def run_one(out: Path, agents: int, variant: str, seed: int, steps: int, ranks: int, extra: list[str]) -> Path:
-    name = run_name(agents, variant, seed)
-    done = finished(out, name)
+def run_one(out: Path, name: str, sets: list[str], ranks: int) -> Path:
+    done = finished(out, name, sets)
     if done:
         print(f"{name}: done earlier ({done.name})", flush=True)
         return done
-    sets = [f"run.name={name}", f"run.out_dir={out}", f"run.seed={seed}", f"run.train_steps={steps}",
-            "run.wall_seconds=0", f"env.predator_prey.predators={agents}", "replay.architecture=baseline",
-            *VARIANTS[variant], *extra]
-    cmd = [sys.executable, "-m", "mpirl", "launch", "-n", str(ranks), str(JOB), *[x for s in sets for x in ("--set", s)]]
+    every = [f"run.name={name}", f"run.out_dir={out}", *sets]
+    cmd = [sys.executable, "-m", "mpirl", "launch", "-n", str(ranks), str(JOB), *[x for s in every for x in ("--set", s)]]
     print(f"{name}: running", flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return finished(out, name)
+    return finished(out, name, sets)
 
 
 def measure(run_dir: Path) -> dict:
@@ -95,8 +109,8 @@ def main() -> None:
             got = []
             for seed in args.seeds:
                 name = run_name(agents, variant, seed)
-                run_dir = finished(args.out, name) if args.read else run_one(
-                    args.out, agents, variant, seed, args.steps, args.n, args.set)
+                sets = overrides(agents, variant, seed, args.steps, args.set)
+                run_dir = finished(args.out, name, sets) if args.read else run_one(args.out, name, sets, args.n)
                 if run_dir:
                     got.append(measure(run_dir))
             if got:

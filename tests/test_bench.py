@@ -5,6 +5,9 @@ every benchmark measures both sides, that ratios follow from the medians, that t
 HDF5 file holds the repetitions, and that the command line refuses bad input.
 """
 
+import tempfile
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -86,7 +89,9 @@ def test_pipeline_bench_reads_compute_and_waiting_from_real_jobs():
 def test_solve_bench_reports_thresholds_never_reached():
     pytest.importorskip("stable_baselines3", reason="Stable-Baselines3 is in the bench and test extras")
     from mpirl.bench import solve
+    before = set(Path(tempfile.gettempdir()).glob("SB3-*"))
     rows = solve.run(reps=1, budget=1500, wall=30)
+    assert set(Path(tempfile.gettempdir()).glob("SB3-*")) == before, "SB3 left a log directory behind"
     assert [r.name.split(" to ")[1].split()[0] for r in rows] == ["195", "195", "475", "475"]
     for r in rows:
         assert set(r.values) == {"mpirl 4 ranks", "SB3 DQN (zoo)"} and all(len(v) == 1 for v in r.values.values())

@@ -173,3 +173,28 @@ def test_a_missing_marl_extra_is_named(monkeypatch, capsys):
     assert cli.main(["validate", str(JOB), "-n", "5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mpirl: error: env.id: ") and "pip install 'mpirl[marl]'" in err[0], err
+
+
+@pytest.mark.mpi
+def test_marl_study_runs_reads_and_reuses_only_matching_runs(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def study(*args):
+        sets = [x for s in SHORT if not s.startswith(("run.train_steps", "run.wall_seconds")) for x in ("--set", s)]
+        return subprocess.run([sys.executable, "analysis/marl_study.py", "--out", str(tmp_path), "--agents", "8",
+                               "--variants", "accmer", "--seeds", "1", "-n", "4", *sets, *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+    first = study("--steps", "12")
+    assert first.returncode == 0, first.stdout + first.stderr
+    row = (tmp_path / "table.txt").read_text().splitlines()[1].split()
+    assert row[:3] == ["8", "accmer", "1"] and float(row[3]) > 0  # seconds per train step, measured
+    assert "pp8-accmer-s1: running" in first.stdout
+    again = study("--steps", "12")
+    assert again.returncode == 0 and "done earlier" in again.stdout, again.stdout
+    # A run of another length is not the same run: --read finds none and prints only the header.
+    other = study("--steps", "13", "--read")
+    assert other.returncode == 0 and len((tmp_path / "table.txt").read_text().splitlines()) == 1, other.stdout

@@ -74,6 +74,7 @@ def sb3_main(seed: int, budget: int, wall: float) -> None:
     import numpy as np
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.monitor import Monitor
 
     class Watch(BaseCallback):
@@ -100,6 +101,7 @@ def sb3_main(seed: int, budget: int, wall: float) -> None:
     env = Monitor(gym.make("CartPole-v1"))
     model = DQN("MlpPolicy", env, exploration_fraction=ZOO_EXPLORATION * ZOO_STEPS / budget,
                 policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu", verbose=0, **ZOO)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a /tmp/SB3-* dir per run
     watch = Watch()
     model.learn(total_timesteps=budget, callback=watch)
     none = {"seconds": None, "env_steps": None, "episodes": None}

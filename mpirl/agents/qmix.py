@@ -555,25 +555,42 @@ class QMixPolicy:
         self.last[idx] = 0.0
 
     @torch.no_grad()
-    def q_values(self, obs: np.ndarray) -> torch.Tensor:
-        """Advance the hidden state on ``obs`` ``[E, n, *obs_shape]``; Q ``[E, n, A]`` (last actions unchanged)."""
+    def q_values(self, obs: np.ndarray, rows=slice(None)) -> torch.Tensor:
+        """Advance the hidden state of env ``rows`` (all by default) on their ``obs`` ``[E, n, *obs_shape]``;
+        Q ``[E, n, A]`` (last actions unchanged)."""
         E, n = obs.shape[:2]
-        x = agent_inputs(torch.as_tensor(obs).reshape(E, n, self.obs_dim), self.last)
-        q, h = self.net.step(x.reshape(E * n, -1), self.h.reshape(E * n, -1))
-        self.h = h.view(E, n, -1)
+        x = agent_inputs(torch.as_tensor(obs).reshape(E, n, self.obs_dim), self.last[rows])
+        q, h = self.net.step(x.reshape(E * n, -1), self.h[rows].reshape(E * n, -1))
+        self.h[rows] = h.view(E, n, -1)
         return q.view(E, n, -1)
+
+    def greedy(self, obs: np.ndarray, avail: np.ndarray, rows=slice(None)) -> np.ndarray:
+        """Each agent's best available action ``[E, n]`` int64 for env ``rows`` (advances their hidden state)."""
+        q = mask_unavailable(self.q_values(obs, rows), torch.as_tensor(np.asarray(avail, dtype=bool)), float("-inf"))
+        return q.argmax(dim=2).numpy().astype(np.int64)
+
+    def chose(self, actions: np.ndarray, rows=slice(None)) -> None:
+        """Env ``rows`` took ``actions``: their next inputs carry them as last actions."""
+        self.last[rows] = F.one_hot(torch.from_numpy(actions), self.n_actions).float()
 
     def act(self, obs: np.ndarray, avail: np.ndarray, epsilon: float, rng: np.random.Generator,
             greedy: bool = False) -> np.ndarray:
         """Actions ``[E, n]`` int64: each agent's best available action, or with probability ``epsilon``
         (per agent, ignored when ``greedy``) a uniformly random available one."""
-        avail = np.asarray(avail, dtype=bool)
-        q = mask_unavailable(self.q_values(obs), torch.as_tensor(avail), float("-inf"))
-        actions = q.argmax(dim=2).numpy().astype(np.int64)
-        if not greedy and epsilon > 0:
-            keys = np.where(avail, rng.random(avail.shape), -1.0)
-            random = keys.argmax(axis=2)
-            explore = rng.random(actions.shape) < epsilon
-            actions = np.where(explore, random, actions).astype(np.int64)
-        self.last = F.one_hot(torch.from_numpy(actions), self.n_actions).float()
+        actions = self.greedy(obs, avail)
+        if not greedy:
+            actions = explore(actions, avail, epsilon, rng)
+        self.chose(actions)
         return actions
+
+
+def explore(actions: np.ndarray, avail: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """Epsilon-greedy over ``actions`` ``[E, n]``: each agent with probability ``epsilon`` takes a uniformly
+    random available action instead."""
+    if epsilon <= 0:
+        return actions
+    avail = np.asarray(avail, dtype=bool)
+    keys = np.where(avail, rng.random(avail.shape), -1.0)
+    random = keys.argmax(axis=2)
+    take = rng.random(actions.shape) < epsilon
+    return np.where(take, random, actions).astype(np.int64)

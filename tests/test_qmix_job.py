@@ -91,12 +91,22 @@ def test_two_buffers_share_the_episode_batch(tmp_path):
     (("env.id=pettingzoo.classic.tictactoe_v3",), "env.id"),        # not a parallel env
     (("env.id=mpe2.simple_adversary_v3",), "env.id"),               # heterogeneous agents
     (("qmix.epsilon_finish=1.5",), "qmix.epsilon_finish"),
+    (("topology.workers=3",), "world size"),                        # 5 ranks: no actor left for the workers
+    (("topology.workers=3", "topology.actors=2"), "topology.actors"),  # more workers than actors
+    (("topology.workers=1", "topology.worker_batch=0"), "topology.worker_batch"),
+    (("topology.workers=1", "topology.worker_deadline_us=inf"), "topology.worker_deadline_us"),
+    (("topology.workers=1", "topology.buffers=2", "replay.batch_size=32"), "topology.workers"),  # a buffer without one
 ])
 def test_bad_qmix_input_is_exit_2_naming_the_key(sets, key):
     proc = run_cli("validate", str(JOB), "-n", "5", *[x for s in sets for x in ("--set", s)])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mpirl: error: {key}: "), proc.stderr
+
+
+def test_inference_workers_under_apex_are_refused_for_now():
+    proc = run_cli("validate", str(JOBS / "cartpole.toml"), "-n", "5", "--set", "topology.workers=1")
+    assert proc.returncode == 2 and proc.stderr.startswith("mpirl: error: topology.workers: "), proc.stderr
 
 
 def test_qmix_settings_under_apex_are_refused():
@@ -198,3 +208,33 @@ def test_marl_study_runs_reads_and_reuses_only_matching_runs(tmp_path):
     # A run of another length is not the same run: --read finds none and prints only the header.
     other = study("--steps", "13", "--read")
     assert other.returncode == 0 and len((tmp_path / "table.txt").read_text().splitlines()) == 1, other.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n, workers, architecture", [(5, 1, "proposed"), (6, 2, "baseline")])
+def test_inference_workers_serve_the_actors_and_record_what_they_served(tmp_path, n, workers, architecture):
+    """DMCAF's actor-worker-learner: actors only step games, workers answer them in batches and ship the episodes."""
+    job = run_mpi(n, tmp_path, *SHORT, f"topology.workers={workers}", f"replay.architecture={architecture}",
+                  job=JOB, timeout=240)
+    run_dir = check_run(job)
+    first_worker, first_actor = 2, 2 + workers
+    actors = list(range(first_actor, n))
+    served = {}
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert sorted(k for k in f if k.startswith("worker_")) == [f"worker_{w}" for w in range(2, 2 + workers)]
+        # The buffer hears from the workers, not from the actors.
+        assert set(f["buffer_1/actors"]["actor"][()]) == set(range(first_worker, first_actor))
+        assert sorted(f["buffer_1"].attrs["actors"]) == list(range(first_worker, first_actor))
+        for w in range(first_worker, first_actor):
+            wk, act = f[f"worker_{w}/worker"], f[f"worker_{w}/actors"]
+            mine = list(f[f"worker_{w}"].attrs["actors"])
+            served[w] = mine
+            assert wk["steps_served"][-1] > 0 and wk["passes"][-1] > 0
+            assert wk["steps_served"][-1] == 4 * wk["requests"][-1]  # a request steps the actor's 4 games
+            assert 1 <= np.nanmax(wk["batch_mean"][()]) <= len(mine) and wk["batch_max"][()].max() <= len(mine)
+            assert np.isfinite(wk["latency_p50_ms"][()]).any() and wk["param_version"][-1] >= 1
+            assert set(act["actor"][()]) == set(mine)
+            last = {int(a): (int(s), float(wt)) for a, s, wt in zip(act["actor"][()], act["env_steps"][()],
+                                                                   act["wait_s"][()])}
+            assert all(s > 0 and wt > 0 for s, wt in last.values()), last
+    assert sorted(sum(served.values(), [])) == actors

@@ -13,6 +13,12 @@
   the priority its actor gave it. With frames stored once (Atari), the frame
   stacks travel as int32 indices (``obs_idx``, ``next_obs_idx``) into a counted
   ``frames`` field holding each distinct frame once.
+* step (actor -> its inference worker, ``TAG_STEP``): one row per game over the
+  algorithm's step spec (what the last actions led to, what to act on now); the header
+  carries ``fresh`` (every game starts an episode), the actor's counters and how long
+  it waited for its last actions.
+* actions (worker -> actor, ``TAG_ACTIONS``): one row of actions per game; ``stop=1``
+  instead ends the actor (it sends nothing more).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 
 from mpirl.comm.layout import Layout
 
-TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY = 11, 12, 13
+TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY, TAG_STEP, TAG_ACTIONS = 11, 12, 13, 14, 15
 SAMPLE, DUMP, BYE = 1, 2, 3
 
 # Finished episodes reported per message; more wait for the next message.
@@ -68,3 +74,12 @@ def dump_layout(spec: dict, capacity: int, framed: dict | None = None) -> Layout
     most = capacity * sum(depth for depth, _ in framed.values())
     return Layout(_reply_header(DUMP_EPISODE_SLOTS), fields, capacity,
                   counted={"frames": (frame_shape, np.dtype(np.uint8), most)})
+
+
+def step_layout(step_spec: dict, games: int) -> Layout:
+    header = {"seq": 1, "fresh": 1, "env_steps": 1, "steps_per_s": 1, "wait_s": 1, "latency_s": 1, "env_errors": 1}
+    return Layout(header, step_spec, games)
+
+
+def actions_layout(action_shape: tuple, games: int) -> Layout:
+    return Layout({"seq": 1, "stop": 1, "param_version": 1}, {"actions": (tuple(action_shape), I64)}, games)

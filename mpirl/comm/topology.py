@@ -8,6 +8,14 @@ otherwise to the buffer with the fewest actors. ``COMM_WORLD`` is split once:
   experiences travel on ``group``, parameter broadcasts on its duplicate.
 * ``learner``/``learner_params``: the learner and the buffers (learner is rank 0);
   requests, batches and priorities on the first, parameter broadcasts on the second.
+
+With K inference workers (``topology.workers``, DMCAF's actor-worker-learner), ranks
+R+1..R+K are workers and the rest actors. The workers take the actors' place in the
+buffer groups (they send experience and receive parameters: ``buffer_of`` maps each
+*sender* to its buffer), and each actor is assigned to a worker, node-local first, the
+same way. One more communicator:
+
+* ``serve``: a worker and its actors (worker is rank 0): observations up, actions down.
 """
 
 from __future__ import annotations
@@ -16,28 +24,40 @@ from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-LEARNER, BUFFER, ACTOR = "learner", "buffer", "actor"
+LEARNER, BUFFER, WORKER, ACTOR = "learner", "buffer", "worker", "actor"
+
+
+def spread(hosts: list[str], servers: list[int], clients: list[int], node_local: bool = True) -> dict[int, int]:
+    """Client world rank -> server world rank, deterministic from the host list alone.
+
+    Server k takes ceil or floor of clients/servers of them (the first ``clients % servers`` one
+    more), preferring clients on its own host.
+    """
+    base, extra = divmod(len(clients), len(servers))
+    room = {s: base + (i < extra) for i, s in enumerate(servers)}
+    load = {s: 0 for s in servers}
+    out = {}
+    for client in clients:
+        free = [s for s in servers if load[s] < room[s]]
+        local = [s for s in free if hosts[s] == hosts[client]] if node_local else []
+        choice = min(local or free, key=lambda s: (load[s], s))
+        out[client] = choice
+        load[choice] += 1
+    return out
 
 
 def assign_actors(hosts: list[str], buffers: int, node_local: bool = True) -> dict[int, int]:
-    """Actor world rank -> buffer world rank, deterministic from the host list alone.
+    """Actor world rank -> buffer world rank: every rank after the buffers is an actor."""
+    return spread(hosts, list(range(1, 1 + buffers)), list(range(1 + buffers, len(hosts))), node_local)
 
-    Every rank after the buffers is an actor; buffer k takes ceil or floor of
-    actors/buffers of them (the first ``actors % buffers`` buffers one more),
-    preferring actors on its own host.
-    """
-    buffer_ranks = list(range(1, 1 + buffers))
-    base, extra = divmod(len(hosts) - 1 - buffers, buffers)
-    room = {b: base + (i < extra) for i, b in enumerate(buffer_ranks)}
-    load = {b: 0 for b in buffer_ranks}
-    out = {}
-    for actor in range(1 + buffers, len(hosts)):
-        free = [b for b in buffer_ranks if load[b] < room[b]]
-        local = [b for b in free if hosts[b] == hosts[actor]] if node_local else []
-        choice = min(local or free, key=lambda b: (load[b], b))
-        out[actor] = choice
-        load[choice] += 1
-    return out
+
+def assign_workers(hosts: list[str], buffers: int, workers: int,
+                   node_local: bool = True) -> tuple[dict[int, int], dict[int, int]]:
+    """With ``workers`` inference workers after the buffers: (worker -> buffer, actor -> worker)."""
+    worker_ranks = list(range(1 + buffers, 1 + buffers + workers))
+    buffer_of = spread(hosts, list(range(1, 1 + buffers)), worker_ranks, node_local)
+    worker_of = spread(hosts, worker_ranks, list(range(1 + buffers + workers, len(hosts))), node_local)
+    return buffer_of, worker_of
 
 
 @dataclass
@@ -45,11 +65,13 @@ class Topology:
     world: MPI.Comm
     role: str
     hosts: list[str]
-    buffer_of: dict[int, int]
+    buffer_of: dict[int, int]  # sender (an actor, or a worker when there are workers) -> its buffer
+    worker_of: dict[int, int] = field(default_factory=dict)  # actor -> its worker (empty without workers)
     group: MPI.Comm | None = None
     group_params: MPI.Comm | None = None
     learner: MPI.Comm | None = None
     learner_params: MPI.Comm | None = None
+    serve: MPI.Comm | None = None
     comms: list = field(default_factory=list)
 
     @property
@@ -62,13 +84,25 @@ class Topology:
 
     def role_of(self, rank: int) -> str:
         """The role of world rank ``rank``."""
-        return LEARNER if rank == 0 else ACTOR if rank in self.buffer_of else BUFFER
+        if rank == 0:
+            return LEARNER
+        if rank in self.worker_of:
+            return ACTOR
+        if rank in self.buffer_of:
+            return WORKER if self.worker_of else ACTOR
+        return BUFFER
 
     def actors_of(self, buffer_rank: int) -> list[int]:
+        """The ranks that send experience to ``buffer_rank``: its actors, or its workers when there are workers."""
         return sorted(a for a, b in self.buffer_of.items() if b == buffer_rank)
+
+    def served_by(self, worker_rank: int) -> list[int]:
+        """The actors of a worker."""
+        return sorted(a for a, w in self.worker_of.items() if w == worker_rank)
 
     @property
     def n_actors(self) -> int:
+        """The ranks that send experience (actors, or workers when there are workers)."""
         return len(self.buffer_of)
 
     @property
@@ -87,17 +121,25 @@ class Topology:
         self.comms.clear()
 
 
-def build(world: MPI.Comm, buffers: int, node_local: bool = True) -> Topology:
+def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int = 0) -> Topology:
     """Split ``world`` into the job's communicators. Collective over ``world``."""
     hosts = world.allgather(MPI.Get_processor_name())
-    buffer_of = assign_actors(hosts, buffers, node_local)
+    if workers:
+        buffer_of, worker_of = assign_workers(hosts, buffers, workers, node_local)
+    else:
+        buffer_of, worker_of = assign_actors(hosts, buffers, node_local), {}
     rank = world.rank
-    role = LEARNER if rank == 0 else BUFFER if rank <= buffers else ACTOR
-    topo = Topology(world=world, role=role, hosts=hosts, buffer_of=buffer_of)
+    topo = Topology(world=world, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of)
+    topo.role = role = topo.role_of(rank)
 
     group_color = rank if role == BUFFER else buffer_of.get(rank, MPI.UNDEFINED)
     group = world.Split(group_color, key=0 if role == BUFFER else rank)
-    learner = world.Split(0 if role != ACTOR else MPI.UNDEFINED, key=rank)
+    learner = world.Split(0 if role in (LEARNER, BUFFER) else MPI.UNDEFINED, key=rank)
+    serve = world.Split(rank if role == WORKER else worker_of.get(rank, MPI.UNDEFINED),
+                        key=0 if role == WORKER else rank)
+    if serve != MPI.COMM_NULL:
+        topo.serve = serve
+        topo.comms.append(serve)
     if group != MPI.COMM_NULL:
         topo.group, topo.group_params = group, group.Dup()
         topo.comms += [topo.group, topo.group_params]

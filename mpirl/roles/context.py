@@ -34,8 +34,12 @@ class RoleContext:
 
     def seed(self, *extra: int) -> int:
         """A per-rank seed derived from the job seed (and the restart: a resumed run explores afresh)."""
+        return self.seed_of(self.topo.rank, *extra)
+
+    def seed_of(self, rank: int, *extra: int) -> int:
+        """Rank ``rank``'s seed (an inference worker draws its actors' exploration from their own seeds)."""
         restart = [self.resume.restart] if self.resume else []
-        return int(np.random.SeedSequence([self.cfg.run.seed, self.topo.rank, *extra, *restart]).generate_state(1)[0])
+        return int(np.random.SeedSequence([self.cfg.run.seed, rank, *extra, *restart]).generate_state(1)[0])
 
 
 class Interval:

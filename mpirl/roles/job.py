@@ -84,14 +84,22 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     }
 
 
+def _span(ranks: list[int]) -> str:
+    return (f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
+            else ",".join(map(str, ranks)))
+
+
 def role_map(topo) -> str:
-    """``0 learner; 1 buffer, 2-3 actors of buffer 1``: who is who, for messages that name ranks."""
+    """``0 learner; 1 buffer, 2-3 actors of buffer 1`` (with workers: ``1 buffer, 2 worker of buffer 1;
+    3-5 actors of worker 2``): who is who, for messages that name ranks."""
     parts = ["0 learner"]
+    sender = "worker" if topo.worker_of else "actor"
     for b in topo.buffers:
-        actors = topo.actors_of(b)
-        span = f"{actors[0]}-{actors[-1]}" if len(actors) > 1 and actors[-1] - actors[0] == len(actors) - 1 \
-            else ",".join(map(str, actors))
-        parts.append(f"{b} buffer, {span} actor{'s' if len(actors) > 1 else ''} of buffer {b}")
+        ranks = topo.actors_of(b)
+        parts.append(f"{b} buffer, {_span(ranks)} {sender}{'s' if len(ranks) > 1 else ''} of buffer {b}")
+    for w in sorted(set(topo.worker_of.values())):
+        ranks = topo.served_by(w)
+        parts.append(f"{_span(ranks)} actor{'s' if len(ranks) > 1 else ''} of worker {w}")
     return "; ".join(parts)
 
 

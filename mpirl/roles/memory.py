@@ -43,15 +43,18 @@ class Estimate:
     slot_bytes: float
     network_bytes: int
     reserved: int = 0  # the largest single reservation (the frame pool's worst case), touched or not
+    worker: int = 0  # an inference worker (topology.workers)
+    workers: int = 0
     network_key: str = "agent.hidden"  # the setting that sizes the network, named when the network dominates
 
     def total(self) -> int:
         """All ranks on one node."""
-        return LIBRARIES + self.learner + self.buffers * self.buffer + self.actors * self.actor
+        return LIBRARIES + self.learner + self.buffers * self.buffer + self.actors * self.actor + self.workers * self.worker
 
     def text(self) -> str:
+        workers = f", {self.workers} worker(s) {self.worker / 2**30:.2f} GiB each" if self.workers else ""
         return (f"learner {self.learner / 2**30:.1f} GiB, {self.buffers} buffer(s) {self.buffer / 2**30:.1f} GiB "
-                f"each, {self.actors} actor(s) {self.actor / 2**30:.2f} GiB each")
+                f"each{workers}, {self.actors} actor(s) {self.actor / 2**30:.2f} GiB each")
 
     def fix(self, cfg: JobConfig) -> tuple[str, str]:
         """The field to name and the fix, by what dominates the estimate."""

@@ -80,7 +80,7 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
                           + 8 * 4 * cfg.qmix.rnn_hidden)
     batch = 2 * rp.batch_size * slot  # the batch as numpy and as tensors
     network = 5 * 4 * total_params + activations + batch
-    per_buffer = math.ceil(n_act / n_buf)
+    per_buffer = math.ceil((t.workers or n_act) / n_buf)  # the ranks sending to one buffer
     if rp.architecture == "proposed":
         replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
         buffer = memory.PROCESS + slot * rp.capacity + per_buffer * c.recv_depth * message + replies
@@ -90,11 +90,22 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
         dump = dump_layout(spec, rp.capacity).max_nbytes
         buffer = memory.PROCESS + slot * rp.capacity + dump + per_buffer * c.recv_depth * message
         learner = memory.PROCESS + memory.TRAINING + network + n_buf * (slot * rp.capacity + dump)
-    # An actor: its games' episodes being recorded, its staging and send ring, its copy of the agent network.
-    actor = (memory.PROCESS + (cfg.env.envs_per_actor + c.send_batch) * slot + c.send_ring * message
-             + 3 * 4 * n_params)
+    E = cfg.env.envs_per_actor
+    if t.workers:
+        from mpirl.algos.qmix.playing import step_spec
+        from mpirl.comm.messages import step_layout
+        served = math.ceil(n_act / t.workers)
+        step = step_layout(step_spec(spaces), E).max_nbytes
+        # A worker: its actors' episodes being recorded and staged, its send ring, the network, their messages.
+        worker = (memory.PROCESS + (2 * served * E + c.send_batch) * slot + c.send_ring * message
+                  + 3 * 4 * n_params + 3 * served * step)
+        actor = memory.PROCESS + 3 * step  # its games and its step messages
+    else:
+        # An actor: its games' episodes being recorded, its staging and send ring, its copy of the agent network.
+        worker = 0
+        actor = (memory.PROCESS + (E + c.send_batch) * slot + c.send_ring * message + 3 * 4 * n_params)
     return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * total_params,
-                           network_key="qmix.rnn_hidden")
+                           network_key="qmix.rnn_hidden", worker=int(worker), workers=t.workers)
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
@@ -117,7 +128,8 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
         (cfg.qmix.loss_weights, rp.sampler)]
-    return (f"1 learner, {t.buffers} buffer(s), {actor_count(cfg, world_size)} actor(s); {variant} on "
+    workers = f", {t.workers} inference worker(s)" if t.workers else ""
+    return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
             f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "
             f"{s.n_actions} actions, episodes of up to {s.episode_limit} steps; replay {rp.architecture}, "
             f"batch {rp.batch_size} episodes, capacity {rp.capacity} episodes "

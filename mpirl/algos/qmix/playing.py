@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from mpirl.agents.qmix import QMixPolicy, epsilon_schedule, explore
 from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
 from mpirl.roles.experience import Staging
+from mpirl.roles.steps import Outcome
 
 MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
 
@@ -39,14 +39,6 @@ def step_spec(spaces) -> dict:
             "terminated": ((), np.dtype(np.bool_)), "ended": ((), np.dtype(np.bool_)),
             "final_obs": ((n, *obs), np.dtype(spaces.obs_dtype)), "final_state": (state, np.dtype(spaces.state_dtype)),
             "final_avail": ((n, spaces.n_actions), np.dtype(np.bool_))}
-
-
-@dataclass
-class Outcome:
-    """An actor's games after a step (arrays over its games, as in :func:`step_spec`), or after (re)starting
-    them (``fresh``: every game starts an episode; the reward and end fields mean nothing)."""
-    rows: dict
-    fresh: bool
 
 
 class EpisodeRecorder:
@@ -220,6 +212,19 @@ class Deciding:
         self.policy.chose(actions, rows)
         self.actions[rows] = actions
         return actions
+
+    def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
+        """:meth:`act` on the listed actors' latest outcomes (the inference worker's call)."""
+        obs = np.concatenate([o.rows["obs"] for o in outcomes])
+        avail = np.concatenate([o.rows["avail"] for o in outcomes])
+        return self.act(actors, obs, avail)
+
+    def take(self, rows: int) -> tuple[dict, np.ndarray]:
+        """The first ``rows`` staged episodes (views) and their priorities (QMIX's replay has none: ones)."""
+        return self.staging.take(rows), np.ones(rows, np.float32)
+
+    def drop(self, rows: int) -> None:
+        self.staging.drop(rows)
 
 
 class Playing:

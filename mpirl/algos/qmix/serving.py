@@ -1,0 +1,23 @@
+"""What QMIX gives an inference worker (:mod:`mpirl.roles.worker`) and the actors it serves
+(:mod:`mpirl.roles.env_actor`): the step message's rows, the actions' shape, an actor's games and the
+worker's decisions (:mod:`mpirl.algos.qmix.playing`)."""
+
+from __future__ import annotations
+
+from mpirl.algos.qmix.playing import Deciding, Games, step_spec  # noqa: F401 - the interface
+from mpirl.roles.context import RoleContext
+
+
+def action_shape(spaces) -> tuple:
+    return (spaces.n_agents,)
+
+
+def games(ctx: RoleContext, label: str) -> Games:
+    return Games(ctx.cfg, ctx.spaces, ctx.seed(), label)
+
+
+def deciding(ctx: RoleContext, actors: list[int]) -> Deciding:
+    """The decisions for ``actors`` (world ranks), each exploring from its own rank's seed."""
+    import torch
+    torch.set_num_threads(1)
+    return Deciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors])

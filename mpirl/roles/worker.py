@@ -1,0 +1,240 @@
+"""The inference worker (DMCAF's actor-worker-learner; SEED RL's layout): it runs the policy for its actors.
+
+Its actors only step their games: each sends the outcome of its last actions (``TAG_STEP``) and waits for
+the next ones (``TAG_ACTIONS``). The worker keeps one receive posted per actor and answers every request
+that is in with one batched forward pass, once ``topology.worker_batch`` requests are waiting, or the
+oldest has waited ``topology.worker_deadline_us``, or every actor is waiting, whichever comes first.
+Toward its buffer it is what an actor is without workers: it records the episodes (or transitions),
+sends them with the experience layout, receives the versioned parameter broadcast, keeps within the
+insert budget (over it, it holds its answers back and the actors wait), and its last message says
+goodbye. The stop in the broadcast reaches each actor in the answer to its next request.
+
+The worker knows nothing of the algorithm: it asks the algorithm's ``serving`` module for the step
+rows (``step_spec``), the actions' shape, and the decisions (``deciding(ctx, actors)``: ``observe``,
+``decide``, ``take``/``drop``, ``episodes``, ``policy.load_flat``, ``epsilon``, ``env_steps``).
+
+Its file ``worker_<rank>.h5``: ``worker`` rows (steps served, forward passes and requests per pass,
+the actors' request latency p50/p95 as they measured it, seconds in inference, parameter version) and
+``actors`` rows (per actor: env steps, env steps/s, seconds waiting for actions, game failures).
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+import numpy as np
+
+from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.messages import EPISODE_SLOTS, TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
+from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.pools import RecvPool, SendRing
+from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.ratio import InsertBudget
+from mpirl.roles.context import Interval, RoleContext
+from mpirl.roles.experience import ExperienceSender
+from mpirl.roles.steps import Outcome
+
+F8, I8 = np.float64, np.int64
+
+
+class Requests:
+    """The actors' step messages: one receive posted per actor, the answers from a small ring per actor."""
+
+    def __init__(self, comm, actors: int, step, actions):
+        self.step, self.actions = step, actions
+        self.pool = RecvPool(comm, list(range(1, actors + 1)), TAG_STEP, step.max_nbytes, depth=1)
+        self.rings = [SendRing(comm, dest=a + 1, tag=TAG_ACTIONS, nbytes=actions.max_nbytes, size=2)
+                      for a in range(actors)]
+        self.pending: dict[int, tuple[int, np.ndarray, float]] = {}  # actor -> (pool slot, buffer, arrival)
+
+    def poll(self) -> list[int]:
+        """Actors whose request just came in."""
+        now = time.perf_counter()
+        new = []
+        for slot, source, buf, _ in self.pool.poll():
+            self.pending[source - 1] = (slot, buf, now)
+            new.append(source - 1)
+        return new
+
+    def oldest(self) -> float:
+        return min(t for _, _, t in self.pending.values())
+
+    def answer(self, actor: int, actions: np.ndarray | None, version: int, repost: bool = True) -> None:
+        """Send ``actor`` its actions (None: the stop) and take its next request."""
+        slot, buf, _ = self.pending.pop(actor)
+        seq = self.step.get(buf, "seq")
+        out_slot, out = self.rings[actor].acquire()
+        if actions is None:
+            nbytes = self.actions.pack(out, {}, seq=seq, stop=1, param_version=version)
+        else:
+            nbytes = self.actions.pack(out, {"actions": actions}, seq=seq, stop=0, param_version=version)
+        self.rings[actor].send(out_slot, nbytes)
+        if repost:
+            self.pool.post(slot)
+
+    def close(self) -> None:
+        for ring in self.rings:
+            ring.close()
+        self.pool.close()
+
+
+class WorkerMetrics:
+    """``worker_<rank>.h5``: the worker's rows and its actors' rows."""
+
+    def __init__(self, ctx: RoleContext, actors: list[int]):
+        self.ctx, self.actors = ctx, actors
+        self.file = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5", flush_seconds=ctx.cfg.log.flush_seconds,
+                                attrs={"role": "worker", "rank": ctx.topo.rank, "actors": actors,
+                                       "worker_batch": ctx.cfg.topology.worker_batch,
+                                       "worker_deadline_us": ctx.cfg.topology.worker_deadline_us},
+                                resume=bool(ctx.resume))
+        self.t_worker = self.file.table("worker", {
+            "time": F8, "steps_served": I8, "requests": I8, "passes": I8, "batch_mean": F8, "batch_max": I8,
+            "latency_p50_ms": F8, "latency_p95_ms": F8, "infer_s": F8, "param_version": I8, "throttled_s": F8})
+        self.t_actors = self.file.table("actors", {
+            "time": F8, "actor": I8, "env_steps": I8, "env_steps_per_s": F8, "wait_s": F8, "env_errors": I8})
+        if ctx.resume:
+            for table in (self.t_worker, self.t_actors):
+                table.truncate(table.rows_until("time", ctx.resume.job_time))
+        self.tick = Interval(ctx.cfg.log.interval)
+        self.latencies: list[float] = []
+        self.sizes: list[int] = []
+        self.requests = self.passes = self.steps_served = 0
+        self.infer_s = 0.0
+        self.last = {}  # actor index -> its latest header values
+
+    def served(self, ready: int, steps: int, seconds: float) -> None:
+        self.sizes.append(ready)
+        self.passes += 1
+        self.requests += ready
+        self.steps_served += steps
+        self.infer_s += seconds
+
+    def heard(self, a: int, layout, buf) -> None:
+        latency = layout.get(buf, "latency_s")
+        if latency > 0:
+            self.latencies.append(latency)
+        self.last[a] = {k: layout.get(buf, k) for k in ("env_steps", "steps_per_s", "wait_s", "env_errors")}
+
+    def row(self, version: int, throttled: float, force: bool = False) -> None:
+        if not (force or self.tick.due()):
+            return
+        t = self.ctx.now()
+        lat = np.array(self.latencies) * 1e3
+        p50, p95 = (np.percentile(lat, [50, 95]) if lat.size else (np.nan, np.nan))
+        self.t_worker.append(time=t, steps_served=self.steps_served, requests=self.requests, passes=self.passes,
+                             batch_mean=float(np.mean(self.sizes)) if self.sizes else np.nan,
+                             batch_max=max(self.sizes, default=0), latency_p50_ms=p50, latency_p95_ms=p95,
+                             infer_s=self.infer_s, param_version=version, throttled_s=throttled)
+        for a, h in sorted(self.last.items()):
+            self.t_actors.append(time=t, actor=self.actors[a], env_steps=int(h["env_steps"]),
+                                 env_steps_per_s=h["steps_per_s"], wait_s=h["wait_s"], env_errors=int(h["env_errors"]))
+        self.latencies.clear()
+        self.sizes.clear()
+        self.file.flush_if_due()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
+    cfg, topo = ctx.cfg, ctx.topo
+    t = cfg.topology
+    actors = topo.served_by(topo.rank)
+    m, E, batch = len(actors), cfg.env.envs_per_actor, cfg.comm.send_batch
+    step_lay = step_layout(serving.step_spec(ctx.spaces), E)
+    requests = Requests(topo.serve, m, step_lay, actions_layout(serving.action_shape(ctx.spaces), E))
+    deciding = serving.deciding(ctx, actors)
+    if ctx.resume:  # count on from the steps this worker had served before the checkpoint
+        deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
+    steps_before = int(deciding.env_steps.sum())
+    metrics = WorkerMetrics(ctx, actors)
+    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
+    params = ParamBroadcast(topo.group_params, ctx.n_params)
+    rp = cfg.replay
+    budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
+                          rp.learning_starts, len(topo.buffers), topo.group.size - 1, slack=batch + m * E)
+    deadline = t.worker_deadline_us * 1e-6
+    want = min(t.worker_batch, m)
+    version, throttled = -1, 0.0
+
+    def send(rows: int, final: bool = False) -> None:
+        records, priorities = deciding.take(rows)
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        steps = int(deciding.env_steps.sum())
+        sender.send(records, priorities, deciding.episodes, final=final, env_steps=steps, param_version=version,
+                    epsilon=float(np.mean([deciding.epsilon(a) for a in range(m)])),
+                    steps_per_s=(steps - steps_before) / elapsed, throttled_s=throttled,
+                    env_errors=sum(int(h["env_errors"]) for h in metrics.last.values()))
+        deciding.drop(rows)
+
+    params.post()
+    wait_until(params.arrived, first=1e-4, longest=10e-3)
+    stopped = params.stop
+    first = params.version
+    if not stopped:
+        deciding.policy.load_flat(params.params)
+        version = params.version
+        params.post()
+    started = time.perf_counter()
+    idle = Backoff(first=20e-6, longest=2e-3)
+    while not stopped:
+        if params.arrived():
+            stopped = params.stop
+            if stopped:
+                break
+            deciding.policy.load_flat(params.params)
+            version = params.version
+            params.post()
+        ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+        for a in requests.poll():
+            metrics.heard(a, step_lay, requests.pending[a][1])
+        waiting = len(requests.pending)
+        ready = waiting and (waiting >= want or time.perf_counter() - requests.oldest() >= deadline)
+        if ready and budget.over(sender.sent + deciding.staging.count, version - first + 1):
+            t0 = time.perf_counter()  # ahead of the learner: the actors wait until it publishes again
+            idle.sleep()
+            throttled += time.perf_counter() - t0
+            metrics.row(version, throttled)
+            continue
+        if not ready:
+            idle.sleep()
+            metrics.row(version, throttled)
+            continue
+        idle.reset()
+        t0 = time.perf_counter()
+        order = sorted(requests.pending)
+        outcomes = []
+        for a in order:
+            buf = requests.pending[a][1]
+            outcome = Outcome(step_lay.views(buf), fresh=bool(step_lay.get(buf, "fresh")))
+            deciding.observe(a, outcome)
+            outcomes.append(outcome)
+        actions = deciding.decide(order, outcomes)
+        for i, a in enumerate(order):
+            requests.answer(a, actions[i * E:(i + 1) * E], version)
+        metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
+        while deciding.staging.count >= batch:
+            send(batch)
+        metrics.row(version, throttled)
+
+    # The stop: each actor learns it in the answer to its next request; nothing is reposted after it.
+    told = set()
+    wait = Backoff(first=20e-6, longest=2e-3)
+    while len(told) < m:
+        requests.poll()
+        for a in sorted(requests.pending):
+            requests.answer(a, None, version, repost=False)
+            told.add(a)
+        if len(told) < m:
+            wait.sleep()
+    # Unsent episodes are dropped: the learner has stopped. Report their returns, then say goodbye.
+    deciding.drop(deciding.staging.count)
+    while len(deciding.episodes) > EPISODE_SLOTS:
+        send(0)
+    send(0, final=True)
+    metrics.row(version, throttled, force=True)
+    sender.close()
+    requests.close()
+    metrics.close()

@@ -94,14 +94,18 @@ class WorkerMetrics:
             "latency_p50_ms": F8, "latency_p95_ms": F8, "infer_s": F8, "param_version": I8, "throttled_s": F8})
         self.t_actors = self.file.table("actors", {
             "time": F8, "actor": I8, "env_steps": I8, "env_steps_per_s": F8, "wait_s": F8, "env_errors": I8})
-        if ctx.resume:
+        self.requests = self.passes = self.steps_served = 0
+        self.infer_s = 0.0
+        if ctx.resume:  # rows after the checkpoint go; the cumulative columns continue from the last kept row
             for table in (self.t_worker, self.t_actors):
                 table.truncate(table.rows_until("time", ctx.resume.job_time))
+            if self.t_worker.rows:
+                last = {c: ds[self.t_worker.rows - 1] for c, ds in self.file.columns("worker").items()}
+                self.requests, self.passes = int(last["requests"]), int(last["passes"])
+                self.steps_served, self.infer_s = int(last["steps_served"]), float(last["infer_s"])
         self.tick = Interval(ctx.cfg.log.interval)
         self.latencies: list[float] = []
         self.sizes: list[int] = []
-        self.requests = self.passes = self.steps_served = 0
-        self.infer_s = 0.0
         self.last = {}  # actor index -> its latest header values
 
     def served(self, ready: int, steps: int, seconds: float) -> None:

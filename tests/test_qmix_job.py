@@ -238,6 +238,9 @@ def test_inference_workers_serve_the_actors_and_record_what_they_served(tmp_path
                                                                    act["wait_s"][()])}
             assert all(s > 0 and wt > 0 for s, wt in last.values()), last
     assert sorted(sum(served.values(), [])) == actors
+    info = run_cli("info", str(run_dir))
+    assert info.returncode == 0 and f"1 buffer(s), {workers} worker(s), {n - 2 - workers} actors" in info.stdout
+    assert all(f"worker_{w}      steps served" in info.stdout for w in served), info.stdout
 
 
 @pytest.mark.mpi

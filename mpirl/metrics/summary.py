@@ -160,9 +160,31 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
     return [latest[a] for a in sorted(latest)]
 
 
-def _actor_count(world_size, buffers: int, actors: list) -> int:
-    """Every rank after the learner and the buffers is an actor; else count the actors seen."""
-    return int(world_size) - 1 - int(buffers) if world_size else len(actors)
+def _actor_count(world_size, buffers: int, actors: list, workers: int = 0) -> int:
+    """Every rank after the learner, the buffers and the workers is an actor; else count the actors seen."""
+    return int(world_size) - 1 - int(buffers) - int(workers) if world_size else len(actors)
+
+
+def _workers(files: dict) -> list[dict[str, Any]]:
+    """Per inference worker (``worker_<rank>.h5``): what it served, and its actors' latest rows."""
+    out = []
+    for name, e in sorted(files.items(), key=lambda kv: int(kv[0].split("_")[1]) if kv[0].startswith("worker_") else 0):
+        if not name.startswith("worker_"):
+            continue
+        w, a = e["tables"].get("worker", {}), e["tables"].get("actors", {})
+        lat50, lat95 = (np.asarray(w.get(k, []), dtype=float) for k in ("latency_p50_ms", "latency_p95_ms"))
+        ok = np.isfinite(lat50)
+        latest: dict[int, dict] = {}
+        for i in range(len(a.get("time", ()))):
+            latest[int(a["actor"][i])] = {k: a[k][i].item() for k in ("env_steps", "env_steps_per_s", "wait_s")}
+        passes = _last(w, "passes")
+        out.append({"name": name, "steps_served": _last(w, "steps_served"), "passes": passes,
+                    "batch_mean": _ratio(_last(w, "requests"), passes), "batch_max": max(w.get("batch_max", [0]), default=0),
+                    "latency_p50_ms": float(np.median(lat50[ok])) if ok.any() else math.nan,
+                    "latency_p95_ms": float(np.median(lat95[ok])) if ok.any() else math.nan,
+                    "infer_s": _last(w, "infer_s"), "throttled_s": _last(w, "throttled_s"),
+                    "actors": [{"actor": k, **v} for k, v in sorted(latest.items())]})
+    return out
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -186,6 +208,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     buffers = sorted((_buffer(n, e) for n, e in bufs.items()), key=lambda b: b["rank"])
     times = [b["time_s"] for b in buffers] + [_last(train, "time")]
     actors = _actors(bufs)
+    workers = _workers(files)
     n_buf = job.get("topology.buffers", len(bufs))
     status, reason = attrs.get("status", "unknown"), attrs.get("stop_reason")
     if status == "running":
@@ -200,14 +223,15 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "name": job.get("run.name"), "world_size": prov.get("world_size"),
         "architecture": job.get("replay.architecture",
                                 buffers[0]["architecture"] if buffers else None),
-        "roles": {"learner": 1, "buffers": n_buf,
-                  "actors": _actor_count(prov.get("world_size"), n_buf, actors)},
+        "roles": {"learner": 1, "buffers": n_buf, "workers": len(workers),
+                  "actors": _actor_count(prov.get("world_size"), n_buf, actors, len(workers))},
         "job": job, "provenance": prov, "notes": notes,
         "files": {RUN_FILE: run["note"], **{f"{n}.h5": e["note"] for n, e in files.items()}},
         "learner": _learner(train) if len(train.get("time", ())) else None,
         "buffers": buffers,
         "episodes": _episodes([e["tables"].get("episodes", {}) for e in bufs.values()]),
         "actors": actors,
+        "workers": workers,
     }
 
 
@@ -239,7 +263,8 @@ def format_summary(s: dict[str, Any]) -> str:
            f"status        {st}",
            f"time          {s.get('start_time') or '-'} -> {s.get('end_time') or '-'}   wall {wall}",
            f"world         {_f(s.get('world_size'))} ranks: 1 learner, {r['buffers']} buffer(s), "
-           f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",
+           + (f"{r['workers']} worker(s), " if r.get("workers") else "")
+           + f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",
            "files         " + ", ".join(f"{k} {v}" for k, v in s["files"].items())]
     out += [f"note          {n}" for n in s["notes"]]
     L = s["learner"]
@@ -282,6 +307,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
             f"{_f(a.get('throttled_s'), ',.1f'):>12} {_f(a.get('episodes')):>9} "
             f"{_f(a.get('last20_mean'), ',.1f'):>15} {_f(a.get('best20_mean'), ',.1f'):>8}" for a in s["actors"]]
+    for w in s.get("workers", []):
+        out += ["", f"{w['name']:<13} steps served {_f(w['steps_served'])}   forward passes {_f(w['passes'])}   "
+                    f"requests per pass {_f(w['batch_mean'], ',.2f')} (max {_f(w['batch_max'])})",
+                f"  request latency p50 / p95  {_f(w['latency_p50_ms'], ',.2f')} / {_f(w['latency_p95_ms'], ',.2f')} ms"
+                f"   inference {_f(w['infer_s'], ',.1f', ' s')}   held back {_f(w['throttled_s'], ',.1f', ' s')}",
+                f"  {'actor':<9} {'env steps':>12} {'steps/s':>9} {'waiting s':>10}"]
+        out += [f"  {a['actor']:<9} {_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
+                f"{_f(a['wait_s'], ',.1f'):>10}" for a in w["actors"]]
     return "\n".join(out)
 
 

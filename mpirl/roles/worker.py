@@ -195,7 +195,8 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
         for a in requests.poll():
             metrics.heard(a, step_lay, requests.pending[a][1])
         waiting = len(requests.pending)
-        ready = waiting and (waiting >= want or time.perf_counter() - requests.oldest() >= deadline)
+        left = deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
+        ready = waiting and (waiting >= want or left <= 0)
         if ready and budget.over(sender.sent + deciding.staging.count, version - first + 1):
             t0 = time.perf_counter()  # ahead of the learner: the actors wait until it publishes again
             idle.sleep()
@@ -203,7 +204,10 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
             metrics.row(version, throttled)
             continue
         if not ready:
-            idle.sleep()
+            if waiting:  # a request waits for others: no longer than its deadline
+                time.sleep(min(left, 1e-3))
+            else:
+                idle.sleep()
             metrics.row(version, throttled)
             continue
         idle.reset()

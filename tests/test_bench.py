@@ -111,3 +111,14 @@ def test_bench_command_line_refuses_bad_input(tmp_path):
     assert (tmp_path / "old.h5").read_bytes() == b"results"  # never overwritten
     proc = run_cli("bench", "replya")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_workers_bench_measures_all_three_ways_from_real_jobs():
+    pytest.importorskip("pettingzoo", reason="the marl extra is in the test command")
+    from mpirl.bench import workers
+    rows = workers.run(reps=1, seconds=3)
+    assert [r.ours for r in rows[:2]] == ["AWL", "actors infer"] and all(r.reference == "single process" for r in rows)
+    for r in rows:
+        assert all(v[0] > 0 for v in r.values.values()), r.values  # env steps/s, measured on each side
+        assert r.ratio == pytest.approx(r.median(r.ours) / r.median(r.reference))

@@ -104,11 +104,6 @@ def test_bad_qmix_input_is_exit_2_naming_the_key(sets, key):
     assert len(lines) == 1 and lines[0].startswith(f"mpirl: error: {key}: "), proc.stderr
 
 
-def test_inference_workers_under_apex_are_refused_for_now():
-    proc = run_cli("validate", str(JOBS / "cartpole.toml"), "-n", "5", "--set", "topology.workers=1")
-    assert proc.returncode == 2 and proc.stderr.startswith("mpirl: error: topology.workers: "), proc.stderr
-
-
 def test_qmix_settings_under_apex_are_refused():
     proc = run_cli("validate", str(JOBS / "cartpole.toml"), "--set", "qmix.td_lambda=0.5")
     assert proc.returncode == 2 and "qmix.td_lambda: [qmix] belongs to agent.algorithm = 'qmix'" in proc.stderr

@@ -219,6 +219,13 @@ class DQNLearner:
         return torch.nn.utils.parameters_to_vector(self.online.parameters()).detach().cpu().numpy()
 
 
+def explore(greedy: np.ndarray, epsilon, rng: np.random.Generator, n_actions: int) -> np.ndarray:
+    """Epsilon-greedy over ``greedy`` actions: each row with probability ``epsilon`` (one, or one per row)
+    takes a uniformly random action instead."""
+    take = rng.random(len(greedy)) < epsilon
+    return np.where(take, rng.integers(n_actions, size=len(greedy)), greedy)
+
+
 class ActingPolicy:
     """An actor's local copy of the network: epsilon-greedy actions and initial priorities."""
 
@@ -232,11 +239,13 @@ class ActingPolicy:
         torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
 
     @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """The best action of each observation in a batch ``(k, *obs_shape)``."""
+        return self.net(torch.as_tensor(obs)).argmax(dim=1).numpy()
+
     def act(self, obs: np.ndarray, epsilon, rng: np.random.Generator) -> np.ndarray:
         """Actions for a batch of observations ``(k, *obs_shape)``; ``epsilon``: one or one per row."""
-        greedy = self.net(torch.as_tensor(obs)).argmax(dim=1).numpy()
-        explore = rng.random(len(greedy)) < epsilon
-        return np.where(explore, rng.integers(self.n_actions, size=len(greedy)), greedy)
+        return explore(self.greedy(obs), epsilon, rng, self.n_actions)
 
     def priorities(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """Initial priorities |TD| from the local network (Ape-X: computed by the actor)."""

@@ -158,7 +158,8 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     params = ParamBroadcast(topo.group_params, ctx.n_params)
     rp = cfg.replay
     budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
-                          rp.learning_starts, len(topo.buffers), topo.group.size - 1, slack=batch + m * E)
+                          rp.learning_starts, len(topo.buffers), topo.group.size - 1,
+                          slack=len(next(iter(deciding.staging.fields.values()))))  # what its staging can hold
     deadline = t.worker_deadline_us * 1e-6
     want = min(t.worker_batch, m)
     version, throttled = -1, 0.0

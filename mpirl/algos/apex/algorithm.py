@@ -50,7 +50,8 @@ ROLES = lazy_roles("mpirl.algos.apex")
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t = checked.spaces, cfg.topology
-    return (f"1 learner, {t.buffers} buffer(s), {actor_count(cfg, world_size)} actor(s); "
+    workers = f", {t.workers} inference worker(s)" if t.workers else ""
+    return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); "
             f"{cfg.env.id} obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; "
             f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
 

@@ -16,8 +16,4 @@ USES = {
 
 
 def check(cfg) -> None:
-    """Ape-X's cross-field checks beyond the shared ones."""
-    from mpirl.config import ConfigError
-    if cfg.topology.workers:
-        raise ConfigError("topology.workers", "Ape-X actors run their own network: inference workers serve "
-                                              "agent.algorithm = 'qmix' so far; set topology.workers = 0")
+    """Ape-X's cross-field checks: none beyond the shared ones."""

@@ -1,0 +1,170 @@
+"""What Ape-X gives an inference worker (:mod:`mpirl.roles.worker`) and the actors it serves: SEED RL's layout.
+
+The actor keeps only its games (:class:`ApexGames`: the vector env, the forced actions such as FIRE after
+a life loss, the rebuild after a failure) and sends per game what its last action led to: the action
+actually taken, the reward, terminated / truncated / life lost, the final observation of an episode
+that ended and the observation to act on now. The worker (:class:`ApexDeciding`) holds the network,
+each actor's Ape-X epsilons (one per game, by the actor's index among all actors, exactly as an actor
+without a worker has them) and random stream, the n-step windows, the staging, and computes the
+initial priorities. It records the same transitions as :class:`~mpirl.algos.apex.actor.Acting` does on
+its own (a test holds the two equal).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+import numpy as np
+
+from mpirl.agents.dqn import ActingPolicy, env_epsilons, explore
+from mpirl.config import JobConfig
+from mpirl.envs.vector import make_vector
+from mpirl.replay.nstep import NStepAccumulator
+from mpirl.roles.context import RoleContext
+from mpirl.roles.experience import Staging
+from mpirl.roles.steps import Outcome
+
+MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
+
+
+def step_spec(spaces) -> dict:
+    obs = (tuple(spaces.obs_shape), np.dtype(spaces.obs_dtype))
+    return {"obs": obs, "final_obs": obs, "taken": ((), np.dtype(np.int64)), "reward": ((), np.dtype(np.float32)),
+            "terminated": ((), np.dtype(np.bool_)), "truncated": ((), np.dtype(np.bool_)),
+            "life_lost": ((), np.dtype(np.bool_))}
+
+
+def action_shape(spaces) -> tuple:
+    return ()
+
+
+class ApexGames:
+    """One actor's games (a vector env), stepped with the actions it is given; no network, no MPI."""
+
+    def __init__(self, cfg: JobConfig, spaces, seed: int, label: str):
+        self.cfg, self.seed, self.label = cfg, seed, label
+        self.n = cfg.env.envs_per_actor
+        self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in step_spec(spaces).items()}
+        self.envs = None
+        self.env_errors = self.failing = 0
+
+    def start(self) -> Outcome:
+        """Build and reset the games (a rebuilt set gets a seed of its own)."""
+        self.envs = make_vector(self.cfg.env, seed=self.seed + 7919 * self.env_errors)
+        self.out["obs"][:] = self.envs.reset()
+        return Outcome(self.out, fresh=True)
+
+    def step(self, actions: np.ndarray) -> Outcome:
+        taken = self.envs.forced(actions)
+        try:
+            step = self.envs.step(taken)
+        except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
+            return self.recover(err)
+        self.failing = 0
+        o = self.out
+        o["taken"][:], o["reward"][:] = taken, step.reward
+        o["terminated"][:], o["truncated"][:] = step.terminated, step.truncated
+        o["life_lost"][:] = False if step.life_lost is None else step.life_lost
+        o["final_obs"][:], o["obs"][:] = step.final_obs, step.obs
+        return Outcome(o, fresh=False)
+
+    def recover(self, err: Exception) -> Outcome:
+        """A game raised: say so and rebuild them all (the worker drops their unfinished episodes)."""
+        self.env_errors += 1
+        self.failing += 1
+        print(f"mpirl: {self.label}: {self.cfg.env.id} raised {type(err).__name__}: {err}; "
+              f"rebuilding its environments (failure {self.env_errors})", file=sys.stderr, flush=True)
+        if self.failing >= MAX_FAILING:
+            raise RuntimeError(f"{self.cfg.env.id} failed {self.failing} times in a row on {self.label}; "
+                               "giving up") from err
+        self.close()
+        return self.start()
+
+    def close(self) -> None:
+        if self.envs is not None:
+            try:
+                self.envs.close()
+            except Exception:  # noqa: BLE001 - a broken env may not close cleanly either
+                pass
+            self.envs = None
+
+
+class ApexDeciding:
+    """The network, epsilons, n-step windows and staging for the games of several actors; no MPI.
+
+    ``indices``: each actor's index among all ``n_actors`` actors of the job (its Ape-X epsilons)."""
+
+    def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int], indices: list[int], n_actors: int):
+        a = cfg.agent
+        self.cfg, self.E, self.actors = cfg, cfg.env.envs_per_actor, len(seeds)
+        self.policy = ActingPolicy(spaces.obs_shape, spaces.n_actions, a)
+        self.n_actions = spaces.n_actions
+        self.epsilons = [env_epsilons(i, n_actors, self.E, a.epsilon, a.epsilon_alpha) for i in indices]
+        self.rngs = [np.random.default_rng(s) for s in seeds]
+        self.staging = Staging(spec, cfg.comm.send_batch + self.actors * self.E * a.n_step)
+        self.episodes: deque = deque()
+        self.env_steps = np.zeros(self.actors, dtype=np.int64)
+        self.current: list[list] = [[None] * self.E for _ in range(self.actors)]  # each game's obs to act on
+        self.nsteps = [[NStepAccumulator(a.n_step, a.gamma) for _ in range(self.E)] for _ in range(self.actors)]
+        self.ep_return = np.zeros((self.actors, self.E))
+        self.ep_length = np.zeros((self.actors, self.E), dtype=np.int64)
+
+    def epsilon(self, a: int = 0) -> float:
+        return float(self.epsilons[a].mean())
+
+    def observe(self, a: int, outcome: Outcome) -> None:
+        """Record what actor ``a``'s last actions led to: its n-step transitions become complete and are staged."""
+        o = outcome.rows
+        if outcome.fresh or self.current[a][0] is None:
+            self.current[a] = [o["obs"][k].copy() for k in range(self.E)]
+            self.nsteps[a] = [NStepAccumulator(self.cfg.agent.n_step, self.cfg.agent.gamma) for _ in range(self.E)]
+            self.ep_return[a], self.ep_length[a] = 0.0, 0
+            return
+        clip = self.cfg.agent.reward_clip
+        self.env_steps[a] += self.E
+        self.ep_return[a] += o["reward"]
+        self.ep_length[a] += 1
+        rewards = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
+        ended = o["terminated"] | o["truncated"]
+        cut = o["terminated"] | o["life_lost"]
+        for k in range(self.E):
+            # The windows keep their observations by reference: each is a copy of its own.
+            now = o["obs"][k].copy()
+            last = o["final_obs"][k].copy() if ended[k] else now
+            for transition in self.nsteps[a][k].push(self.current[a][k], o["taken"][k], rewards[k], last, cut[k],
+                                                     o["truncated"][k]):
+                self.staging.put(transition)
+            if ended[k]:
+                self.episodes.append((float(self.ep_return[a, k]), int(self.ep_length[a, k])))
+            self.current[a][k] = now
+        self.ep_return[a][ended], self.ep_length[a][ended] = 0.0, 0
+
+    def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
+        """Actions for the listed actors' games, one forward pass; each actor explores with its own stream."""
+        greedy = self.policy.greedy(np.concatenate([o.rows["obs"] for o in outcomes]))
+        out = np.empty(len(greedy), dtype=np.int64)
+        for i, a in enumerate(actors):
+            part = slice(i * self.E, (i + 1) * self.E)
+            out[part] = explore(greedy[part], self.epsilons[a], self.rngs[a], self.n_actions)
+        return out
+
+    def take(self, rows: int) -> tuple[dict, np.ndarray]:
+        records = self.staging.take(rows)
+        return records, (self.policy.priorities(records) if rows else np.zeros(0, np.float32))
+
+    def drop(self, rows: int) -> None:
+        self.staging.drop(rows)
+
+
+def games(ctx: RoleContext, label: str) -> ApexGames:
+    return ApexGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
+
+
+def deciding(ctx: RoleContext, actors: list[int]) -> ApexDeciding:
+    """The decisions for ``actors`` (world ranks): each with its own rank's seed and its Ape-X index."""
+    import torch
+    torch.set_num_threads(1)
+    everyone = sorted(ctx.topo.worker_of)
+    return ApexDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors],
+                        [everyone.index(a) for a in actors], len(everyone))

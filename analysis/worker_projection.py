@@ -9,13 +9,14 @@ In one process, no MPI (what one core of each role does), for predator-prey QMIX
   for b = 1, 2, 4, ..., 32: seconds per pass and per request;
 * the bytes of one request (the step message) and one answer (the actions message).
 
-The projection: a worker answering its A actors together spends t_pass(A) per pass while each actor
-spends t_env stepping its games. The worker keeps up while t_pass(A) <= t_env; past that knee its
-actors wait for it and more actors per worker add little. In lockstep each actor then makes a request
-every t_env + t_pass(A) seconds (a lower bound: with the deadline, passes overlap the actors' steps).
-On a node of C cores, one core per rank, W workers with A actors each fit when W * (A + 1) <= C (the
-learner and the buffers on the other node). It prints the knee, the split of one node, its env steps/s
-and the link bytes per second of a worker's actors.
+The projection: the learner and the buffers on one node, the actors and workers on the other, C cores,
+one core per rank. W workers with A actors each fit when W * (A + 1) <= C. A worker answering its A
+actors together spends t_pass(A) per pass while each actor spends t_env stepping its games; in lockstep
+each actor makes a request every t_env + t_pass(A) seconds (a lower bound: with the deadline, passes
+overlap the actors' steps), so the node makes W * A * E / (t_env + t_pass(A)) env steps/s. Without
+workers, C actors each run their own network: C * E / (t_env + t_pass(1)). The knee is the A with
+the most env steps/s; the script prints it, the ratio to the node without workers, and the link bytes
+per second of a worker's actors.
 """
 
 from __future__ import annotations
@@ -94,17 +95,28 @@ def main() -> None:
     print(f"predator-prey QMIX, {ch.spaces.n_agents} agents, {E} games per actor; one core per rank")
     print(f"  actor: {E} games stepped once          {1e3 * t_env:8.3f} ms per request")
     print(f"  request / answer                      {request:8,d} / {answer:,d} bytes")
-    print(f"  {'requests per pass b':>20} {'ms per pass':>12} {'ms per request':>15} {'keeps up (pass <= step)':>24}")
+    C = args.cores
+    alone = C * E / (t_env + t_pass[1])  # every core an actor that runs its own network
+    print(f"  {'actors per worker A':>20} {'ms per pass':>12} {'ms per request':>15} {'workers on node':>16} "
+          f"{'node env steps/s':>17}")
+    best = (alone, 0)
     for b in BATCHES:
-        print(f"  {b:>20} {1e3 * t_pass[b]:>12.3f} {1e3 * t_pass[b] / b:>15.3f} "
-              f"{'yes' if t_pass[b] <= t_env else 'no':>24}")
-    a = max((b for b in BATCHES if t_pass[b] <= t_env), default=1)
-    w = max(1, args.cores // (a + 1))
-    rate = 1.0 / (t_env + t_pass[a])  # requests per second of one actor, in lockstep with its worker
-    print(f"projection: the knee is about {a} actors per worker (its pass over {a} requests, "
-          f"{1e3 * t_pass[a]:.2f} ms, within an actor's step of {1e3 * t_env:.2f} ms); a {args.cores}-core node "
-          f"holds {w} workers x {a} actors ({w * (a + 1)} cores): at least {w * a * E * rate:,.0f} env steps/s, "
-          f"each worker's link carrying {a * rate * (request + answer) / 1e6:,.2f} MB/s")
+        w = C // (b + 1)
+        node = w * b * E / (t_env + t_pass[b]) if w else 0.0  # lockstep: every actor waits for each pass
+        best = max(best, (node, b))
+        print(f"  {b:>20} {1e3 * t_pass[b]:>12.3f} {1e3 * t_pass[b] / b:>15.3f} {w:>16} {node:>17,.0f}")
+    print(f"  {'no workers':>20} {'':>12} {'':>15} {'':>16} {alone:>17,.0f}   ({C} actors, each its own network)")
+    node, a = best
+    if a:
+        rate = 1.0 / (t_env + t_pass[a])
+        print(f"projection ({C} cores, lockstep, a lower bound): best at {a} actors per worker, {C // (a + 1)} workers: "
+              f"{node:,.0f} env steps/s, {node / alone:.2f}x the node without workers; each worker's link "
+              f"{a * rate * (request + answer) / 1e6:,.2f} MB/s")
+    else:
+        print(f"projection ({C} cores, lockstep, a lower bound): no split with workers beats {C} actors running "
+              f"their own network ({alone:,.0f} env steps/s): a forward pass over one actor's games "
+              f"({1e3 * t_pass[1]:.2f} ms) costs about what its games' step does ({1e3 * t_env:.2f} ms), and "
+              f"batching saves at most {t_pass[1] / min(t_pass[b] / b for b in BATCHES):.1f}x of it")
 
 
 if __name__ == "__main__":

@@ -73,3 +73,16 @@ def test_a_worker_records_what_each_actor_records_alone():
     assert sorted(got) == expected
     assert worker.env_steps.tolist() == [p.env_steps for p in alone]
     assert [worker.epsilon(a) for a in range(3)] == [p.epsilon() for p in alone]
+
+
+def test_worker_projection_times_steps_and_passes_and_projects_a_node():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    proc = subprocess.run([sys.executable, "analysis/worker_projection.py", "--seconds", "0.05", "--cores", "8"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "request / answer" in out and "7,680 / 288 bytes" in out  # 4 games of 8 agents each way
+    assert "no workers" in out and "projection (8 cores" in out, out

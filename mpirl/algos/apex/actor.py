@@ -15,7 +15,6 @@ windows, priorities) and :class:`ExperienceSender` is its line to the buffer;
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 
@@ -32,9 +31,7 @@ from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
 from mpirl.roles.experience import ExperienceSender, Staging
-
-MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
-
+from mpirl.roles.steps import count_failure
 
 class Acting:
     """One actor's games, local network and n-step windows; no MPI.
@@ -102,16 +99,10 @@ class Acting:
 
         The n-step windows of the broken episodes are dropped (their transitions would
         bootstrap from a state that never came); the episodes are not reported. After
-        ``MAX_FAILING`` failures in a row without one good step, the error is raised:
+        ``roles.steps.MAX_FAILING`` failures in a row without one good step, the error is raised:
         the actor cannot make progress, and the job ends naming it.
         """
-        self.env_errors += 1
-        self.failing += 1
-        print(f"mpirl: {self.label}: {self.cfg.env.id} raised {type(err).__name__}: {err}; "
-              f"rebuilding its environments (failure {self.env_errors})", file=sys.stderr, flush=True)
-        if self.failing >= MAX_FAILING:
-            raise RuntimeError(f"{self.cfg.env.id} failed {self.failing} times in a row on {self.label}; "
-                               "giving up") from err
+        count_failure(self, err)
         try:
             self.envs.close()
         except Exception:  # noqa: BLE001 - a broken env may not close cleanly either

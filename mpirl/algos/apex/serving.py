@@ -12,7 +12,6 @@ its own (a test holds the two equal).
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 
 import numpy as np
@@ -23,10 +22,7 @@ from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.roles.context import RoleContext
 from mpirl.roles.experience import Staging
-from mpirl.roles.steps import Outcome
-
-MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
-
+from mpirl.roles.steps import Outcome, count_failure
 
 def step_spec(spaces) -> dict:
     obs = (tuple(spaces.obs_shape), np.dtype(spaces.obs_dtype))
@@ -71,13 +67,7 @@ class ApexGames:
 
     def recover(self, err: Exception) -> Outcome:
         """A game raised: say so and rebuild them all (the worker drops their unfinished episodes)."""
-        self.env_errors += 1
-        self.failing += 1
-        print(f"mpirl: {self.label}: {self.cfg.env.id} raised {type(err).__name__}: {err}; "
-              f"rebuilding its environments (failure {self.env_errors})", file=sys.stderr, flush=True)
-        if self.failing >= MAX_FAILING:
-            raise RuntimeError(f"{self.cfg.env.id} failed {self.failing} times in a row on {self.label}; "
-                               "giving up") from err
+        count_failure(self, err)
         self.close()
         return self.start()
 

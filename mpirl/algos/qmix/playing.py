@@ -13,7 +13,6 @@ next actions of every listed actor's games in one forward pass; ``Games.step(act
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 
 import numpy as np
@@ -22,10 +21,7 @@ from mpirl.agents.qmix import QMixPolicy, epsilon_schedule, explore
 from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
 from mpirl.roles.experience import Staging
-from mpirl.roles.steps import Outcome
-
-MAX_FAILING = 10  # failures of the games in a row, without a good step between, before the actor gives up
-
+from mpirl.roles.steps import Outcome, count_failure
 
 def step_spec(spaces) -> dict:
     """One game's row of an actor's step message: what its last actions led to and what to act on now.
@@ -122,13 +118,7 @@ class Games:
 
     def recover(self, err: Exception) -> Outcome:
         """A game raised: say so, rebuild every game (their unfinished episodes are dropped)."""
-        self.env_errors += 1
-        self.failing += 1
-        print(f"mpirl: {self.label}: {self.cfg.env.id} raised {type(err).__name__}: {err}; "
-              f"rebuilding its environments (failure {self.env_errors})", file=sys.stderr, flush=True)
-        if self.failing >= MAX_FAILING:
-            raise RuntimeError(f"{self.cfg.env.id} failed {self.failing} times in a row on {self.label}; "
-                               "giving up") from err
+        count_failure(self, err)
         self.close()
         return self.start()
 

@@ -213,7 +213,8 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
             continue
         idle.reset()
         t0 = time.perf_counter()
-        order = sorted(requests.pending)
+        # At most worker_batch requests a pass, the oldest first; the rest are next.
+        order = sorted(sorted(requests.pending, key=lambda a: requests.pending[a][2])[:t.worker_batch])
         outcomes = []
         for a in order:
             buf = requests.pending[a][1]

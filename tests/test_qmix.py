@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.agents.qmix import (QMixer, QMixLearner, QMixPolicy, QmixHyper, agent_inputs, episode_spec,
-                               epsilon_schedule, f_pi, td_lambda_targets)
+from mpirl.agents.qmix import QMixLearner, QmixHyper, episode_spec, f_pi, td_lambda_targets
+from mpirl.agents.qmix_networks import QMixer, agent_inputs
+from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule
 
 
 @pytest.fixture(autouse=True, scope="module")

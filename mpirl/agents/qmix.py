@@ -13,7 +13,8 @@ where Q* is a feed-forward central mixer (WQMIX's "central" QMIX-ff) trained to 
 same targets y and pi_j is agent j's softmax probability of the action it took. The
 per-episode mean of w is what AccMER's weight table stores (``episode_weights``).
 
-Nothing here knows about MPI or the config: plain arguments and ``QmixHyper``.
+Nothing here knows about MPI or the config: plain arguments and ``QmixHyper``. The networks are in
+:mod:`mpirl.agents.qmix_networks`, an actor's epsilon-greedy copy in :mod:`mpirl.agents.qmix_policy`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from mpirl.agents.dqn import Fault, pick_device  # noqa: F401  (pick_device: re-exported for callers)
+from mpirl.agents.dqn import Fault
+from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_input_dim, agent_inputs,
+                                        last_action_onehot, mask_unavailable)
 
-# What PyMARL writes into unavailable actions' Q-values before a max/argmax.
-UNAVAILABLE = -9999999.0
 
 
 def episode_spec(n_agents: int, obs_shape: tuple[int, ...], obs_dtype, state_shape: tuple[int, ...], state_dtype,
@@ -92,115 +91,6 @@ class QmixHyper:
             raise ValueError(f"target_update must be at least 1, not {self.target_update}")
 
 
-def epsilon_schedule(step: int, start: float = 1.0, finish: float = 0.05, anneal_steps: int = 50_000) -> float:
-    """PyMARL's linear decay from ``start`` to ``finish`` over ``anneal_steps`` env steps, flat after."""
-    if anneal_steps <= 0:
-        return finish
-    frac = min(max(step, 0) / anneal_steps, 1.0)
-    return start + frac * (finish - start)
-
-
-# ----------------------------------------------------------------------------------------------- networks
-
-def agent_input_dim(obs_dim: int, n_actions: int, n_agents: int) -> int:
-    """Width of one agent's input: flat observation + one-hot last action + one-hot agent id."""
-    return obs_dim + n_actions + n_agents
-
-
-def agent_inputs(obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
-    """Each agent's network input ``[..., n, obs_dim + A + n]``, for acting and training alike.
-
-    ``obs`` ``[..., n, obs_dim]`` (flat, any dtype: taken as float as it is), ``last_onehot`` ``[..., n, A]``
-    the one-hot action each agent took on the previous step (zeros on an episode's first step).
-    """
-    n = obs.shape[-2]
-    ids = torch.eye(n, device=obs.device).expand(*obs.shape[:-1], n)
-    return torch.cat([obs.float(), last_onehot.float(), ids], dim=-1)
-
-
-def last_action_onehot(actions: torch.Tensor, n_actions: int) -> torch.Tensor:
-    """``actions`` ``[B, T+1, n]`` -> the previous step's one-hot action ``[B, T+1, n, A]`` (zeros at t = 0)."""
-    onehot = F.one_hot(actions[:, :-1], n_actions).float()
-    return torch.cat([torch.zeros_like(onehot[:, :1]), onehot], dim=1)
-
-
-class AgentNet(nn.Module):
-    """fc -> ReLU -> GRU -> fc to one Q-value per action; one network shared by all agents.
-
-    The recurrent layer is a one-layer ``nn.GRU``: the same equations and parameters as PyMARL's
-    ``GRUCell``, but a whole episode runs in one call (5x faster backward on the CPU than a Python
-    loop of cells). ``step`` runs one time step (acting), ``sequence`` a batch of whole episodes.
-    """
-
-    def __init__(self, input_dim: int, n_actions: int, hidden: int = 64):
-        super().__init__()
-        self.hidden = hidden
-        self.fc1 = nn.Linear(input_dim, hidden)
-        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
-        self.fc2 = nn.Linear(hidden, n_actions)
-
-    def step(self, inputs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``inputs`` ``[N, D]``, hidden ``[N, H]`` -> (Q ``[N, A]``, new hidden ``[N, H]``)."""
-        x = F.relu(self.fc1(inputs)).unsqueeze(1)
-        out, h_new = self.rnn(x, h.unsqueeze(0).contiguous())
-        return self.fc2(out.squeeze(1)), h_new.squeeze(0)
-
-    def sequence(self, inputs: torch.Tensor) -> torch.Tensor:
-        """``inputs`` ``[N, T, D]`` from a zero hidden state -> Q ``[N, T, A]``."""
-        out, _ = self.rnn(F.relu(self.fc1(inputs)))
-        return self.fc2(out)
-
-    forward = sequence
-
-
-class QMixer(nn.Module):
-    """Monotonic mixing: Q_tot = elu(q W1 + b1) W2 + V(s), W1 and W2 non-negative (abs), all from the state.
-
-    Two-layer hypernetworks (width ``hypernet_hidden``) make W1 ``[n, embed]`` and W2 ``[embed, 1]``;
-    one layer makes b1; V(s) has one hidden layer of width ``embed``.
-    """
-
-    def __init__(self, n_agents: int, state_dim: int, embed: int = 32, hypernet_hidden: int = 64):
-        super().__init__()
-        self.n_agents, self.state_dim, self.embed = n_agents, state_dim, embed
-        self.hyper_w1 = nn.Sequential(nn.Linear(state_dim, hypernet_hidden), nn.ReLU(),
-                                      nn.Linear(hypernet_hidden, n_agents * embed))
-        self.hyper_b1 = nn.Linear(state_dim, embed)
-        self.hyper_w2 = nn.Sequential(nn.Linear(state_dim, hypernet_hidden), nn.ReLU(),
-                                      nn.Linear(hypernet_hidden, embed))
-        self.value = nn.Sequential(nn.Linear(state_dim, embed), nn.ReLU(), nn.Linear(embed, 1))
-
-    def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """``agent_qs`` ``[..., n]``, ``states`` ``[..., state_dim]`` -> Q_tot ``[...]``."""
-        lead = agent_qs.shape[:-1]
-        s = states.reshape(-1, self.state_dim).float()
-        q = agent_qs.reshape(-1, 1, self.n_agents)
-        w1 = self.hyper_w1(s).abs().view(-1, self.n_agents, self.embed)
-        b1 = self.hyper_b1(s).view(-1, 1, self.embed)
-        hidden = F.elu(torch.bmm(q, w1) + b1)
-        w2 = self.hyper_w2(s).abs().view(-1, self.embed, 1)
-        return (torch.bmm(hidden, w2).view(-1) + self.value(s).view(-1)).view(lead)
-
-
-class CentralMixer(nn.Module):
-    """MAC-PO's Q*: an unconstrained feed-forward net over [state, the agents' Q of their taken actions].
-
-    WQMIX's central "QMIX-ff" mixer (ReLU layers of width ``hidden``). Here it reads the QMIX agents'
-    chosen-action Q-values (detached, so its loss never moves the agents) instead of a central agent net.
-    """
-
-    def __init__(self, n_agents: int, state_dim: int, hidden: int = 256):
-        super().__init__()
-        self.n_agents, self.state_dim = n_agents, state_dim
-        self.net = nn.Sequential(nn.Linear(state_dim + n_agents, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-
-    def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        lead = agent_qs.shape[:-1]
-        x = torch.cat([states.reshape(-1, self.state_dim).float(), agent_qs.reshape(-1, self.n_agents)], dim=1)
-        return self.net(x).view(lead)
-
-
 def central_loss(q_star: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The central mixer's masked MSE to the QMIX targets (mean over the steps where ``mask``)."""
     err = torch.where(mask, q_star - targets, torch.zeros_like(q_star))
@@ -252,12 +142,6 @@ def f_pi(pi: torch.Tensor) -> torch.Tensor:
     prefix = torch.cumprod(torch.cat([ones, pi[..., :-1]], dim=-1), dim=-1)
     suffix = torch.cumprod(torch.cat([ones, pi.flip(-1)[..., :-1]], dim=-1), dim=-1).flip(-1)
     return 1.0 + (prefix * suffix * (1.0 - pi)).sum(dim=-1)
-
-
-def mask_unavailable(q: torch.Tensor, avail: torch.Tensor, fill: float = UNAVAILABLE) -> torch.Tensor:
-    """``q`` with unavailable actions set to ``fill``; a row with no available action (padding) is left as is."""
-    usable = avail | ~avail.any(dim=-1, keepdim=True)
-    return q.masked_fill(~usable, fill)
 
 
 # ----------------------------------------------------------------------------------------------- learner
@@ -524,73 +408,3 @@ class QMixLearner:
             self.central_optimizer.load_state_dict(sd["central_optimizer"])
         self.steps = int(sd["steps"])
         self.skipped_batches = int(sd["skipped_batches"])
-
-
-# ----------------------------------------------------------------------------------------------- actor side
-
-class QMixPolicy:
-    """An actor's copy of the agent network: epsilon-greedy joint actions for ``E`` envs at once, numpy in/out.
-
-    Keeps each env's GRU hidden state ``[E, n, H]`` and last actions between calls; ``reset`` starts all
-    envs afresh, ``reset_envs`` those whose episode restarted (call it before acting on their first step).
-    """
-
-    def __init__(self, n_agents: int, obs_shape, n_actions: int, hidden: int = 64):
-        self.n_agents, self.n_actions, self.hidden = n_agents, n_actions, hidden
-        self.obs_dim = int(np.prod(obs_shape))
-        self.net = AgentNet(agent_input_dim(self.obs_dim, n_actions, n_agents), n_actions, hidden)
-        self.net.requires_grad_(False)
-        self.n_params = sum(p.numel() for p in self.net.parameters())
-        self.reset(1)
-
-    def load_flat(self, params: np.ndarray) -> None:
-        torch.nn.utils.vector_to_parameters(torch.as_tensor(params, dtype=torch.float32), self.net.parameters())
-
-    def reset(self, n_envs: int) -> None:
-        self.h = torch.zeros(n_envs, self.n_agents, self.hidden)
-        self.last = torch.zeros(n_envs, self.n_agents, self.n_actions)
-
-    def reset_envs(self, idx) -> None:
-        self.h[idx] = 0.0
-        self.last[idx] = 0.0
-
-    @torch.no_grad()
-    def q_values(self, obs: np.ndarray, rows=slice(None)) -> torch.Tensor:
-        """Advance the hidden state of env ``rows`` (all by default) on their ``obs`` ``[E, n, *obs_shape]``;
-        Q ``[E, n, A]`` (last actions unchanged)."""
-        E, n = obs.shape[:2]
-        x = agent_inputs(torch.as_tensor(obs).reshape(E, n, self.obs_dim), self.last[rows])
-        q, h = self.net.step(x.reshape(E * n, -1), self.h[rows].reshape(E * n, -1))
-        self.h[rows] = h.view(E, n, -1)
-        return q.view(E, n, -1)
-
-    def greedy(self, obs: np.ndarray, avail: np.ndarray, rows=slice(None)) -> np.ndarray:
-        """Each agent's best available action ``[E, n]`` int64 for env ``rows`` (advances their hidden state)."""
-        q = mask_unavailable(self.q_values(obs, rows), torch.as_tensor(np.asarray(avail, dtype=bool)), float("-inf"))
-        return q.argmax(dim=2).numpy().astype(np.int64)
-
-    def chose(self, actions: np.ndarray, rows=slice(None)) -> None:
-        """Env ``rows`` took ``actions``: their next inputs carry them as last actions."""
-        self.last[rows] = F.one_hot(torch.from_numpy(actions), self.n_actions).float()
-
-    def act(self, obs: np.ndarray, avail: np.ndarray, epsilon: float, rng: np.random.Generator,
-            greedy: bool = False) -> np.ndarray:
-        """Actions ``[E, n]`` int64: each agent's best available action, or with probability ``epsilon``
-        (per agent, ignored when ``greedy``) a uniformly random available one."""
-        actions = self.greedy(obs, avail)
-        if not greedy:
-            actions = explore(actions, avail, epsilon, rng)
-        self.chose(actions)
-        return actions
-
-
-def explore(actions: np.ndarray, avail: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """Epsilon-greedy over ``actions`` ``[E, n]``: each agent with probability ``epsilon`` takes a uniformly
-    random available action instead."""
-    if epsilon <= 0:
-        return actions
-    avail = np.asarray(avail, dtype=bool)
-    keys = np.where(avail, rng.random(avail.shape), -1.0)
-    random = keys.argmax(axis=2)
-    take = rng.random(actions.shape) < epsilon
-    return np.where(take, random, actions).astype(np.int64)

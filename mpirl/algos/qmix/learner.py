@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from mpirl.agents.dqn import pick_device
-from mpirl.agents.qmix import QmixHyper, QMixLearner, QMixPolicy, divergence
+from mpirl.agents.qmix import QmixHyper, QMixLearner, divergence
+from mpirl.agents.qmix_policy import QMixPolicy
 from mpirl.roles.replay_learner import MAX_SKIPPED_IN_A_ROW, Learner
 from mpirl.algos.qmix.envs import make
 from mpirl.metrics.writer import MetricsFile

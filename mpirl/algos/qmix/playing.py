@@ -17,7 +17,7 @@ from collections import deque
 
 import numpy as np
 
-from mpirl.agents.qmix import QMixPolicy, epsilon_schedule, explore
+from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule, explore
 from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
 from mpirl.roles.experience import Staging

@@ -15,8 +15,6 @@ at least five intervals of one run per setting.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.launcher import find_mpiexec, launch_command
+from mpirl.bench.run_mpi import run_job
 
 LINKS = [("none", 0.0, 0.0), ("25 Gbit/s + 0.05 ms", 25.0, 0.05), ("1 Gbit/s + 20 ms", 1.0, 20.0)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,18 +54,8 @@ def shares(run_dir: Path, min_intervals: int) -> list[float]:
 def one(job: str, prefetch: int, gbps: float, ms: float, seconds: float, out: Path, reps: int) -> list[float]:
     sets = [f"comm.prefetch={prefetch}", f"comm.link.bandwidth_gbps={gbps}", f"comm.link.latency_ms={ms}",
             "run.env_steps=0", "run.train_steps=0", f"run.wall_seconds={seconds}", "run.target_return=nan",
-            "replay.capacity=8192", "replay.learning_starts=1000", "log.interval=1.0", f'run.out_dir="{out}"',
-            f'run.name="prefetch{prefetch}"']
-    cmd, env = launch_command(find_mpiexec(), 4, job, sets, [])
-    cmd.append("--quiet")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 240)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"pipeline job did not finish in {seconds + 240:.0f} s: {' '.join(cmd)}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"pipeline job failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    runs = sorted(out.glob(f"prefetch{prefetch}-*/run.h5"), key=lambda p: p.stat().st_mtime)
-    return shares(runs[-1].parent, reps)
+            "replay.capacity=8192", "replay.learning_starts=1000", "log.interval=1.0"]
+    return shares(run_job(4, job, sets, out, f"prefetch{prefetch}", seconds + 240, "pipeline"), reps)
 
 
 def run(reps: int = MIN_REPS, seconds: float = 12.0, job: str | None = None, links=LINKS,

@@ -25,7 +25,6 @@ sampler on SMAC, on a many-core machine; the ratios here are printed beside thos
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.launcher import find_mpiexec, launch_command
+from mpirl.bench.run_mpi import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "predator_prey_qmix.toml"
@@ -85,19 +84,8 @@ def job_rate(run_dir: Path) -> float:
 
 
 def one_job(actors: int, workers: int, seconds: float, out: Path, name: str) -> float:
-    sets = [*COLLECT, f"run.wall_seconds={seconds + WARM}", f"topology.workers={workers}", f'run.out_dir="{out}"',
-            f'run.name="{name}"', "env.envs_per_actor=4"]
-    n = 2 + workers + actors
-    cmd, env = launch_command(find_mpiexec(), n, str(JOB), sets, [])
-    cmd.append("--quiet")
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 240)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"workers bench job did not finish in {seconds + 240:.0f} s: {' '.join(cmd)}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"workers bench job failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    runs = sorted(out.glob(f"{name}-*/run.h5"), key=lambda p: p.stat().st_mtime)
-    return job_rate(runs[-1].parent)
+    sets = [*COLLECT, f"run.wall_seconds={seconds + WARM}", f"topology.workers={workers}", "env.envs_per_actor=4"]
+    return job_rate(run_job(2 + workers + actors, str(JOB), sets, out, name, seconds + 240, "workers"))
 
 
 def settings() -> list[tuple[str, int, int]]:

@@ -104,3 +104,38 @@ class ParamBroadcast:
     def close(self) -> None:
         """Complete the last broadcast (root) before the communicator goes away."""
         wait_until(self.done)
+
+
+class ParamFollower:
+    """A member's side of the broadcast, as every actor and worker runs it: ``start()`` waits for the first
+    broadcast, ``poll()`` takes a newer one between steps; each is loaded with ``load(params)`` and re-posted,
+    except the one with the stop, after which ``stopped`` is true and nothing is posted again."""
+
+    def __init__(self, broadcast: ParamBroadcast, load):
+        self.broadcast, self.load = broadcast, load
+        self.version = -1  # the version loaded (-1: none yet)
+        self.first = -1  # the first version received (1, or a resumed learner's)
+        self.stopped = False
+
+    def start(self) -> None:
+        b = self.broadcast
+        b.post()
+        wait_until(b.arrived, first=1e-4, longest=10e-3)
+        self.first = b.version
+        self._take()
+
+    def poll(self) -> bool:
+        """True when a broadcast arrived (loaded, or the stop)."""
+        if not self.broadcast.arrived():
+            return False
+        self._take()
+        return True
+
+    def _take(self) -> None:
+        b = self.broadcast
+        if b.stop:
+            self.stopped = True
+            return
+        self.load(b.params)
+        self.version = b.version
+        b.post()

@@ -25,9 +25,9 @@ from types import ModuleType
 
 import numpy as np
 
-from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
-from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.ratio import InsertBudget
@@ -155,61 +155,49 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     steps_before = int(deciding.env_steps.sum())
     metrics = WorkerMetrics(ctx, actors)
     sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
-    params = ParamBroadcast(topo.group_params, ctx.n_params)
+    params = ParamFollower(ParamBroadcast(topo.group_params, ctx.n_params), deciding.policy.load_flat)
     rp = cfg.replay
     budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
                           rp.learning_starts, len(topo.buffers), topo.group.size - 1,
                           slack=len(next(iter(deciding.staging.fields.values()))))  # what its staging can hold
     deadline = t.worker_deadline_us * 1e-6
     want = min(t.worker_batch, m)
-    version, throttled = -1, 0.0
+    throttled = 0.0
 
     def send(rows: int, final: bool = False) -> None:
         records, priorities = deciding.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
         steps = int(deciding.env_steps.sum())
-        sender.send(records, priorities, deciding.episodes, final=final, env_steps=steps, param_version=version,
+        sender.send(records, priorities, deciding.episodes, final=final, env_steps=steps, param_version=params.version,
                     epsilon=float(np.mean([deciding.epsilon(a) for a in range(m)])),
                     steps_per_s=(steps - steps_before) / elapsed, throttled_s=throttled,
                     env_errors=sum(int(h["env_errors"]) for h in metrics.last.values()))
         deciding.drop(rows)
 
-    params.post()
-    wait_until(params.arrived, first=1e-4, longest=10e-3)
-    stopped = params.stop
-    first = params.version
-    if not stopped:
-        deciding.policy.load_flat(params.params)
-        version = params.version
-        params.post()
+    params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     started = time.perf_counter()
     idle = Backoff(first=20e-6, longest=2e-3)
-    while not stopped:
-        if params.arrived():
-            stopped = params.stop
-            if stopped:
-                break
-            deciding.policy.load_flat(params.params)
-            version = params.version
-            params.post()
+    while not params.stopped:
+        if params.poll() and params.stopped:
+            break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
         for a in requests.poll():
             metrics.heard(a, step_lay, requests.pending[a][1])
         waiting = len(requests.pending)
         left = deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
         ready = waiting and (waiting >= want or left <= 0)
-        if ready and budget.over(sender.sent + deciding.staging.count, version - first + 1):
+        if ready and budget.over(sender.sent + deciding.staging.count, params.version - params.first + 1):
             t0 = time.perf_counter()  # ahead of the learner: the actors wait until it publishes again
             idle.sleep()
             throttled += time.perf_counter() - t0
-            metrics.row(version, throttled)
+            metrics.row(params.version, throttled)
             continue
         if not ready:
             if waiting:  # a request waits for others: no longer than its deadline
                 time.sleep(min(left, 1e-3))
             else:
                 idle.sleep()
-            metrics.row(version, throttled)
+            metrics.row(params.version, throttled)
             continue
         idle.reset()
         t0 = time.perf_counter()
@@ -223,11 +211,11 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
             outcomes.append(outcome)
         actions = deciding.decide(order, outcomes)
         for i, a in enumerate(order):
-            requests.answer(a, actions[i * E:(i + 1) * E], version)
+            requests.answer(a, actions[i * E:(i + 1) * E], params.version)
         metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
         while deciding.staging.count >= batch:
             send(batch)
-        metrics.row(version, throttled)
+        metrics.row(params.version, throttled)
 
     # The stop: each actor learns it in the answer to its next request; nothing is reposted after it.
     told = set()
@@ -235,7 +223,7 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     while len(told) < m:
         requests.poll()
         for a in sorted(requests.pending):
-            requests.answer(a, None, version, repost=False)
+            requests.answer(a, None, params.version, repost=False)
             told.add(a)
         if len(told) < m:
             wait.sleep()
@@ -244,7 +232,7 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     while len(deciding.episodes) > EPISODE_SLOTS:
         send(0)
     send(0, final=True)
-    metrics.row(version, throttled, force=True)
+    metrics.row(params.version, throttled, force=True)
     sender.close()
     requests.close()
     metrics.close()

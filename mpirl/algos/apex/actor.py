@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from mpirl.agents.dqn import ActingPolicy, env_epsilons
-from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS
-from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.config import JobConfig
 from mpirl.envs.vector import make_vector
 from mpirl.replay.nstep import NStepAccumulator
@@ -138,8 +138,8 @@ def run_actor(ctx: RoleContext) -> None:
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     steps_before = acting.env_steps
     sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
-    params = ParamBroadcast(topo.group_params, acting.policy.n_params)
-    version, throttled = -1, 0.0
+    params = ParamFollower(ParamBroadcast(topo.group_params, acting.policy.n_params), acting.policy.load_flat)
+    throttled = 0.0
     rp = cfg.replay
     budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
                           rp.learning_starts, len(topo.buffers), topo.group.size - 1,
@@ -149,34 +149,22 @@ def run_actor(ctx: RoleContext) -> None:
         records, priorities = acting.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
         sender.send(records, priorities, acting.episodes, final=final, env_steps=acting.env_steps,
-                    param_version=version, epsilon=epsilon, steps_per_s=(acting.env_steps - steps_before) / elapsed,
+                    param_version=params.version, epsilon=epsilon, steps_per_s=(acting.env_steps - steps_before) / elapsed,
                     throttled_s=throttled, env_errors=acting.env_errors)
         acting.drop(rows)
 
-    params.post()
-    wait_until(params.arrived, first=1e-4, longest=10e-3)
-    stopped = params.stop
-    first = params.version  # 1, or a resumed learner's version: the insert budget counts from here
-    if not stopped:
-        acting.policy.load_flat(params.params)
-        version = params.version
-        params.post()
-
+    params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     acting.start()
     started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
-    while not stopped:
-        if params.arrived():
+    while not params.stopped:
+        if params.poll():
             waiting.reset()
-            stopped = params.stop
-            if stopped:
+            if params.stopped:
                 break
-            acting.policy.load_flat(params.params)
-            version = params.version
-            params.post()
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-        if budget.over(sender.sent, version - first + 1):  # ahead of the learner: sleep until it publishes again
+        if budget.over(sender.sent, params.version - params.first + 1):  # ahead of the learner: sleep until it publishes again
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0

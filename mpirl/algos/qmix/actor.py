@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from mpirl.algos.qmix.playing import Playing
-from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS
-from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
 from mpirl.roles.experience import ExperienceSender
@@ -34,8 +34,8 @@ def run_actor(ctx: RoleContext) -> None:
         playing.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     steps_before = playing.env_steps
     sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
-    params = ParamBroadcast(topo.group_params, ctx.n_params)
-    version, throttled = -1, 0.0
+    params = ParamFollower(ParamBroadcast(topo.group_params, ctx.n_params), playing.policy.load_flat)
+    throttled = 0.0
     rp = cfg.replay
     # replay.samples_per_insert: each episode is trained on about that many times; the actors wait for the
     # learner instead of taking the CPU it needs (on a few shared cores the learner is the bottleneck).
@@ -47,32 +47,20 @@ def run_actor(ctx: RoleContext) -> None:
         records = playing.staging.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
         sender.send(records, np.ones(rows, np.float32), playing.episodes, final=final,
-                    env_steps=playing.env_steps, param_version=version, epsilon=playing.epsilon(),
+                    env_steps=playing.env_steps, param_version=params.version, epsilon=playing.epsilon(),
                     steps_per_s=(playing.env_steps - steps_before) / elapsed, throttled_s=throttled,
                     env_errors=playing.env_errors)
         playing.staging.drop(rows)
 
-    params.post()
-    wait_until(params.arrived, first=1e-4, longest=10e-3)
-    stopped = params.stop
-    first = params.version  # 1, or a resumed learner's version: the insert budget counts from here
-    if not stopped:
-        playing.policy.load_flat(params.params)
-        version = params.version
-        params.post()
+    params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     playing.start()
     started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
-    while not stopped:
-        if params.arrived():
-            stopped = params.stop
-            if stopped:
-                break
-            playing.policy.load_flat(params.params)
-            version = params.version
-            params.post()
+    while not params.stopped:
+        if params.poll() and params.stopped:
+            break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-        if budget.over(sender.sent + playing.staging.count, version - first + 1):
+        if budget.over(sender.sent + playing.staging.count, params.version - params.first + 1):
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0

@@ -73,12 +73,29 @@ class TopologyConfig:
     node_local: bool = setting(True)
     # Inference workers (DMCAF's actor-worker-learner): 0, actors run the policy themselves; K >= 1, ranks
     # after the buffers are K workers that run it for their actors in batched forward passes and send
-    # the experience to the buffers; the actors only step their environments.
-    workers: int = setting(0, ge=0, le=1_000_000, why="0: actors run the policy themselves")
+    # the experience to the buffers; the actors only step their environments. "learner": the learner's
+    # rank is the one worker and serves between its train steps (DMCAF's actor-worker, AW; one buffer).
+    workers: int = setting(0, ge=0, le=1_000_000, also=("learner",),
+                           why="0: actors run the policy themselves; 'learner': the learner serves them")
     # A worker answers the actors' requests that are in, up to this many in one forward pass ...
     worker_batch: int = setting(64, ge=1, le=1_000_000)
     # ... or once the oldest pending request has waited this long (microseconds), whichever comes first.
     worker_deadline_us: float = setting(200.0, ge=0, le=1e9)
+
+    @property
+    def on_learner(self) -> bool:
+        """The learner's rank serves the actors (``workers = "learner"``)."""
+        return self.workers == "learner"
+
+    @property
+    def worker_ranks(self) -> int:
+        """Ranks that are nothing but inference workers (0 without workers, and with the worker on the learner)."""
+        return 0 if self.on_learner else self.workers
+
+    @property
+    def served(self) -> bool:
+        """Actors only step their games and a worker (a worker rank or the learner) runs the policy for them."""
+        return self.on_learner or self.workers > 0
 
 
 @dataclass
@@ -228,7 +245,7 @@ class _Job:
     def world_size(self) -> int:
         """Ranks the job needs; with ``topology.actors = 0``, two actors per buffer (or per worker) by default."""
         t = self.topology
-        return 1 + t.buffers + t.workers + (t.actors or 2 * (t.workers or t.buffers))
+        return 1 + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or t.buffers))
 
     def flat(self) -> dict:
         """``{"section.key": value}`` (``"comm.link.latency_ms"`` for nested tables) for HDF5 attributes and
@@ -378,12 +395,17 @@ def validate(cfg: JobConfig, given=()) -> None:
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
-    _need(t.workers == 0 or t.workers >= t.buffers, "topology.workers",
+    _need(not t.on_learner or t.buffers == 1, "topology.buffers",
+          f"must be 1 with topology.workers = 'learner' (the learner's rank is the one worker and sends its "
+          f"experience to one buffer), got {t.buffers}; set topology.buffers = 1, or use K worker ranks "
+          f"(topology.workers = K >= {t.buffers})")
+    _need(t.on_learner or t.workers == 0 or t.workers >= t.buffers, "topology.workers",
           f"must be 0 or >= topology.buffers ({t.buffers}) so each buffer has a worker sending to it, "
           f"got {t.workers}")
-    _need(t.actors == 0 or t.actors >= (t.workers or t.buffers), "topology.actors",
-          f"must be 0 (every remaining rank) or >= topology.{'workers' if t.workers else 'buffers'} "
-          f"({t.workers or t.buffers}) so each {'worker' if t.workers else 'buffer'} has an actor, got {t.actors}")
+    _need(t.actors == 0 or t.actors >= (t.worker_ranks or t.buffers), "topology.actors",
+          f"must be 0 (every remaining rank) or >= topology.{'workers' if t.worker_ranks else 'buffers'} "
+          f"({t.worker_ranks or t.buffers}) so each {'worker' if t.worker_ranks else 'buffer'} has an actor, "
+          f"got {t.actors}")
     _need(rp.batch_size >= t.buffers, "replay.batch_size",
           f"must be >= topology.buffers ({t.buffers}) so every buffer serves a share, got {rp.batch_size}")
     share = math.ceil(rp.batch_size / t.buffers)
@@ -423,22 +445,23 @@ def _check_owner(algorithm: str, key: str) -> None:
 
 def actor_count(cfg: JobConfig, size: int) -> int:
     """Actor ranks in a world of ``size`` ranks."""
-    return cfg.topology.actors or size - 1 - cfg.topology.buffers - cfg.topology.workers
+    return cfg.topology.actors or size - 1 - cfg.topology.buffers - cfg.topology.worker_ranks
 
 
 def check_world_size(cfg: JobConfig, size: int, job_path: str = "JOB.toml") -> None:
     """The MPI world must hold the learner, every buffer, every worker, and the job's actors (at least one per
     worker, or per buffer without workers)."""
     t = cfg.topology
-    fixed = 1 + t.buffers + t.workers
-    roles = f"1 learner + {t.buffers} buffer(s)" + (f" + {t.workers} worker(s)" if t.workers else "")
-    per = "worker" if t.workers else "buffer"
+    fixed = 1 + t.buffers + t.worker_ranks
+    roles = (f"1 learner{' (the worker)' if t.on_learner else ''} + {t.buffers} buffer(s)"
+             + (f" + {t.worker_ranks} worker(s)" if t.worker_ranks else ""))
+    per = "worker" if t.worker_ranks else "buffer"
     if t.actors:
         if size == fixed + t.actors:
             return
         need, what = fixed + t.actors, f"{roles} + {t.actors} actor(s)"
     else:
-        if size >= fixed + (t.workers or t.buffers):
+        if size >= fixed + (t.worker_ranks or t.buffers):
             return
         need, what = cfg.world_size, f"{roles} + at least one actor per {per}"
     hint = f"run: mpirl launch -n {need} {job_path}  (or mpiexec -n {need} mpirl run {job_path})"

@@ -21,6 +21,7 @@ class Domain:
     """Allowed values. Bounds: ``ge``/``gt``/``le``/``lt``; ``nan``: a float may be nan (meaning "off");
     ``choices``: the allowed strings; ``name``: a string that is one file-name component; ``text``: a
     non-empty string without control characters; ``items``: the domain of a list's elements;
+    ``also``: strings a number field takes besides its numbers (``workers = "learner"``);
     ``why``: the reason appended to the message (e.g. "0 disables it")."""
     ge: float | None = None
     gt: float | None = None
@@ -31,6 +32,7 @@ class Domain:
     name: bool = False
     text: bool = False
     items: "Domain | None" = None
+    also: tuple = ()
     why: str = ""
 
     def describe(self, kind: type) -> str:
@@ -54,7 +56,7 @@ class Domain:
             rng = f" {'<=' if hi[-1] == ']' else '<'} {hi[:-1]}"
         else:
             rng = ""
-        return noun + rng + (" (or nan)" if self.nan else "")
+        return noun + rng + (" (or nan)" if self.nan else "") + "".join(f" or {v!r}" for v in self.also)
 
 
 def _num(x: float) -> str:
@@ -83,6 +85,8 @@ def problem(value, kind: type, dom: Domain) -> str:
     """'' when ``value`` is in the domain, else what is wrong (without the key)."""
     want = dom.describe(kind) + (f" ({dom.why})" if dom.why else "")
     got = f"got {type(value).__name__} {value!r}"
+    if dom.also and isinstance(value, str) and value in dom.also:
+        return ""
     if not _type_ok(value, kind):
         return f"must be {want}, {got}"
     if kind is list:

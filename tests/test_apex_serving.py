@@ -72,25 +72,32 @@ def test_a_worker_records_what_each_apex_actor_records_alone():
 
 
 @pytest.mark.mpi
-def test_an_apex_job_with_an_inference_worker(tmp_path):
-    """CartPole on learner, buffer, one worker and two actors: the worker infers, computes the initial
-    priorities and keeps each actor's epsilons; priorities flow back; every rank exits 0."""
-    job = run_mpi(5, tmp_path, "run.train_steps=400", "run.target_return=nan", "replay.learning_starts=300",
-                  "topology.workers=1", "log.interval=0.2")
+@pytest.mark.parametrize("workers, architecture", [("1", "proposed"), ("learner", "baseline")])
+def test_an_apex_job_with_an_inference_worker(tmp_path, workers, architecture):
+    """CartPole with one worker serving two actors (a worker rank, or the learner's rank: DMCAF's AW): the worker
+    infers, computes the initial priorities and keeps each actor's epsilons; priorities flow back (proposed) or
+    the dumps train (baseline); every rank exits 0."""
+    on_learner = workers == "learner"
+    n, w = (4, 0) if on_learner else (5, 2)
+    job = run_mpi(n, tmp_path, "run.train_steps=400", "run.target_return=nan", "replay.learning_starts=300",
+                  f"topology.workers={workers}", f"replay.architecture={architecture}", "log.interval=0.2")
     assert job.proc.returncode == 0, job.output
-    assert "ranks: 0 learner; 1 buffer, 2 worker of buffer 1; 3-4 actors of worker 2" in job.output
+    roles = ("0 learner and worker; 1 buffer; 2-3 actors of worker 0" if on_learner
+             else "0 learner; 1 buffer, 2 worker of buffer 1; 3-4 actors of worker 2")
+    assert f"ranks: {roles}" in job.output, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "completed"
         assert f["learner/train/train_steps"][-1] == 400
         buf = f["buffer_1/buffer"]
-        assert buf["experiences_in"][-1] >= 300 and buf["priority_updates"][-1] > 0
-        assert set(f["buffer_1/actors"]["actor"][()]) == {2}
+        assert buf["experiences_in"][-1] >= 300
+        assert buf["priority_updates"][-1] > 0 if architecture == "proposed" else buf["bytes_out"][-1] > 0
+        assert set(f["buffer_1/actors"]["actor"][()]) == {w}
         # The worker keeps each actor's Ape-X epsilon (0.4 and 0.4 ** 8 for two one-game actors), reports the mean.
         eps = [env_epsilons(i, 2, 1, 0.4, 7.0)[0] for i in (0, 1)]
         assert eps == pytest.approx([0.4, 0.4 ** 8])
         assert f["buffer_1/actors"]["epsilon"][-1] == pytest.approx(np.mean(eps))
-        act = f["worker_2/actors"]
-        assert set(act["actor"][()]) == {3, 4} and (act["env_steps"][()] > 0).any()
-        assert f["worker_2/worker"]["steps_served"][-1] > 0
+        act = f[f"worker_{w}/actors"]
+        assert set(act["actor"][()]) == {n - 2, n - 1} and (act["env_steps"][()] > 0).any()
+        assert f[f"worker_{w}/worker"]["steps_served"][-1] > 0
     info = run_cli("info", str(job.run_dir))
-    assert info.returncode == 0 and "worker_2      steps served" in info.stdout, info.stdout
+    assert info.returncode == 0 and f"worker_{w}      steps served" in info.stdout, info.stdout

@@ -96,6 +96,8 @@ def test_two_buffers_share_the_episode_batch(tmp_path):
     (("topology.workers=1", "topology.worker_batch=0"), "topology.worker_batch"),
     (("topology.workers=1", "topology.worker_deadline_us=inf"), "topology.worker_deadline_us"),
     (("topology.workers=1", "topology.buffers=2", "replay.batch_size=32"), "topology.workers"),  # a buffer without one
+    (("topology.workers=learner", "topology.buffers=2"), "topology.buffers"),  # AW sends to one buffer
+    (("topology.workers=lerner",), "topology.workers"),             # neither a number nor 'learner'
 ])
 def test_bad_qmix_input_is_exit_2_naming_the_key(sets, key):
     proc = run_cli("validate", str(JOB), "-n", "5", *[x for s in sets for x in ("--set", s)])
@@ -237,6 +239,27 @@ def test_inference_workers_serve_the_actors_and_record_what_they_served(tmp_path
     info = run_cli("info", str(run_dir))
     assert info.returncode == 0 and f"1 buffer(s), {workers} worker(s), {n - 2 - workers} actors" in info.stdout
     assert all(f"worker_{w}      steps served" in info.stdout for w in served), info.stdout
+
+
+@pytest.mark.mpi
+def test_the_worker_on_the_learners_rank_serves_the_actors_between_train_steps(tmp_path):
+    """DMCAF's actor-worker (AW): no worker rank; the learner answers the actors and ships their episodes."""
+    job = run_mpi(4, tmp_path, *SHORT, "topology.workers=learner", job=JOB, timeout=240)
+    assert "ranks: 0 learner and worker; 1 buffer; 2-3 actors of worker 0" in job.output, job.output
+    run_dir = check_run(job)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert sorted(k for k in f if k.startswith("worker_")) == ["worker_0"]
+        assert set(f["buffer_1/actors"]["actor"][()]) == {0}  # the buffer hears from the learner's worker
+        wk, act = f["worker_0/worker"], f["worker_0/actors"]
+        assert list(f["worker_0"].attrs["actors"]) == [2, 3]
+        assert wk["steps_served"][-1] == 4 * wk["requests"][-1] > 0
+        # It served while the learner trained: versions after the first, and episodes trained on.
+        assert wk["param_version"][-1] > 1 and f["learner/train/samples_trained"][-1] == 24 * 8
+        assert np.isfinite(wk["latency_p50_ms"][()]).any() and wk["infer_s"][-1] > 0
+        assert set(act["actor"][()]) == {2, 3} and (act["env_steps"][()] >= 0).all()
+    info = run_cli("info", str(run_dir))
+    assert info.returncode == 0 and "1 learner (the actors' worker), 1 buffer(s), 2 actors" in info.stdout, info.stdout
+    assert "worker_0      steps served" in info.stdout, info.stdout
 
 
 @pytest.mark.mpi

@@ -28,3 +28,12 @@ def test_without_workers_roles_are_unchanged():
     topo = Topology(world=None, role="", hosts=hosts, buffer_of=assign_actors(hosts, 1))
     assert [topo.role_of(r) for r in range(5)] == [LEARNER, BUFFER, ACTOR, ACTOR, ACTOR]
     assert topo.served_by(1) == [] and topo.n_actors == 3
+
+
+def test_the_worker_on_the_learners_rank_serves_every_actor_and_sends_to_the_one_buffer():
+    hosts = ["a", "a", "b", "a"]  # learner (and worker), buffer 1, actors 2 (b) and 3
+    buffer_of, worker_of = assign_workers(hosts, buffers=1, workers=0)
+    assert buffer_of == {0: 1} and worker_of == {2: 0, 3: 0}
+    topo = Topology(world=None, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of)
+    assert [topo.role_of(r) for r in range(4)] == [LEARNER, BUFFER, ACTOR, ACTOR]
+    assert topo.served_by(0) == [2, 3] and topo.actors_of(1) == [0] and topo.n_actors == 1

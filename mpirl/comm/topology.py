@@ -16,6 +16,10 @@ buffer groups (they send experience and receive parameters: ``buffer_of`` maps e
 same way. One more communicator:
 
 * ``serve``: a worker and its actors (worker is rank 0): observations up, actions down.
+
+With the worker on the learner's rank (``topology.workers = "learner"``, DMCAF's actor-worker)
+and one buffer, rank 0 serves every actor: it is the one sender of buffer 1's ``group`` (but
+not a member of ``group_params``: its parameters are its own) and rank 0 of ``serve``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ def assign_workers(hosts: list[str], buffers: int, workers: int,
                    node_local: bool = True) -> tuple[dict[int, int], dict[int, int]]:
     """With ``workers`` inference workers after the buffers: (worker -> buffer, actor -> worker)."""
     worker_ranks = list(range(1 + buffers, 1 + buffers + workers))
+    if not worker_ranks:  # the worker on the learner's rank: it serves everyone and sends to the one buffer
+        return {0: 1}, {a: 0 for a in range(1 + buffers, len(hosts))}
     buffer_of = spread(hosts, list(range(1, 1 + buffers)), worker_ranks, node_local)
     worker_of = spread(hosts, worker_ranks, list(range(1 + buffers + workers, len(hosts))), node_local)
     return buffer_of, worker_of
@@ -85,7 +91,7 @@ class Topology:
     def role_of(self, rank: int) -> str:
         """The role of world rank ``rank``."""
         if rank == 0:
-            return LEARNER
+            return LEARNER  # also the worker when the learner serves the actors
         if rank in self.worker_of:
             return ACTOR
         if rank in self.buffer_of:
@@ -121,10 +127,14 @@ class Topology:
         self.comms.clear()
 
 
-def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int = 0) -> Topology:
-    """Split ``world`` into the job's communicators. Collective over ``world``."""
+def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int = 0,
+          on_learner: bool = False) -> Topology:
+    """Split ``world`` into the job's communicators. Collective over ``world``.
+
+    ``on_learner``: the learner's rank is the one worker (``workers`` is then 0, ``buffers`` 1)."""
     hosts = world.allgather(MPI.Get_processor_name())
-    if workers:
+    assert not on_learner or (workers == 0 and buffers == 1)
+    if workers or on_learner:
         buffer_of, worker_of = assign_workers(hosts, buffers, workers, node_local)
     else:
         buffer_of, worker_of = assign_actors(hosts, buffers, node_local), {}
@@ -132,17 +142,22 @@ def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int =
     topo = Topology(world=world, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of)
     topo.role = role = topo.role_of(rank)
 
+    serving = rank in set(worker_of.values())
     group_color = rank if role == BUFFER else buffer_of.get(rank, MPI.UNDEFINED)
-    group = world.Split(group_color, key=0 if role == BUFFER else rank)
+    group = world.Split(group_color, key=0 if role == BUFFER else rank + 1)  # the buffer is rank 0
     learner = world.Split(0 if role in (LEARNER, BUFFER) else MPI.UNDEFINED, key=rank)
-    serve = world.Split(rank if role == WORKER else worker_of.get(rank, MPI.UNDEFINED),
-                        key=0 if role == WORKER else rank)
+    serve = world.Split(rank if serving else worker_of.get(rank, MPI.UNDEFINED), key=0 if serving else rank + 1)
     if serve != MPI.COMM_NULL:
         topo.serve = serve
         topo.comms.append(serve)
     if group != MPI.COMM_NULL:
-        topo.group, topo.group_params = group, group.Dup()
-        topo.comms += [topo.group, topo.group_params]
+        # The broadcast reaches the group's senders, never the learner (it sends experience with the worker on it).
+        params = group.Split(MPI.UNDEFINED if role == LEARNER else 0, key=group.rank)
+        topo.group = group
+        topo.comms.append(group)
+        if params != MPI.COMM_NULL:
+            topo.group_params = params
+            topo.comms.append(params)
     if learner != MPI.COMM_NULL:
         topo.learner, topo.learner_params = learner, learner.Dup()
         topo.comms += [topo.learner, topo.learner_params]

@@ -223,8 +223,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "name": job.get("run.name"), "world_size": prov.get("world_size"),
         "architecture": job.get("replay.architecture",
                                 buffers[0]["architecture"] if buffers else None),
+        # worker_0.h5: the worker on the learner's rank (AW), no rank of its own
         "roles": {"learner": 1, "buffers": n_buf, "workers": len(workers),
-                  "actors": _actor_count(prov.get("world_size"), n_buf, actors, len(workers))},
+                  "worker_on_learner": any(w["name"] == "worker_0" for w in workers),
+                  "actors": _actor_count(prov.get("world_size"), n_buf, actors,
+                                         sum(w["name"] != "worker_0" for w in workers))},
         "job": job, "provenance": prov, "notes": notes,
         "files": {RUN_FILE: run["note"], **{f"{n}.h5": e["note"] for n, e in files.items()}},
         "learner": _learner(train) if len(train.get("time", ())) else None,
@@ -262,8 +265,9 @@ def format_summary(s: dict[str, Any]) -> str:
     out = [f"run           {s.get('name') or '-'}   ({s['run_dir']})",
            f"status        {st}",
            f"time          {s.get('start_time') or '-'} -> {s.get('end_time') or '-'}   wall {wall}",
-           f"world         {_f(s.get('world_size'))} ranks: 1 learner, {r['buffers']} buffer(s), "
-           + (f"{r['workers']} worker(s), " if r.get("workers") else "")
+           f"world         {_f(s.get('world_size'))} ranks: 1 learner"
+           + (" (the actors' worker)" if r.get("worker_on_learner") else "") + f", {r['buffers']} buffer(s), "
+           + (f"{r['workers']} worker(s), " if r.get("workers") and not r.get("worker_on_learner") else "")
            + f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",
            "files         " + ", ".join(f"{k} {v}" for k, v in s["files"].items())]
     out += [f"note          {n}" for n in s["notes"]]

@@ -92,11 +92,13 @@ def _span(ranks: list[int]) -> str:
 def role_map(topo) -> str:
     """``0 learner; 1 buffer, 2-3 actors of buffer 1`` (with workers: ``1 buffer, 2 worker of buffer 1;
     3-5 actors of worker 2``): who is who, for messages that name ranks."""
-    parts = ["0 learner"]
+    on_learner = 0 in topo.worker_of.values()  # the learner is the worker (AW): ``0 learner and worker; 1 buffer``
+    parts = ["0 learner and worker" if on_learner else "0 learner"]
     sender = "worker" if topo.worker_of else "actor"
     for b in topo.buffers:
-        ranks = topo.actors_of(b)
-        parts.append(f"{b} buffer, {_span(ranks)} {sender}{'s' if len(ranks) > 1 else ''} of buffer {b}")
+        ranks = [r for r in topo.actors_of(b) if r != 0]
+        parts.append(f"{b} buffer" + (f", {_span(ranks)} {sender}{'s' if len(ranks) > 1 else ''} of buffer {b}"
+                                      if ranks else ""))
     for w in sorted(set(topo.worker_of.values())):
         ranks = topo.served_by(w)
         parts.append(f"{_span(ranks)} actor{'s' if len(ranks) > 1 else ''} of worker {w}")

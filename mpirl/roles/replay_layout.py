@@ -1,6 +1,7 @@
 """The learner-buffer-actor layout of the replay-based algorithms: rank 0 the learner, ranks 1..R the buffers,
-then ``topology.workers`` inference workers, the rest actors (:mod:`mpirl.comm.topology`); what an algorithm's
-``algorithm.py`` exposes for it."""
+then ``topology.workers`` inference workers, the rest actors (:mod:`mpirl.comm.topology`); with
+``topology.workers = "learner"`` the learner's rank is the one worker. What an algorithm's ``algorithm.py``
+exposes for it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from mpirl.config import JobConfig
 
 
 def build_topology(world, cfg: JobConfig):
-    return build(world, cfg.topology.buffers, cfg.topology.node_local, cfg.topology.workers)
+    t = cfg.topology
+    return build(world, t.buffers, t.node_local, t.worker_ranks, on_learner=t.on_learner)
+
+
+def inference(t) -> str:
+    """Where the actors' policy runs, for a job's description: '' (in the actors), or the workers."""
+    if t.on_learner:
+        return ", inference worker on the learner's rank (AW)"
+    return f", {t.workers} inference worker(s)" if t.workers else ""
 
 
 def rank_files(topo) -> dict[str, str]:
@@ -25,7 +34,7 @@ def rank_files(topo) -> dict[str, str]:
 def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
     """The role of ``rank`` before the topology is built (for the per-node memory check)."""
     t = cfg.topology
-    return (LEARNER if rank == 0 else BUFFER if rank <= t.buffers else WORKER if rank <= t.buffers + t.workers
+    return (LEARNER if rank == 0 else BUFFER if rank <= t.buffers else WORKER if rank <= t.buffers + t.worker_ranks
             else ACTOR)
 
 
@@ -47,8 +56,14 @@ def lazy_roles(package: str) -> dict:
         return run
 
     local_actor, env_actor = loop("actor", "run_actor"), served("env_actor", "run_env_actor")
+    train = loop("learner", "run_learner")
+
+    def learner(ctx):
+        if ctx.cfg.topology.on_learner:  # the learner's rank is the worker: it serves with the algorithm's module
+            ctx.serving = importlib.import_module(f"{package}.serving")
+        return train(ctx)
 
     def actor(ctx):
         return (env_actor if ctx.topo.worker_of else local_actor)(ctx)
-    return {LEARNER: loop("learner", "run_learner"), BUFFER: loop("buffer", "run_buffer"),
+    return {LEARNER: learner, BUFFER: loop("buffer", "run_buffer"),
             WORKER: served("worker", "run_worker"), ACTOR: actor}

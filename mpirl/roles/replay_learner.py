@@ -9,7 +9,12 @@ buffers' contents every ``n_replay`` batches (:meth:`Learner.refresh`); the
 algorithm's ``run_baseline`` samples and trains on it.
 
 Every ``n_update`` batches the parameters go out in a versioned broadcast; the
-last broadcast carries the stop flag. The loop never names an algorithm: the
+last broadcast carries the stop flag.
+
+With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the
+learner holds a :class:`~mpirl.roles.worker.Worker` and interleaves: it answers its actors' requests
+before each train step and while it waits for replies or dumps, loads each version it publishes, and
+tells the actors to stop at the end. The loop never names an algorithm: the
 algorithm's learner provides ``make_agent``, ``train`` (one batch -> the values to
 send back), ``_state``/``_restore`` (its checkpoint), ``_open_metrics``/``log`` (its
 tables) and ``run_baseline``.
@@ -37,6 +42,7 @@ from mpirl.replay.quotas import RateMeter, even_quotas, max_quota, rate_quotas
 from mpirl.roles import checkpoint
 from mpirl.roles.context import RoleContext
 from mpirl.roles.preemption import PREEMPTED, signal_name
+from mpirl.roles.worker import Worker
 
 F8, I8 = np.float64, np.int64
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
@@ -71,6 +77,8 @@ class Learner:
         torch.set_num_threads(self.threads)
         self.agent = self.make_agent()
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
+        self.server = Worker(ctx, ctx.serving) if ctx.serving else None  # the worker on this rank (AW)
+        torch.set_num_threads(self.threads)  # the worker's decisions set one thread for a worker rank
         n_buf = len(topo.buffers)
         self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
         self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate
@@ -193,7 +201,31 @@ class Learner:
     def publish(self, stop: bool = False) -> None:
         with self.clock.communicating():
             self.version += 1
-            self.params.publish(self.version, self.agent.flat_params(), stop=stop)
+            flat = self.agent.flat_params()
+            self.params.publish(self.version, flat, stop=stop)
+        if self.server and not stop:
+            self.server.load(flat, self.version)
+
+    def serve(self) -> bool:
+        """With the worker on this rank: a turn of it; True when it answered a pass."""
+        return self.server is not None and self.server.turn() == 0
+
+    def idle(self, seconds: float) -> None:
+        """Wait ``seconds`` (counted as communication), serving the actors meanwhile when the worker is here."""
+        with self.clock.communicating():
+            if self.server is None:
+                time.sleep(seconds)
+                return
+            end, backoff = time.perf_counter() + seconds, Backoff()
+            while time.perf_counter() < end:
+                if self.serve():
+                    backoff.reset()
+                else:
+                    backoff.sleep()
+
+    def _served_replies_ready(self) -> bool:
+        self.serve()
+        return self.replies_ready()
 
     def publish_due(self) -> None:
         steps = self.agent.steps
@@ -217,13 +249,17 @@ class Learner:
                     link.request(SAMPLE, self.quotas[b], consumed=self.consumed[b])
         backoff = Backoff()
         while not self.should_stop():
+            served = self.serve()
             with clock.communicating():  # polling, sleeping and taking the replies: all waiting on the link
                 ready = self.replies_ready()
                 if ready:
                     views = [self.take_reply(b, link) for b, link in enumerate(self.links)]
                 else:
                     self.log()
-                    backoff.sleep()
+                    if served:
+                        backoff.reset()
+                    else:
+                        backoff.sleep()
             if not ready:
                 continue
             backoff.reset()
@@ -282,7 +318,7 @@ class Learner:
         with self.clock.communicating():
             for b, link in enumerate(self.links):
                 link.request(DUMP, 0, consumed=self.consumed[b])
-            wait_until(self.replies_ready)
+            wait_until(self._served_replies_ready)
             dumps = [self.take_reply(b, link) for b, link in enumerate(self.links)]
         with self.clock.computing():
             local.clear()
@@ -309,6 +345,8 @@ class Learner:
         """
         self.checkpoint()
         self.publish(stop=True)
+        if self.server:  # the actors learn the stop in their next answer; the worker's goodbye to the buffer
+            self.server.finish()
         for link in self.links:
             link.request(BYE, 0, consumed=self.consumed[self.links.index(link)], train_steps=self.agent.steps)
         for link in self.links:

@@ -20,6 +20,7 @@ the actors' request latency p50/p95 as they measured it, seconds in inference, p
 
 from __future__ import annotations
 
+import math
 import time
 from types import ModuleType
 
@@ -142,97 +143,140 @@ class WorkerMetrics:
         self.file.close()
 
 
+class Worker:
+    """One inference worker: its actors' requests, the decisions, the line to its buffer, its file.
+
+    A worker rank runs it in :func:`run_worker`. With ``topology.workers = "learner"`` (DMCAF's AW) the
+    learner holds one and calls :meth:`turn` between its train steps and while it waits for replies;
+    it then loads its own parameters after each publish instead of receiving the broadcast."""
+
+    def __init__(self, ctx: RoleContext, serving: ModuleType):
+        cfg, topo = ctx.cfg, ctx.topo
+        t = cfg.topology
+        self.ctx = ctx
+        self.actors = topo.served_by(topo.rank)
+        m, self.E, self.batch = len(self.actors), cfg.env.envs_per_actor, cfg.comm.send_batch
+        self.step_lay = step_layout(serving.step_spec(ctx.spaces), self.E)
+        self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(serving.action_shape(ctx.spaces), self.E))
+        self.deciding = serving.deciding(ctx, self.actors)
+        if ctx.resume:  # count on from the steps this worker had served before the checkpoint
+            self.deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
+        self.steps_before = int(self.deciding.env_steps.sum())
+        self.metrics = WorkerMetrics(ctx, self.actors)
+        self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank)
+        rp = cfg.replay
+        self.budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
+                                   rp.learning_starts, len(topo.buffers), topo.group.size - 1,
+                                   slack=len(next(iter(self.deciding.staging.fields.values()))))  # its staging
+        self.deadline = t.worker_deadline_us * 1e-6
+        self.most = t.worker_batch
+        self.want = min(t.worker_batch, m)
+        self.version = self.first = -1  # the parameters loaded (-1: none yet) and the first ones
+        self.started = time.perf_counter()
+        self.throttled = 0.0
+        self.throttled_at: float | None = None  # when the insert budget started holding the answers back
+
+    def load(self, params: np.ndarray, version: int) -> None:
+        """Parameters ``version`` for the next passes; the first ones start the insert budget and the clock."""
+        self.deciding.policy.load_flat(params)
+        if self.first < 0:
+            self.first, self.started = version, time.perf_counter()
+        self.version = version
+
+    def send(self, rows: int, final: bool = False) -> None:
+        d = self.deciding
+        records, priorities = d.take(rows)
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        steps = int(d.env_steps.sum())
+        self.sender.send(records, priorities, d.episodes, final=final, env_steps=steps, param_version=self.version,
+                         epsilon=float(np.mean([d.epsilon(a) for a in range(len(self.actors))])),
+                         steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
+                         env_errors=sum(int(h["env_errors"]) for h in self.metrics.last.values()))
+        d.drop(rows)
+
+    def turn(self) -> float:
+        """Take the requests that came in and answer one pass if it is due.
+
+        Returns 0 after a pass, else how long the caller may wait before a pass can be due (the oldest
+        request's deadline; ``inf`` when none waits or the insert budget holds the answers back)."""
+        requests, metrics, d = self.requests, self.metrics, self.deciding
+        for a in requests.poll():
+            metrics.heard(a, self.step_lay, requests.pending[a][1])
+        waiting = len(requests.pending)
+        left = self.deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
+        ready = waiting and (waiting >= self.want or left <= 0)
+        if ready and self.budget.over(self.sender.sent + d.staging.count, self.version - self.first + 1):
+            if self.throttled_at is None:  # ahead of the learner: the actors wait until it publishes again
+                self.throttled_at = time.perf_counter()
+            metrics.row(self.version, self.throttled + time.perf_counter() - self.throttled_at)
+            return math.inf
+        if self.throttled_at is not None:
+            self.throttled += time.perf_counter() - self.throttled_at
+            self.throttled_at = None
+        if not ready:
+            metrics.row(self.version, self.throttled)
+            return left if waiting else math.inf
+        t0 = time.perf_counter()
+        # At most worker_batch requests a pass, the oldest first; the rest are next.
+        order = sorted(sorted(requests.pending, key=lambda a: requests.pending[a][2])[:self.most])
+        outcomes = []
+        for a in order:
+            buf = requests.pending[a][1]
+            outcome = Outcome(self.step_lay.views(buf), fresh=bool(self.step_lay.get(buf, "fresh")))
+            d.observe(a, outcome)
+            outcomes.append(outcome)
+        actions = d.decide(order, outcomes)
+        E = self.E
+        for i, a in enumerate(order):
+            requests.answer(a, actions[i * E:(i + 1) * E], self.version)
+        metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
+        while d.staging.count >= self.batch:
+            self.send(self.batch)
+        metrics.row(self.version, self.throttled)
+        return 0.0
+
+    def finish(self) -> None:
+        """The stop: each actor learns it in the answer to its next request (nothing is reposted after it);
+        unsent episodes are dropped (the learner has stopped), their returns reported, and goodbye."""
+        requests, d = self.requests, self.deciding
+        if self.throttled_at is not None:
+            self.throttled += time.perf_counter() - self.throttled_at
+            self.throttled_at = None
+        told = set()
+        wait = Backoff(first=20e-6, longest=2e-3)
+        while len(told) < len(self.actors):
+            requests.poll()
+            for a in sorted(requests.pending):
+                requests.answer(a, None, self.version, repost=False)
+                told.add(a)
+            if len(told) < len(self.actors):
+                wait.sleep()
+        d.drop(d.staging.count)
+        while len(d.episodes) > EPISODE_SLOTS:
+            self.send(0)
+        self.send(0, final=True)
+        self.metrics.row(self.version, self.throttled, force=True)
+        self.sender.close()
+        requests.close()
+        self.metrics.close()
+
+
 def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
-    cfg, topo = ctx.cfg, ctx.topo
-    t = cfg.topology
-    actors = topo.served_by(topo.rank)
-    m, E, batch = len(actors), cfg.env.envs_per_actor, cfg.comm.send_batch
-    step_lay = step_layout(serving.step_spec(ctx.spaces), E)
-    requests = Requests(topo.serve, m, step_lay, actions_layout(serving.action_shape(ctx.spaces), E))
-    deciding = serving.deciding(ctx, actors)
-    if ctx.resume:  # count on from the steps this worker had served before the checkpoint
-        deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
-    steps_before = int(deciding.env_steps.sum())
-    metrics = WorkerMetrics(ctx, actors)
-    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
-    params = ParamFollower(ParamBroadcast(topo.group_params, ctx.n_params), deciding.policy.load_flat)
-    rp = cfg.replay
-    budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
-                          rp.learning_starts, len(topo.buffers), topo.group.size - 1,
-                          slack=len(next(iter(deciding.staging.fields.values()))))  # what its staging can hold
-    deadline = t.worker_deadline_us * 1e-6
-    want = min(t.worker_batch, m)
-    throttled = 0.0
-
-    def send(rows: int, final: bool = False) -> None:
-        records, priorities = deciding.take(rows)
-        elapsed = max(time.perf_counter() - started, 1e-9)
-        steps = int(deciding.env_steps.sum())
-        sender.send(records, priorities, deciding.episodes, final=final, env_steps=steps, param_version=params.version,
-                    epsilon=float(np.mean([deciding.epsilon(a) for a in range(m)])),
-                    steps_per_s=(steps - steps_before) / elapsed, throttled_s=throttled,
-                    env_errors=sum(int(h["env_errors"]) for h in metrics.last.values()))
-        deciding.drop(rows)
-
-    params.start()  # the first parameters (or the stop): the insert budget counts from params.first
-    started = time.perf_counter()
+    """A worker rank: the parameters from its buffer's broadcast, turns with back-off in between."""
+    worker = Worker(ctx, serving)
+    params = ParamFollower(ParamBroadcast(ctx.topo.group_params, ctx.n_params),
+                           lambda flat: worker.load(flat, params.broadcast.version))
+    params.start()  # the first parameters (or the stop)
     idle = Backoff(first=20e-6, longest=2e-3)
     while not params.stopped:
         if params.poll() and params.stopped:
             break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-        for a in requests.poll():
-            metrics.heard(a, step_lay, requests.pending[a][1])
-        waiting = len(requests.pending)
-        left = deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
-        ready = waiting and (waiting >= want or left <= 0)
-        if ready and budget.over(sender.sent + deciding.staging.count, params.version - params.first + 1):
-            t0 = time.perf_counter()  # ahead of the learner: the actors wait until it publishes again
+        wait = worker.turn()
+        if wait == 0:
+            idle.reset()
+        elif wait < math.inf:  # a request waits for others: no longer than its deadline
+            time.sleep(min(wait, 1e-3))
+        else:
             idle.sleep()
-            throttled += time.perf_counter() - t0
-            metrics.row(params.version, throttled)
-            continue
-        if not ready:
-            if waiting:  # a request waits for others: no longer than its deadline
-                time.sleep(min(left, 1e-3))
-            else:
-                idle.sleep()
-            metrics.row(params.version, throttled)
-            continue
-        idle.reset()
-        t0 = time.perf_counter()
-        # At most worker_batch requests a pass, the oldest first; the rest are next.
-        order = sorted(sorted(requests.pending, key=lambda a: requests.pending[a][2])[:t.worker_batch])
-        outcomes = []
-        for a in order:
-            buf = requests.pending[a][1]
-            outcome = Outcome(step_lay.views(buf), fresh=bool(step_lay.get(buf, "fresh")))
-            deciding.observe(a, outcome)
-            outcomes.append(outcome)
-        actions = deciding.decide(order, outcomes)
-        for i, a in enumerate(order):
-            requests.answer(a, actions[i * E:(i + 1) * E], params.version)
-        metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
-        while deciding.staging.count >= batch:
-            send(batch)
-        metrics.row(params.version, throttled)
-
-    # The stop: each actor learns it in the answer to its next request; nothing is reposted after it.
-    told = set()
-    wait = Backoff(first=20e-6, longest=2e-3)
-    while len(told) < m:
-        requests.poll()
-        for a in sorted(requests.pending):
-            requests.answer(a, None, params.version, repost=False)
-            told.add(a)
-        if len(told) < m:
-            wait.sleep()
-    # Unsent episodes are dropped: the learner has stopped. Report their returns, then say goodbye.
-    deciding.drop(deciding.staging.count)
-    while len(deciding.episodes) > EPISODE_SLOTS:
-        send(0)
-    send(0, final=True)
-    metrics.row(params.version, throttled, force=True)
-    sender.close()
-    requests.close()
-    metrics.close()
+    worker.finish()

@@ -14,7 +14,8 @@ from mpirl.algos.apex import memory
 from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import build_topology, lazy_roles, rank_files, rank_role  # noqa: F401 - the interface
+from mpirl.roles.replay_layout import (build_topology, inference, lazy_roles, rank_files,  # noqa: F401 - the interface
+                                      rank_role)
 
 
 class Spaces(NamedTuple):
@@ -50,7 +51,7 @@ ROLES = lazy_roles("mpirl.algos.apex")
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t = checked.spaces, cfg.topology
-    workers = f", {t.workers} inference worker(s)" if t.workers else ""
+    workers = inference(t)
     return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); "
             f"{cfg.env.id} obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; "
             f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")

@@ -149,10 +149,10 @@ class ApexLearner(Learner):
         next_try = 0.0
         while not self.should_stop():
             self.pump()
+            self.serve()
             if local.size < need and time.perf_counter() < next_try:
                 self.log()
-                with clock.communicating():  # waiting for the buffers to fill
-                    time.sleep(0.01)
+                self.idle(0.01)  # waiting for the buffers to fill
                 continue
             if self.agent.steps % cfg.replay.n_replay == 0 or local.size < need:
                 self.refresh(local)

@@ -57,7 +57,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     memory = int(slot * rp.capacity)
     share = max_quota(rp.batch_size, n_buf, rp.shares)
     message = experience_layout(spec, c.send_batch).max_nbytes
-    actors_per_buffer = math.ceil((t.workers or n_act) / n_buf)  # the ranks sending to one buffer
+    actors_per_buffer = math.ceil((t.worker_ranks or int(t.on_learner) or n_act) / n_buf)  # ranks sending to a buffer
     params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, rp.batch_size)
     network = 5 * params + activations  # online, target, gradients, Adam's two moments
     proposed = rp.architecture == "proposed"
@@ -70,11 +70,11 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         dump = int(slot * rp.capacity)  # a dump fills about what the memory holds (frames once)
         buffer = process + memory + dump + actors_per_buffer * c.recv_depth * message
         learner = process + NUMBA + TRAINING + network + n_buf * (memory + dump)
-    if t.workers:
+    if t.served:
         from mpirl.algos.apex.serving import step_spec
         from mpirl.comm.messages import step_layout
         step = step_layout(step_spec(_Obs(obs_shape, obs_dtype)), cfg.env.envs_per_actor).max_nbytes
-        served = math.ceil(n_act / t.workers)
+        served = math.ceil(n_act / max(t.worker_ranks, 1))
         # A worker: the network and its priorities' pass, its send ring, each actor's messages and n-step windows.
         worker = (PROCESS + c.send_ring * message + 3 * params + 3 * served * step
                   + served * cfg.env.envs_per_actor * (cfg.agent.n_step + 1) * int(np.prod(obs_shape)))
@@ -82,6 +82,8 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     else:
         worker = 0
         actor = process + c.send_ring * message + 3 * params
+    if t.on_learner:  # the learner's rank is the worker
+        learner, worker = learner + worker - PROCESS, 0
     framed = framed_fields(spec) if rp.dedup_frames else {}
     # The frame pool reserves room for no sharing at all (touched only as frames arrive); the kernel refuses
     # a reservation beyond its RAM and swap. The baseline learner's pool holds every buffer's memory.
@@ -90,7 +92,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         frame = int(np.prod(next(iter(framed.values()))[1]))
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
     return Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, params, pool, worker=int(worker),
-                    workers=t.workers)
+                    workers=t.worker_ranks)
 
 
 class _Obs:

@@ -20,7 +20,8 @@ from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import build_topology, lazy_roles, rank_files, rank_role  # noqa: F401 - the interface
+from mpirl.roles.replay_layout import (build_topology, inference, lazy_roles, rank_files,  # noqa: F401 - the interface
+                                      rank_role)
 
 
 class Spaces(NamedTuple):
@@ -80,7 +81,7 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
                           + 8 * 4 * cfg.qmix.rnn_hidden)
     batch = 2 * rp.batch_size * slot  # the batch as numpy and as tensors
     network = 5 * 4 * total_params + activations + batch
-    per_buffer = math.ceil((t.workers or n_act) / n_buf)  # the ranks sending to one buffer
+    per_buffer = math.ceil((t.worker_ranks or int(t.on_learner) or n_act) / n_buf)  # the ranks sending to one buffer
     if rp.architecture == "proposed":
         replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
         buffer = memory.PROCESS + slot * rp.capacity + per_buffer * c.recv_depth * message + replies
@@ -91,10 +92,10 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
         buffer = memory.PROCESS + slot * rp.capacity + dump + per_buffer * c.recv_depth * message
         learner = memory.PROCESS + memory.TRAINING + network + n_buf * (slot * rp.capacity + dump)
     E = cfg.env.envs_per_actor
-    if t.workers:
+    if t.served:
         from mpirl.algos.qmix.playing import step_spec
         from mpirl.comm.messages import step_layout
-        served = math.ceil(n_act / t.workers)
+        served = math.ceil(n_act / max(t.worker_ranks, 1))
         step = step_layout(step_spec(spaces), E).max_nbytes
         # A worker: its actors' episodes being recorded and staged, its send ring, the network, their messages.
         worker = (memory.PROCESS + (2 * served * E + c.send_batch) * slot + c.send_ring * message
@@ -104,8 +105,10 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
         # An actor: its games' episodes being recorded, its staging and send ring, its copy of the agent network.
         worker = 0
         actor = (memory.PROCESS + (E + c.send_batch) * slot + c.send_ring * message + 3 * 4 * n_params)
+    if t.on_learner:  # the learner's rank is the worker
+        learner, worker = learner + worker - memory.PROCESS, 0
     return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * total_params,
-                           network_key="qmix.rnn_hidden", worker=int(worker), workers=t.workers)
+                           network_key="qmix.rnn_hidden", worker=int(worker), workers=t.worker_ranks)
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
@@ -128,7 +131,7 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
         (cfg.qmix.loss_weights, rp.sampler)]
-    workers = f", {t.workers} inference worker(s)" if t.workers else ""
+    workers = inference(t)
     return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
             f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "
             f"{s.n_actions} actions, episodes of up to {s.episode_limit} steps; replay {rp.architecture}, "

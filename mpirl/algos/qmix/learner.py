@@ -184,10 +184,10 @@ class QmixLearner(Learner):
         next_try = 0.0
         while not self.should_stop():
             self.pump()
+            self.serve()
             if local.size < need and time.perf_counter() < next_try:
                 self.log()
-                with clock.communicating():
-                    time.sleep(0.01)
+                self.idle(0.01)  # waiting for the buffers to fill
                 continue
             if self.agent.steps % rp.n_replay == 0 or local.size < need:
                 self.refresh(local)

@@ -16,7 +16,7 @@ from mpirl.bench import replay
 from mpirl.bench.report import Row, format_rows, write_rows
 from mpirl.bench.suite import summary
 
-from conftest import run_cli
+from conftest import JOBS, run_cli
 
 
 def test_row_ratio_and_targets():
@@ -75,7 +75,7 @@ def test_transport_and_actor_benches_run_two_ranks():
 @pytest.mark.mpi
 def test_pipeline_bench_reads_compute_and_waiting_from_real_jobs():
     from mpirl.bench import pipeline
-    from conftest import JOBS
+
     # Two of the three links and two of the three depths: the suite's time; the bench itself runs all nine.
     rows = pipeline.run(reps=3, seconds=6, job=str(JOBS / "cartpole.toml"), links=pipeline.LINKS[1:],
                         prefetches=(0, 2))
@@ -114,11 +114,18 @@ def test_bench_command_line_refuses_bad_input(tmp_path):
 
 
 @pytest.mark.mpi
-def test_workers_bench_measures_all_three_ways_from_real_jobs():
+def test_workers_bench_measures_all_four_ways_from_real_jobs():
     pytest.importorskip("pettingzoo", reason="the marl extra is in the test command")
     from mpirl.bench import workers
-    rows = workers.run(reps=1, seconds=3)
-    assert [r.ours for r in rows[:2]] == ["AWL", "actors infer"] and all(r.reference == "single process" for r in rows)
+    rows = workers.run(reps=1, seconds=3, cases=("qmix",))
+    assert [r.ours for r in rows] == ["AWL", "AW", "actors infer"] and all(r.reference == "single process" for r in rows)
     for r in rows:
         assert all(v[0] > 0 for v in r.values.values()), r.values  # env steps/s, measured on each side
         assert r.ratio == pytest.approx(r.median(r.ours) / r.median(r.reference))
+
+
+def test_workers_bench_single_process_apex_plays_and_counts_env_steps():
+    """The Ape-X single-process sampler (the bench runs it on Breakout) on CartPole: games, decisions, priorities."""
+    from mpirl.bench import workers
+    case = workers.Case("apex", "CartPole", JOBS / "cartpole.toml", 2, ())
+    assert workers.single_process(case, games=2, seconds=0.5) > 100

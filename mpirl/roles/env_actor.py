@@ -29,7 +29,9 @@ def run_env_actor(ctx: RoleContext, serving: ModuleType) -> None:
     env_steps, wait_s, latency, seq = 0, 0.0, 0.0, 0
     outcome = games.start()
     started = time.perf_counter()
-    backoff = Backoff(first=10e-6, longest=1e-3)
+    # An answer comes within a pass or two (about 1-25 ms); while the worker is held back by the insert budget
+    # it comes much later, and wake-ups every millisecond from every actor would take the learner's CPU.
+    backoff = Backoff(first=10e-6, longest=4e-3)
     try:
         while True:
             ctx.preempt.requested()  # a signal here: tell the learner, which stops the job

@@ -268,11 +268,16 @@ def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
                            lambda flat: worker.load(flat, params.broadcast.version))
     params.start()  # the first parameters (or the stop)
     idle = Backoff(first=20e-6, longest=2e-3)
+    held = Backoff(first=1e-4, longest=10e-3)  # as an actor held back by the budget waits: few wake-ups
     while not params.stopped:
         if params.poll() and params.stopped:
             break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
         wait = worker.turn()
+        if worker.throttled_at is not None:  # until the learner publishes again
+            held.sleep()
+            continue
+        held.reset()
         if wait == 0:
             idle.reset()
         elif wait < math.inf:  # a request waits for others: no longer than its deadline

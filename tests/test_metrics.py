@@ -106,7 +106,8 @@ def test_summary_values(run_dir: Path) -> None:
     assert s["status"] == "completed" and s["stop_reason"] == "max_train_steps"
     assert s["wall_seconds"] == 51.5 and s["end_time"]
     assert s["name"] == "fake-cartpole" and s["architecture"] == "proposed"
-    assert s["world_size"] == 7 and s["roles"] == {"learner": 1, "buffers": 2, "workers": 0, "actors": 4}
+    assert s["world_size"] == 7 and s["roles"] == {"learner": 1, "buffers": 2, "workers": 0,
+                                                         "worker_on_learner": False, "actors": 4}
     assert s["notes"] == [] and set(s["files"].values()) == {"ok"}
     L = s["learner"]
     assert L["rows"] == ROWS and L["train_steps"] == 10 * ROWS

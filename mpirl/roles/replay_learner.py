@@ -77,8 +77,10 @@ class Learner:
         torch.set_num_threads(self.threads)
         self.agent = self.make_agent()
         self.params = ParamBroadcast(topo.learner_params, self.agent.n_params, shaper=shaper_for(cfg.comm.link))
-        self.server = Worker(ctx, ctx.serving) if ctx.serving else None  # the worker on this rank (AW)
-        torch.set_num_threads(self.threads)  # the worker's decisions set one thread for a worker rank
+        self.server = None  # the worker on this rank (AW)
+        if ctx.serving:
+            self.server = Worker(ctx, ctx.serving)
+            torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
         n_buf = len(topo.buffers)
         self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
         self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate

@@ -194,6 +194,12 @@ class Worker:
                          env_errors=sum(int(h["env_errors"]) for h in self.metrics.last.values()))
         d.drop(rows)
 
+    def _release(self) -> None:
+        """The insert budget lets answers out again: its hold joins the seconds held back."""
+        if self.throttled_at is not None:
+            self.throttled += time.perf_counter() - self.throttled_at
+            self.throttled_at = None
+
     def turn(self) -> float:
         """Take the requests that came in and answer one pass if it is due.
 
@@ -210,9 +216,7 @@ class Worker:
                 self.throttled_at = time.perf_counter()
             metrics.row(self.version, self.throttled + time.perf_counter() - self.throttled_at)
             return math.inf
-        if self.throttled_at is not None:
-            self.throttled += time.perf_counter() - self.throttled_at
-            self.throttled_at = None
+        self._release()
         if not ready:
             metrics.row(self.version, self.throttled)
             return left if waiting else math.inf
@@ -239,9 +243,7 @@ class Worker:
         """The stop: each actor learns it in the answer to its next request (nothing is reposted after it);
         unsent episodes are dropped (the learner has stopped), their returns reported, and goodbye."""
         requests, d = self.requests, self.deciding
-        if self.throttled_at is not None:
-            self.throttled += time.perf_counter() - self.throttled_at
-            self.throttled_at = None
+        self._release()
         told = set()
         wait = Backoff(first=20e-6, longest=2e-3)
         while len(told) < len(self.actors):

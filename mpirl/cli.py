@@ -34,6 +34,13 @@ def _algorithm(cfg: config.JobConfig):
     return algos.algorithm(cfg.agent.algorithm)
 
 
+def _resumable(cfg: config.JobConfig, algo, resume) -> None:
+    """``--resume`` only for an algorithm that checkpoints (DistQL keeps none)."""
+    if resume and not getattr(algo, "RESUMABLE", True):
+        raise config.ConfigError("--resume", f"agent.algorithm = '{cfg.agent.algorithm}' keeps no checkpoint, so "
+                                             "its runs cannot be resumed; run the job again without --resume")
+
+
 def _ranks(args, cfg: config.JobConfig) -> int:
     """``-n`` if given (it must be >= 1), else the world size the job needs."""
     if args.n is None:
@@ -51,7 +58,9 @@ def cmd_run(args) -> int:
     world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
-        return run_job(cfg, _algorithm(cfg), text, args.job, quiet=args.quiet, resume=args.resume or "")
+        algo = _algorithm(cfg)
+        _resumable(cfg, algo, args.resume)
+        return run_job(cfg, algo, text, args.job, quiet=args.quiet, resume=args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
     except BaseException:  # any other failure on any rank ends the whole job, never a hang
@@ -71,7 +80,9 @@ def cmd_launch(args) -> int:
             raise config.ConfigError("--grace", f"seconds to wait for a clean stop must be a finite number > 0, "
                                      f"got {args.grace}")
         from mpirl.roles.checks import check_local_job
-        check_local_job(cfg, _algorithm(cfg), n, args.job)  # every rank runs here: their memory, CUDA, the run directory
+        algo = _algorithm(cfg)
+        _resumable(cfg, algo, args.resume)
+        check_local_job(cfg, algo, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
             from mpirl.roles.checkpoint import plan_resume
             plan_resume(cfg, n, args.resume)
@@ -91,6 +102,7 @@ def cmd_validate(args) -> int:
         from mpirl.roles.checks import check_job
         n = _ranks(args, cfg)
         algo = _algorithm(cfg)
+        _resumable(cfg, algo, args.resume)
         checked = check_job(cfg, algo, n, args.job)
         est = checked.memory
         plan = None

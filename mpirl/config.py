@@ -243,7 +243,11 @@ class _Job:
 
     @property
     def world_size(self) -> int:
-        """Ranks the job needs; with ``topology.actors = 0``, two actors per buffer (or per worker) by default."""
+        """Ranks the job needs; with ``topology.actors = 0``, two actors per buffer (or per worker) by default
+        (an algorithm with another layout says its own: ``world_size(cfg)`` in its settings)."""
+        own = getattr(SETTINGS[self.agent.algorithm], "world_size", None)
+        if own is not None:
+            return own(self)
         t = self.topology
         return 1 + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or t.buffers))
 
@@ -266,8 +270,10 @@ SHARED = {"run": RunConfig, "topology": TopologyConfig, "env": EnvConfig, "agent
 # declares the sections it owns (SECTIONS) and the keys of the shared sections it reads (USES).
 SETTINGS = {name: importlib.import_module(f"mpirl.algos.{name}.settings") for name in ALGORITHMS}
 OWNER = {section: name for name, mod in SETTINGS.items() for section in mod.SECTIONS}
-# Sections every algorithm reads whole; in the others, a key the job's algorithm does not read is refused.
-GENERIC = ("run", "topology", "log", "checkpoint")
+# Sections every algorithm reads whole, and the keys every algorithm reads; any other key of the shared sections
+# that the job's algorithm does not list in its USES is refused.
+GENERIC = ("log",)
+COMMON = ("run.name", "run.seed", "run.out_dir")
 
 # The whole job: the shared sections, then every algorithm's own (filled with defaults when absent).
 JobConfig = dataclasses.make_dataclass(
@@ -392,6 +398,12 @@ def validate(cfg: JobConfig, given=()) -> None:
             raise ConfigError(key, what)
     for key in given:
         _check_owner(cfg.agent.algorithm, key)
+    SETTINGS[cfg.agent.algorithm].check(cfg)
+
+
+def check_replay_job(cfg: JobConfig) -> None:
+    """The checks every replay-based algorithm's job (``apex``, ``qmix``) needs: a stop condition, and a
+    learner-buffer-actor layout that can work (called from their settings' ``check``)."""
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
@@ -413,13 +425,13 @@ def validate(cfg: JobConfig, given=()) -> None:
           f"must hold at least one batch share ({share}), got {rp.capacity}")
     _need(rp.learning_starts <= rp.capacity * t.buffers, "replay.learning_starts",
           f"must be between 0 and the total capacity {rp.capacity * t.buffers}, got {rp.learning_starts}")
-    SETTINGS[cfg.agent.algorithm].check(cfg)
 
 
 def reads(algorithm: str, key: str) -> bool:
     """Whether ``algorithm`` reads the setting ``key`` (``"agent.n_step"``, ``"comm.link.latency_ms"``)."""
     section, rest = key.split(".", 1) if "." in key else (key, "")
-    if section in GENERIC or key == "agent.algorithm" or section in SETTINGS[algorithm].SECTIONS:
+    if (section in GENERIC or key in COMMON or key == "agent.algorithm"
+            or section in SETTINGS[algorithm].SECTIONS):
         return True
     if section in OWNER:
         return False

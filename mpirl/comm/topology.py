@@ -79,6 +79,7 @@ class Topology:
     learner_params: MPI.Comm | None = None
     serve: MPI.Comm | None = None
     comms: list = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # the algorithm's names of the roles ("buffer": "worker")
 
     @property
     def rank(self) -> int:
@@ -89,7 +90,12 @@ class Topology:
         return sorted(set(self.buffer_of.values()))
 
     def role_of(self, rank: int) -> str:
-        """The role of world rank ``rank``."""
+        """The role of world rank ``rank``, by the algorithm's name for it."""
+        role = self.layout_role(rank)
+        return self.names.get(role, role)
+
+    def layout_role(self, rank: int) -> str:
+        """The place of world rank ``rank`` in the layout: learner (the hub of hubs), buffer, worker, actor."""
         if rank == 0:
             return LEARNER  # also the worker when the learner serves the actors
         if rank in self.worker_of:
@@ -128,10 +134,12 @@ class Topology:
 
 
 def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int = 0,
-          on_learner: bool = False) -> Topology:
+          on_learner: bool = False, names: dict[str, str] | None = None) -> Topology:
     """Split ``world`` into the job's communicators. Collective over ``world``.
 
-    ``on_learner``: the learner's rank is the one worker (``workers`` is then 0, ``buffers`` 1)."""
+    ``on_learner``: the learner's rank is the one worker (``workers`` is then 0, ``buffers`` 1).
+    ``names``: the algorithm's names of the roles (DistQL builds N buffers and no actors, and calls rank 0 the
+    ``server`` and the buffers ``worker``s: its exchange runs on ``learner``)."""
     hosts = world.allgather(MPI.Get_processor_name())
     assert not on_learner or (workers == 0 and buffers == 1)
     if workers or on_learner:
@@ -139,8 +147,10 @@ def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int =
     else:
         buffer_of, worker_of = assign_actors(hosts, buffers, node_local), {}
     rank = world.rank
-    topo = Topology(world=world, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of)
-    topo.role = role = topo.role_of(rank)
+    topo = Topology(world=world, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of,
+                    names=dict(names or {}))
+    role = topo.layout_role(rank)
+    topo.role = topo.role_of(rank)
 
     serving = rank in set(worker_of.values())
     group_color = rank if role == BUFFER else buffer_of.get(rank, MPI.UNDEFINED)

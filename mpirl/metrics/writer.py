@@ -219,6 +219,14 @@ class MetricsFile:
         self._open_file().flush()
         self._last_flush = time.monotonic()
 
+    def flush_due(self) -> bool:
+        """Whether ``flush_seconds`` have passed since the last flush."""
+        return self._file is not None and time.monotonic() - self._last_flush >= self.flush_seconds
+
+    def group(self, name: str) -> h5py.Group:
+        """A new group ``name`` of the file (for arrays written once, such as a final table)."""
+        return self._open_file().create_group(name)
+
     def flush_if_due(self) -> bool:
         """Flush if ``flush_seconds`` have passed since the last flush; True if it did."""
         if self._file is None or time.monotonic() - self._last_flush < self.flush_seconds:

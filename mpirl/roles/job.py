@@ -208,7 +208,7 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
             create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
         link_rank_files(run_dir, algo.rank_files(topo))
         print(f"mpirl: run directory {run_dir}", flush=True)
-        print(f"mpirl: ranks: {role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
+        print(f"mpirl: ranks: {getattr(algo, 'role_map', role_map)(topo)}", flush=True)  # so a report about "rank 3" names a role
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, spaces=checked.spaces, spec=checked.spec,
                       n_params=checked.n_params, t0=t0, preempt=Preemption(world), resume=plan)
     role = algo.ROLES[topo.role]

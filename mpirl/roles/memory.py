@@ -46,12 +46,16 @@ class Estimate:
     worker: int = 0  # an inference worker (topology.workers)
     workers: int = 0
     network_key: str = "agent.hidden"  # the setting that sizes the network, named when the network dominates
+    fix_text: str = ""  # the fix to name with network_key (an algorithm without a network: its tables)
+    description: str = ""  # the ranks in words, for an algorithm whose ranks are not learner, buffers, actors
 
     def total(self) -> int:
         """All ranks on one node."""
         return LIBRARIES + self.learner + self.buffers * self.buffer + self.actors * self.actor + self.workers * self.worker
 
     def text(self) -> str:
+        if self.description:
+            return self.description
         workers = f", {self.workers} worker(s) {self.worker / 2**30:.2f} GiB each" if self.workers else ""
         return (f"learner {self.learner / 2**30:.1f} GiB, {self.buffers} buffer(s) {self.buffer / 2**30:.1f} GiB "
                 f"each{workers}, {self.actors} actor(s) {self.actor / 2**30:.2f} GiB each")
@@ -63,6 +67,8 @@ class Estimate:
             return ("replay.capacity", f"lower replay.capacity (now {cfg.replay.capacity:,}; about "
                                        f"{self.slot_bytes / 1024:,.1f} KiB a slot), or run the ranks on more nodes")
         key = self.network_key
+        if self.fix_text:
+            return key, self.fix_text
         section, name = key.split(".")
         return (key, f"use a smaller network ({key}, now {getattr(getattr(cfg, section), name)}) or a bigger node")
 

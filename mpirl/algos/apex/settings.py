@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from mpirl.algos.shared_settings import REPLAY_JOB_USES
+
 SECTIONS: dict = {}
 
 USES = {
+    **REPLAY_JOB_USES,
     "agent": ("gamma", "n_step", "lr", "adam_eps", "hidden", "target_update", "grad_clip", "reward_clip",
               "epsilon", "epsilon_alpha", "device", "torch_threads", "precision"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "frameskip", "frame_stack", "noop_max",
@@ -16,4 +19,6 @@ USES = {
 
 
 def check(cfg) -> None:
-    """Ape-X's cross-field checks: none beyond the shared ones."""
+    """Ape-X's cross-field checks: the replay layout's."""
+    from mpirl.config import check_replay_job
+    check_replay_job(cfg)

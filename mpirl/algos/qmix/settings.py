@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mpirl.algos.shared_settings import REPLAY_JOB_USES
 from mpirl.domain import setting
 
 
@@ -34,6 +35,7 @@ class QmixConfig:
 SECTIONS = {"qmix": QmixConfig}
 
 USES = {
+    **REPLAY_JOB_USES,
     "agent": ("gamma", "lr", "adam_eps", "target_update", "grad_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "predator_prey"),
     "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "sampler",
@@ -44,7 +46,8 @@ USES = {
 
 def check(cfg) -> None:
     """QMIX's cross-field checks (no MPI, no torch)."""
-    from mpirl.config import ConfigError
+    from mpirl.config import ConfigError, check_replay_job
+    check_replay_job(cfg)
     rp, q = cfg.replay, cfg.qmix
     if rp.sampler == "accmer" and q.loss_weights != "macpo":
         raise ConfigError("replay.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "

@@ -1,0 +1,124 @@
+"""DistQL behind the algorithm seam: rank 0 the Q-server, ranks 1..N the workers.
+
+The topology is the shared one built with N hubs (buffers) and no leaves (actors): the exchange runs on its
+``learner`` communicator (the server is rank 0 there, a worker's rank is its world rank), and the roles are
+named ``server`` and ``worker``. No rank imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+from mpirl.agents.tabular import PAIR_BYTES
+from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes
+from mpirl.algos.distql.settings import MAX_TABLE
+from mpirl.comm.topology import build
+from mpirl.config import ConfigError, JobConfig
+from mpirl.roles import memory
+from mpirl.roles.checks import Checked
+
+SERVER, WORKER = "server", "worker"
+RESUMABLE = False  # no checkpoint: a run that stopped early starts again
+
+
+class TableSpaces(NamedTuple):
+    n_states: int
+    n_actions: int
+    discretized: bool  # a Box observation through the discretizer (distql.bins)
+
+
+def world_check(cfg: JobConfig, world_size: int, job_path: str) -> int:
+    """The number of workers, or a ConfigError naming the world size and the command that fits."""
+    d = cfg.distql
+    if d.workers and world_size != d.workers + 1:
+        raise ConfigError("world size", f"the job needs 1 Q-server + {d.workers} worker(s) (distql.workers), the "
+                                        f"MPI world has {world_size} rank(s); run: mpirl launch -n {d.workers + 1} "
+                                        f"{job_path}  (or set distql.workers = {world_size - 1})")
+    if world_size < 2:
+        raise ConfigError("world size", f"the job needs 1 Q-server + at least 1 worker, the MPI world has "
+                                        f"{world_size} rank(s); run: mpirl launch -n {cfg.world_size} {job_path}")
+    n = world_size - 1
+    if len(d.worker_delay_us) not in (1, n):
+        raise ConfigError("distql.worker_delay_us", f"must hold one value (for every worker) or one per worker "
+                                                    f"({n}), got {len(d.worker_delay_us)}")
+    return n
+
+
+def spaces_of(cfg: JobConfig) -> TableSpaces:
+    from mpirl.envs.discrete import make_tabular_env
+    env = make_tabular_env(cfg.env, cfg.distql.bins)
+    try:
+        spaces = TableSpaces(env.n_states, env.n_actions, env.discretize is not None)
+    finally:
+        env.close()
+    pairs = spaces.n_states * spaces.n_actions
+    if pairs > MAX_TABLE:
+        key = "distql.bins" if spaces.discretized else "env.id"
+        fix = "use fewer bins" if spaces.discretized else "choose an environment with fewer states"
+        raise ConfigError(key, f"the table would have {pairs:,} state-action pairs ({spaces.n_states:,} states x "
+                               f"{spaces.n_actions} actions), more than {MAX_TABLE:,}; {fix}")
+    return spaces
+
+
+def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estimate:
+    """The server: its table (Q, eta, seen, merge counts), a receive and a reply buffer per worker; a worker: its
+    table (Q, eta, seen, changed, update counts) and its two buffers. Python, numpy, gymnasium, mpi4py, h5py."""
+    pairs = spaces.n_states * spaces.n_actions
+    episodes = min(cfg.distql.tau, cfg.distql.episodes) + 1
+    buffers = exchange_nbytes(pairs, episodes) + reply_nbytes(pairs)
+    base = memory.PROCESS // 2  # no torch on these ranks
+    server = base + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
+    worker = base + (8 + 8 + 1 + 1 + 8) * pairs + buffers
+    key = "distql.bins" if spaces.discretized else "env.id"
+    return memory.Estimate(int(server), 0, 0, 0, 0, 0.0, int(25 * pairs), reserved=0, worker=int(worker),
+                           workers=workers, network_key=key,
+                           fix_text=f"a smaller table ({pairs:,} pairs now) or fewer workers on a node",
+                           description=f"Q-server {server / 2**30:.2f} GiB, {workers} worker(s) "
+                                       f"{worker / 2**30:.2f} GiB each")
+
+
+def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    n = world_check(cfg, world_size, job_path)
+    spaces = spaces_of(cfg)
+    return Checked(spaces, {}, 0, estimate(cfg, n, spaces))
+
+
+def build_topology(world, cfg: JobConfig):
+    return build(world, world.size - 1, node_local=False, names={"learner": SERVER, "buffer": WORKER})
+
+
+def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
+    """The memory estimate's name of ``rank``'s role."""
+    return "learner" if rank == 0 else "worker"
+
+
+def rank_files(topo) -> dict[str, str]:
+    return {"qserver": "qserver.h5"}
+
+
+def role_map(topo) -> str:
+    n = topo.world.size - 1
+    return f"0 Q-server; {'1' if n == 1 else f'1-{n}'} worker{'s' if n > 1 else ''}"
+
+
+def _role(module: str, func: str):
+    def run(ctx):
+        return getattr(importlib.import_module(f"mpirl.algos.distql.{module}"), func)(ctx)
+    return run
+
+
+ROLES = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
+
+
+def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
+    d, s = cfg.distql, checked.spaces
+    how = f" ({'x'.join(map(str, d.bins))} bins)" if s.discretized else ""
+    return (f"1 Q-server, {world_size - 1} worker(s); DistQL ({d.variant}) on {cfg.env.id}: {s.n_states:,} "
+            f"states{how} x {s.n_actions} actions ({s.n_states * s.n_actions:,} pairs); {d.mode.upper()} "
+            f"replies, {d.exchange} exchange every {d.tau} episode(s), {d.episodes} episodes per worker")
+
+
+def summary(run_dir) -> str:
+    from mpirl.algos.distql.info import format_summary, summarize
+    return format_summary(summarize(run_dir))

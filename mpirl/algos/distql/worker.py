@@ -1,0 +1,110 @@
+"""A DistQL worker rank: Q-learning on its own environment, and an exchange with the Q-server after its
+episodes 0, tau, 2 tau, ... and after its last.
+
+An exchange sends the pairs changed since the previous one (with the worker's counters and finished
+episodes) and waits, with back-off polling, for the server's reply: at once in ``async`` mode, after every
+worker's same round in ``sync`` mode. The reply's pairs are applied (``all``: the server's whole table,
+``partial``: the pairs sent); a reply with the stop flag (the job was signalled) ends the worker.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import numpy as np
+
+from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at
+from mpirl.algos.distql import messages as msg
+from mpirl.comm.backoff import wait_until
+from mpirl.envs.discrete import make_tabular_env
+
+
+class Delay:
+    """``seconds`` added to every env step, slept in pieces of at least a millisecond (a sleep of a few
+    microseconds lasts tens), the oversleep counted against the next piece."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.owed = float(seconds), 0.0
+
+    def step(self) -> None:
+        if self.seconds <= 0:
+            return
+        self.owed += self.seconds
+        if self.owed >= 1e-3:
+            start = time.perf_counter()
+            time.sleep(self.owed)
+            self.owed -= time.perf_counter() - start
+
+
+def run_worker(ctx) -> str:
+    cfg, d = ctx.cfg, ctx.cfg.distql
+    comm = ctx.topo.learner  # the server is rank 0, this worker rank = its world rank
+    me = comm.rank
+    env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
+    rng = random.Random(ctx.seed(1))
+    S, A = ctx.spaces.n_states, ctx.spaces.n_actions
+    table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=d.variant == "textbook")
+    penalty = end_penalty(cfg.env.id, d.end_penalty)
+    delays = d.worker_delay_us
+    delay = Delay(1e-6 * delays[me - 1 if len(delays) > 1 else 0])
+    out = np.empty(msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), np.uint8)
+    back = np.empty(msg.reply_nbytes(S * A), np.uint8)
+    episodes: list[tuple] = []
+    compute_s = wait_s = 0.0
+    env_steps = rounds = played = 0
+    stop = "done"
+    try:
+        for j in range(d.episodes):
+            start = time.perf_counter()
+            eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
+            s, ret, env_ret, length = env.reset(), 0.0, 0.0, 0
+            while True:
+                a = table.act(s, eps, rng)
+                s2, r, terminated, truncated = env.step(a)
+                env_ret += r
+                if terminated or (truncated and d.variant == "source"):
+                    r += penalty
+                table.update(s, a, r, s2, terminated)
+                ret += r
+                length += 1
+                delay.step()
+                s = s2
+                if terminated or truncated:
+                    break
+            env_steps += length
+            played += 1
+            episodes.append((j, ret, env_ret, length, eps))
+            compute_s += time.perf_counter() - start
+            last = j == d.episodes - 1
+            if j % d.tau and not last:
+                continue
+            start = time.perf_counter()
+            idx, q, eta = table.changed_pairs()
+            ep = list(zip(*episodes))
+            n = msg.pack_exchange(out, rounds, env_steps, played, last, "torch" in sys.modules, compute_s, wait_s,
+                                  idx, q, eta, *(np.asarray(c) for c in ep))
+            episodes.clear()
+            send = comm.Isend(out[:n], dest=0, tag=msg.EXCHANGE)
+            recv = comm.Irecv(back, source=0, tag=msg.REPLY)
+            wait_until(lambda: recv.Test() and send.Test(), first=50e-6, longest=5e-3)
+            reply = msg.unpack_reply(back)
+            assert reply.round == rounds, f"reply to round {reply.round}, expected {rounds}"
+            if d.mode == "all":
+                table.apply_all(reply.idx, reply.q, reply.eta)
+            else:
+                table.apply_partial(reply.idx, reply.q)
+            rounds += 1
+            wait_s += time.perf_counter() - start
+            if reply.stop and not last:
+                stop = f"stopped by the server after episode {j + 1} of {d.episodes}"
+                break
+        empty = np.zeros(0)
+        n = msg.pack_exchange(out, rounds, env_steps, played, True, "torch" in sys.modules, compute_s,
+                              wait_s, np.zeros(0, np.int32), empty, empty, np.zeros(0, np.int64), empty, empty,
+                              np.zeros(0, np.int64), empty, bye=True)
+        comm.Send(out[:n], dest=0, tag=msg.EXCHANGE)
+    finally:
+        env.close()
+    return stop

@@ -402,8 +402,8 @@ def validate(cfg: JobConfig, given=()) -> None:
 
 
 def check_replay_job(cfg: JobConfig) -> None:
-    """The checks every replay-based algorithm's job (``apex``, ``qmix``) needs: a stop condition, and a
-    learner-buffer-actor layout that can work (called from their settings' ``check``)."""
+    """The checks every replay-based algorithm's job needs: a stop condition, and a learner-buffer-actor layout
+    that can work (called from their settings' ``check``)."""
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")

@@ -123,9 +123,9 @@ def outside(kind: type, dom: Domain) -> list:
     if kind is bool:
         return [1, "yes"]
     if kind is list:
-        out += ["x", [0], [-1], [1.5]]
-        if dom.items:
-            out.append([])
+        out.append("x")
+        if dom.items:  # a list holding one element outside the elements' domain, and the empty list
+            out += [[v] for v in outside(int, dom.items)] + [[]]
         return out
     if kind is str:
         out.append(7)

@@ -41,3 +41,20 @@ class HugeRewardCartPole(CartPoleEnv):
 
 
 gym.register("HugeRewardCartPole-v0", entry_point=HugeRewardCartPole, max_episode_steps=500)
+
+
+from gymnasium.envs.toy_text import TaxiEnv  # noqa: E402
+
+
+class FaultyTaxi(TaxiEnv):
+    """Taxi that raises after 3000 steps of the process (a DistQL worker that cannot go on)."""
+    steps = 0
+
+    def step(self, action):
+        FaultyTaxi.steps += 1
+        if FaultyTaxi.steps > 3000:
+            raise RuntimeError("injected failure in env.step")
+        return super().step(action)
+
+
+gym.register("FaultyTaxi-v0", entry_point=FaultyTaxi, max_episode_steps=200)

@@ -47,7 +47,8 @@ def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout)  # noqa: S307 - our own printout
-    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS for m in loaded), loaded
+    assert all(m.endswith((".settings", ".shared_settings")) or m.split(".")[-1] in config.ALGORITHMS
+               for m in loaded), loaded
     assert not [m for m in loaded if m.startswith(("torch", "pettingzoo"))], loaded
 
 
@@ -58,6 +59,10 @@ def test_a_job_sets_only_keys_its_algorithm_reads():
     flat = cfg.flat()
     assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
     assert all(config.reads("qmix", key) for key in flat)
+    cfg.agent.algorithm = "distql"
+    flat = cfg.flat()  # DistQL reads its section, env.id and the run's name, seed and directory
+    assert {"distql.tau", "env.id", "run.seed", "run.out_dir"} <= set(flat)
+    assert not {"topology.buffers", "run.train_steps", "checkpoint.keep", "replay.capacity"} & set(flat)
 
 
 def test_no_algorithm_imports_another_algorithm_s_folder():

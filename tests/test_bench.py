@@ -129,3 +129,17 @@ def test_workers_bench_single_process_apex_plays_and_counts_env_steps():
     from mpirl.bench import workers
     case = workers.Case("apex", "CartPole", JOBS / "cartpole.toml", 2, ())
     assert workers.single_process(case, games=2, seconds=0.5) > 100
+
+
+def test_distql_bench_measures_the_merge_and_both_reply_modes_from_real_jobs():
+    from mpirl.bench import distql
+    rows = {r.name.split(":")[0] + ":" + r.name.split(":")[1][:12]: r
+            for r in distql.run(reps=1, seconds=0.05, episodes=100)}
+    merge, exchange, rate, moved, reply = rows.values()
+    assert merge.values[distql.OURS][0] > 0 and merge.values[distql.FLOOR][0] > 0
+    assert exchange.values[distql.ALL][0] > 0 and exchange.values[distql.PARTIAL][0] > 0
+    assert rate.values[distql.ALL][0] > 0 and rate.values[distql.PARTIAL][0] > 0
+    # an ALL reply carries every pair the server holds, Partial only the worker's own: ALL moves more bytes,
+    # and never more than the whole table
+    assert moved.values[distql.ALL][0] > moved.values[distql.PARTIAL][0] > 0 and moved.ratio > 1
+    assert 0 < reply.values[distql.ALL][0] <= reply.values["whole table"][0] == 32 + 20 * 3000

@@ -10,7 +10,7 @@ code (``textbook=False``):
   eta <- eta_decay * eta, so a pair's k-th update uses eta0 * eta_decay ** k (0.5 * 0.999 ** k);
 * ``textbook=True``: a pair starts from Q = 0 and a termination (not a time limit) cuts the bootstrap.
 
-The Q-server (``ServerTable``) merges the pairs a worker sends (DistQL Eq. 1), per pair i with (Q_i, eta_i):
+The Q-server (``ServerTable``) merges (a numba loop, one pass over the pairs) the pairs a worker sends (DistQL Eq. 1), per pair i with (Q_i, eta_i):
 
 * a pair it has never seen starts at (Q_c, eta_c) = (0, server_eta) (the source's 0.99), so its first merge
   gives Q_c = eta_i * Q_i (eta_c becomes eta_i, the weight eta_c^2 / eta_i = eta_i);
@@ -133,15 +133,10 @@ class ServerTable:
 
     def merge(self, idx: np.ndarray, q_i: np.ndarray, eta_i: np.ndarray) -> int:
         """Merge one worker's pairs (each at most once); returns how many the server had never seen."""
-        q, eta, seen = self.q.ravel(), self.eta.ravel(), self.seen.ravel()
-        new = ~seen[idx]
-        seen[idx] = True  # a new pair keeps its (0, server_eta) start
-        ec = np.minimum(eta[idx], eta_i)
-        w = ec * ec / eta_i
-        q[idx] = (1.0 - w) * q[idx] + w * q_i
-        eta[idx] = self.eta_decay * ec
-        self.merges.ravel()[idx] += 1
-        return int(new.sum())
+        from mpirl.agents.tabular_merge import merge  # numba: on the server only, never on a worker
+        return int(merge(self.q.ravel(), self.eta.ravel(), self.seen.ravel(), self.merges.ravel(),
+                          np.asarray(idx, np.int32), np.asarray(q_i, np.float64), np.asarray(eta_i, np.float64),
+                          self.eta_decay))
 
     def reply_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every pair the server holds."""

@@ -152,8 +152,13 @@ def cmd_watch(args) -> int:
         return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
     if not (args.interval > 0 and math.isfinite(args.interval)):
         return _fail(f"--interval: seconds between frames must be > 0, got {args.interval}")
+    from mpirl import algos
+    from mpirl.metrics.run_file import read_algorithm
+    name = read_algorithm(path)
+    info = algos.info(name if name in config.ALGORITHMS else "apex")
+    view = {"summarize_fn": info.summarize, "frame_fn": info.frame} if hasattr(info, "frame") else {}
     try:
-        return watch(path, args.interval, once=args.once)
+        return watch(path, args.interval, once=args.once, **view)
     except KeyboardInterrupt:
         return 0
 

@@ -4,6 +4,9 @@ they wrote to qserver.h5): learning, determinism in sync mode, replies, bad inpu
 from __future__ import annotations
 
 import random
+import signal
+import sys
+import time
 
 import h5py
 import numpy as np
@@ -172,6 +175,35 @@ def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it
         assert len(f["eval"]["time"]) == 1
     info = run_cli("info", str(run))
     assert info.returncode == 0 and "1 Q-server, 8 worker(s)" in info.stdout and "merges     128" in info.stdout
+    watch = run_cli("watch", str(run), "--once")
+    assert watch.returncode == 0 and "1,200 of 1,200" in watch.stdout, watch.stdout
+
+
+def test_ctrl_c_stops_a_distql_job_early_and_every_rank_exits(tmp_path):
+    from test_launcher import Launched, gone
+    out = tmp_path / "runs"
+    job = Launched(out, cmd=[sys.executable, "-m", "mpirl", "launch", "-n", "3", TAXI, "--set", f'run.out_dir="{out}"',
+                             "--set", "distql.workers=2", "--set", "distql.episodes=10000000",
+                             "--set", "log.flush_seconds=0.2", "--set", "distql.eval_episodes=0"])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(out.glob("*/qserver.h5")):
+            time.sleep(0.1)
+        time.sleep(2.0)
+        job.signal(signal.SIGINT, terminal=True)
+        code, text, _ = job.finish(60)
+        assert code == 0, text[-3000:]
+        assert gone(job.marker, 10)
+        with h5py.File(job.run_dir / "run.h5", "r") as f:
+            assert f.attrs["stop_reason"].startswith("stopped early by SIGUSR1"), dict(f.attrs)
+            assert "cannot be resumed" in f.attrs["stop_reason"]
+        with h5py.File(job.run_dir / "qserver.h5", "r") as f:
+            w = f["workers"]
+            byes = w["bye"][()]
+            assert sorted(w["worker"][byes].tolist()) == [1, 2] and (w["episodes"][byes] < 10000000).all()
+            assert "table/q" in f
+    finally:
+        job.kill()
 
 
 def test_taxi_learns_with_two_workers(tmp_path):

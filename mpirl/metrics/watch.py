@@ -74,12 +74,15 @@ def frame(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def watch(run_dir: Path, interval: float = 2.0, once: bool = False, stream=sys.stdout) -> int:
-    """Draw frames until the run ends (or once); returns 0."""
+def watch(run_dir: Path, interval: float = 2.0, once: bool = False, stream=sys.stdout, summarize_fn=None,
+          frame_fn=None) -> int:
+    """Draw frames until the run ends (or once); returns 0. ``summarize_fn``/``frame_fn``: an algorithm's own
+    view (its ``info`` module's ``summarize`` and ``frame``) instead of the learner-buffer-actor one."""
+    summarize_fn, frame_fn = summarize_fn or summarize, frame_fn or frame
     clear = "\x1b[H\x1b[2J" if stream.isatty() and not once else ""
     while True:
-        s = summarize(run_dir)
-        stream.write(clear + frame(s) + "\n" + ("" if clear else "\n"))
+        s = summarize_fn(run_dir)
+        stream.write(clear + frame_fn(s) + "\n" + ("" if clear else "\n"))
         stream.flush()
         if once or s["status"] in (*FINAL_STATUSES, "dead"):
             return 0

@@ -115,3 +115,14 @@ def format_summary(s: dict[str, Any]) -> str:
                    f"{_f(w['last100_return'], ',.1f'):>9} {'yes' if w['torch_imported'] else 'no':>6}")
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
+
+
+def frame(s: dict[str, Any]) -> str:
+    """``mpirl watch``: the episodes played so far toward every worker's ``distql.episodes``, then the summary."""
+    from mpirl.metrics.watch import bar
+    job = s["job"]
+    total = int(job.get("distql.episodes", 0) or 0) * max(len(s["workers"]), 1)
+    played = sum(w["episodes"] for w in s["workers"])
+    fraction = played / total if total else 0.0
+    return f"episodes   {bar(fraction)} {played:,} of {total:,} (as of the workers' last exchanges)\n" + \
+        format_summary(s)

@@ -20,6 +20,8 @@ from mpirl.roles.checks import Checked
 
 SERVER, WORKER = "server", "worker"
 RESUMABLE = False  # no checkpoint: a run that stopped early starts again
+PROCESS = 80 * memory.MB  # a rank's memory before its tables: Python, numpy, gymnasium, mpi4py, h5py, no torch
+# (peak RSS of a Taxi worker 66 MB, of the server 74 MB before numba, in run.h5's peak_rss_bytes)
 
 
 class TableSpaces(NamedTuple):
@@ -67,9 +69,9 @@ def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estima
     pairs = spaces.n_states * spaces.n_actions
     episodes = min(cfg.distql.tau, cfg.distql.episodes) + 1
     buffers = exchange_nbytes(pairs, episodes) + reply_nbytes(pairs)
-    base = memory.PROCESS // 2  # no torch on these ranks
-    server = base + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
-    worker = base + (8 + 8 + 1 + 1 + 8) * pairs + buffers
+    server = PROCESS + memory.NUMBA + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
+    # a worker's table is Python lists: a float object (24 B) and a list slot (8 B) per Q and eta, bools shared
+    worker = PROCESS + (2 * (24 + 8) + 8 + 8 + 24) * pairs + buffers
     key = "distql.bins" if spaces.discretized else "env.id"
     return memory.Estimate(int(server), 0, 0, 0, 0, 0.0, int(25 * pairs), reserved=0, worker=int(worker),
                            workers=workers, network_key=key,

@@ -163,7 +163,8 @@ def run_server(ctx) -> str:
             active = [w for w in workers if w not in done]
             if d.exchange == "sync" and active and len(pending) == len(active):
                 rounds = {ex.round for ex in pending.values()}
-                assert len(rounds) == 1, f"sync exchange with workers at rounds {sorted(rounds)}"
+                if len(rounds) != 1:
+                    raise RuntimeError(f"sync exchange with workers at rounds {sorted(rounds)}")
                 results = {w: merge(w, pending[w]) for w in sorted(pending)}  # rank order
                 full = table.reply_all() if d.mode == "all" else None
                 for w in sorted(pending):

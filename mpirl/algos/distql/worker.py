@@ -90,7 +90,8 @@ def run_worker(ctx) -> str:
             recv = comm.Irecv(back, source=0, tag=msg.REPLY)
             wait_until(lambda: recv.Test() and send.Test(), first=50e-6, longest=5e-3)
             reply = msg.unpack_reply(back)
-            assert reply.round == rounds, f"reply to round {reply.round}, expected {rounds}"
+            if reply.round != rounds:
+                raise RuntimeError(f"the server answered round {reply.round}, this worker sent round {rounds}")
             if d.mode == "all":
                 table.apply_all(reply.idx, reply.q, reply.eta)
             else:

@@ -3,18 +3,24 @@ on), and now and then (an actor that rebuilds its games and goes on)."""
 
 import gymnasium as gym
 from gymnasium.envs.classic_control import CartPoleEnv
+from gymnasium.envs.toy_text import TaxiEnv
 
 
-class FaultyCartPole(CartPoleEnv):
-    steps = 0
+def failing_after(base: type, steps: int = 3000) -> type:
+    """``base`` whose ``step`` raises once the process has made ``steps`` steps with it."""
+    class Failing(base):
+        made = 0
 
-    def step(self, action):
-        FaultyCartPole.steps += 1
-        if FaultyCartPole.steps > 3000:
-            raise RuntimeError("injected failure in env.step")
-        return super().step(action)
+        def step(self, action):
+            Failing.made += 1
+            if Failing.made > steps:
+                raise RuntimeError("injected failure in env.step")
+            return super().step(action)
+    Failing.__name__ = f"Faulty{base.__name__}"
+    return Failing
 
 
+FaultyCartPole = failing_after(CartPoleEnv)
 gym.register("FaultyCartPole-v0", entry_point=FaultyCartPole, max_episode_steps=500)
 
 
@@ -43,18 +49,5 @@ class HugeRewardCartPole(CartPoleEnv):
 gym.register("HugeRewardCartPole-v0", entry_point=HugeRewardCartPole, max_episode_steps=500)
 
 
-from gymnasium.envs.toy_text import TaxiEnv  # noqa: E402
-
-
-class FaultyTaxi(TaxiEnv):
-    """Taxi that raises after 3000 steps of the process (a DistQL worker that cannot go on)."""
-    steps = 0
-
-    def step(self, action):
-        FaultyTaxi.steps += 1
-        if FaultyTaxi.steps > 3000:
-            raise RuntimeError("injected failure in env.step")
-        return super().step(action)
-
-
-gym.register("FaultyTaxi-v0", entry_point=FaultyTaxi, max_episode_steps=200)
+# A DistQL worker that cannot go on (Taxi, its 200-step limit).
+gym.register("FaultyTaxi-v0", entry_point=failing_after(TaxiEnv), max_episode_steps=200)

@@ -195,6 +195,7 @@ def test_ctrl_c_stops_a_distql_job_early_and_every_rank_exits(tmp_path):
         assert code == 0, text[-3000:]
         assert gone(job.marker, 10)
         with h5py.File(job.run_dir / "run.h5", "r") as f:
+            assert f.attrs["status"] == "stopped", dict(f.attrs)  # final, and not "preempted": nothing to resume
             assert f.attrs["stop_reason"].startswith("stopped early by SIGUSR1"), dict(f.attrs)
             assert "cannot be resumed" in f.attrs["stop_reason"]
         with h5py.File(job.run_dir / "qserver.h5", "r") as f:

@@ -32,7 +32,7 @@ from mpirl.roles.checkpoint import Resume, plan_resume
 from mpirl.roles import memory
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
-from mpirl.roles.preemption import PREEMPTED, Preemption
+from mpirl.roles.preemption import PREEMPTED, STOPPED, Preemption
 
 
 EXIT_PREEMPTED = 75  # a preempted job: checkpointed, resume it (sysexits' EX_TEMPFAIL)
@@ -231,7 +231,9 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
     topo.free()
     if world.rank == 0:
         heart.stop()
-        finish_run_file(run_dir, "preempted" if preempted else "completed", stop_reason=stop_reason or "",
+        status = ("preempted" if preempted else "stopped" if (stop_reason or "").startswith(STOPPED)
+                  else "completed")
+        finish_run_file(run_dir, status, stop_reason=stop_reason or "",
                         wall_seconds=time.time() - t0, peak_rss_bytes=peak)
         if not quiet:
             print(algo.summary(run_dir), flush=True)

@@ -24,7 +24,7 @@ from mpirl.algos.distql import messages as msg
 from mpirl.comm.backoff import Backoff
 from mpirl.envs.discrete import make_tabular_env
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.preemption import signal_name
+from mpirl.roles.preemption import STOPPED, signal_name
 
 MERGES = {"time": np.float64, "worker": np.int32, "round": np.int64, "pairs_in": np.int64, "new_pairs": np.int64,
           "reply_pairs": np.int64, "bytes_in": np.int64, "bytes_out": np.int64, "merge_s": np.float64}
@@ -185,7 +185,7 @@ def run_server(ctx) -> str:
             g.create_dataset(name, data=arr, compression="gzip")
         if stop_signal is not None:
             rank, signum = stop_signal
-            return (f"stopped early by {signal_name(signum)} on rank {rank} after {merged} merges "
+            return (f"{STOPPED} by {signal_name(signum)} on rank {rank} after {merged} merges "
                     "(DistQL keeps no checkpoint; it cannot be resumed)")
         return f"{len(workers)} workers played {d.episodes} episodes each ({merged} merges)"
     finally:

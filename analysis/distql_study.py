@@ -33,7 +33,27 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from marl_study import finished  # noqa: E402 - a completed run with the same recorded settings
+from marl_study import same  # noqa: E402 - a recorded setting equals a --set value
+
+
+def matches(recorded, wanted: str) -> bool:
+    """``same``, and lists too (``distql.worker_delay_us=[250, 0, 0, 0]``)."""
+    if wanted.strip().startswith("["):
+        import tomllib
+        return np.array_equal(np.asarray(recorded), np.asarray(tomllib.loads(f"v = {wanted}")["v"]))
+    return same(recorded, wanted)
+
+
+def finished(out: Path, name: str, sets: list[str]) -> Path | None:
+    """A completed run of this name whose recorded job has every one of ``sets``."""
+    for run_h5 in sorted(out.glob(f"{name}-*/run.h5")):
+        with h5py.File(run_h5, "r", locking=False) as f:
+            if f.attrs.get("status") != "completed":
+                continue
+            job = f["job"].attrs
+            if all(key in job and matches(job[key], value) for key, value in (s.split("=", 1) for s in sets)):
+                return run_h5.parent
+    return None
 
 JOBS = {"taxi": ROOT / "jobs" / "taxi_distql.toml", "cartpole": ROOT / "jobs" / "cartpole_distql.toml"}
 THRESHOLDS = {"taxi": (0.0, -50.0), "cartpole": (0.0,)}
@@ -170,40 +190,43 @@ def plot(env: str, out: Path, curves: dict, args) -> None:
             plt.close(fig)
 
 
+def _worker_view(run: Path, n: int) -> dict:
+    """The job's wall time, and per worker its wait share and when its goodbye reached the server."""
+    with h5py.File(run / "qserver.h5", "r", locking=False) as f, h5py.File(run / "run.h5", "r", locking=False) as r:
+        w = f["workers"]
+        last = [np.flatnonzero(w["worker"][()] == k)[-1] for k in range(1, n + 1)]
+        return {"wall": float(r.attrs["wall_seconds"]),
+                "share": [float(w["wait_s"][i] / (w["wait_s"][i] + w["compute_s"][i])) for i in last],
+                "done": [float(w["time"][i]) for i in last],
+                "step_us": float(1e6 * np.mean([w["compute_s"][i] / w["env_steps"][i] for i in last]))}
+
+
 def sync_async(args) -> None:
-    """Worker 1 slowed 2x (a delay per env step equal to the workers' own step time), synchronous against
-    asynchronous exchange, ALL, tau 10, 4 workers: each worker's wait share and the time to finish."""
+    """Worker 1 slowed 2x (a delay per env step equal to the workers' own step time in a fair run), synchronous
+    against asynchronous exchange, ALL, tau 10, 4 workers: each worker's wait share and when it finished."""
     env, out, n = args.env, args.out, 4
-    rows = {}
+    rows: dict[str, list] = {}
     for seed in args.seeds:
-        base_sets = settings("all", 10, n, seed, args.episodes, args.set)
-        base = (finished(out, run_name(env, "all", 10, n, seed, "-fair"), base_sets) if args.read else
-                launch(out, env, run_name(env, "all", 10, n, seed, "-fair"), base_sets, n + 1))
-        with h5py.File(base / "qserver.h5", "r", locking=False) as f:
-            w = f["workers"]
-            last = [np.flatnonzero(w["worker"][()] == k)[-1] for k in range(1, n + 1)]
-            step_us = 1e6 * np.mean([w["compute_s"][i] / w["env_steps"][i] for i in last])
+        sets = settings("all", 10, n, seed, args.episodes, args.set)
+        name = run_name(env, "all", 10, n, seed, "-fair")
+        fair = _worker_view(finished(out, name, sets) if args.read else launch(out, env, name, sets, n + 1), n)
+        rows.setdefault("fair (async, no delay)", []).append(fair)
         for exchange in ("async", "sync"):
-            sets = settings("all", 10, n, seed, args.episodes, args.set) + [
-                f"distql.exchange={exchange}", f"distql.worker_delay_us=[{int(round(step_us))}, 0, 0, 0]"]
+            slow = sets + [f"distql.exchange={exchange}",
+                           f"distql.worker_delay_us=[{int(round(fair['step_us']))}, 0, 0, 0]"]
             name = run_name(env, "all", 10, n, seed, f"-slow-{exchange}")
-            run = finished(out, name, sets) if args.read else launch(out, env, name, sets, n + 1)
-            with h5py.File(run / "qserver.h5", "r", locking=False) as f, \
-                    h5py.File(run / "run.h5", "r", locking=False) as r:
-                w = f["workers"]
-                last = [np.flatnonzero(w["worker"][()] == k)[-1] for k in range(1, n + 1)]
-                share = [float(w["wait_s"][i] / (w["wait_s"][i] + w["compute_s"][i])) for i in last]
-                rows.setdefault(exchange, []).append({"wall": float(r.attrs["wall_seconds"]), "share": share,
-                                                      "step_us": step_us})
+            run = finished(out, name, slow) if args.read else launch(out, env, name, slow, n + 1)
+            rows.setdefault(f"worker 1 slowed, {exchange}", []).append(_worker_view(run, n))
+    med = statistics.median
     lines = [f"# DistQL on {env}: worker 1 slowed 2x, 4 workers, ALL, tau 10 ({len(args.seeds)} seeds, medians)", "",
-             "| exchange | time to finish (s) | wait share, worker 1 (slow) | workers 2-4 |", "|---|---|---|---|"]
-    for exchange, got in rows.items():
-        wall = statistics.median(g["wall"] for g in got)
-        slow = statistics.median(g["share"][0] for g in got)
-        fast = statistics.median(s for g in got for s in g["share"][1:])
-        lines.append(f"| {exchange} | {wall:.1f} | {100 * slow:.1f} % | {100 * fast:.1f} % |")
-    lines.append(f"\nthe slow worker's delay: {statistics.median(g['step_us'] for g in rows['sync']):.1f} us a step "
-                 "(the fair run's mean step time)")
+             "| run | job's wall time (s) | worker 1 done at (s) | workers 2-4 done at (s) | wait share, worker 1 "
+             "| wait share, workers 2-4 |", "|---|---|---|---|---|---|"]
+    for what, got in rows.items():
+        lines.append(f"| {what} | {med(g['wall'] for g in got):.1f} | {med(g['done'][0] for g in got):.1f} | "
+                     f"{med(x for g in got for x in g['done'][1:]):.1f} | {100 * med(g['share'][0] for g in got):.1f} % "
+                     f"| {100 * med(x for g in got for x in g['share'][1:]):.1f} % |")
+    lines.append(f"\nthe slow worker's delay: {med(g['step_us'] for g in rows['fair (async, no delay)']):.1f} us a "
+                 "step (the fair run's mean step time, its time slices on a shared core included)")
     text = "\n".join(lines)
     print(text)
     (out / f"{env}_sync_async.md").write_text(text + "\n")

@@ -130,6 +130,7 @@ class ServerTable:
         self.seen = np.zeros(self.shape, bool)
         self.merges = np.zeros(self.shape, np.int64)  # merges per pair
         self.eta_decay = float(eta_decay)
+        self.merge(np.zeros(0, np.int32), np.zeros(0), np.zeros(0))  # load (or compile) the kernel now, not mid-job
 
     def merge(self, idx: np.ndarray, q_i: np.ndarray, eta_i: np.ndarray) -> int:
         """Merge one worker's pairs (each at most once); returns how many the server had never seen."""

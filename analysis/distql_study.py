@@ -33,27 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from marl_study import same  # noqa: E402 - a recorded setting equals a --set value
-
-
-def matches(recorded, wanted: str) -> bool:
-    """``same``, and lists too (``distql.worker_delay_us=[250, 0, 0, 0]``)."""
-    if wanted.strip().startswith("["):
-        import tomllib
-        return np.array_equal(np.asarray(recorded), np.asarray(tomllib.loads(f"v = {wanted}")["v"]))
-    return same(recorded, wanted)
-
-
-def finished(out: Path, name: str, sets: list[str]) -> Path | None:
-    """A completed run of this name whose recorded job has every one of ``sets``."""
-    for run_h5 in sorted(out.glob(f"{name}-*/run.h5")):
-        with h5py.File(run_h5, "r", locking=False) as f:
-            if f.attrs.get("status") != "completed":
-                continue
-            job = f["job"].attrs
-            if all(key in job and matches(job[key], value) for key, value in (s.split("=", 1) for s in sets)):
-                return run_h5.parent
-    return None
+from marl_study import finished  # noqa: E402 - a completed run with the same recorded settings
 
 JOBS = {"taxi": ROOT / "jobs" / "taxi_distql.toml", "cartpole": ROOT / "jobs" / "cartpole_distql.toml"}
 THRESHOLDS = {"taxi": (0.0, -50.0), "cartpole": (0.0,)}

@@ -43,6 +43,15 @@ def overrides(agents: int, variant: str, seed: int, steps: int, extra: list[str]
 
 
 def same(recorded, wanted: str) -> bool:
+    """A recorded job setting equals a ``--set`` value (numbers as numbers, lists such as ``[250, 0]`` element by
+    element, strings without quotes or case)."""
+    if wanted.strip().startswith("["):
+        import numpy as np
+        import tomllib
+        try:
+            return np.array_equal(np.asarray(recorded), np.asarray(tomllib.loads(f"v = {wanted}")["v"]))
+        except (tomllib.TOMLDecodeError, ValueError):
+            return False
     try:
         return float(recorded) == float(wanted)
     except (TypeError, ValueError):

@@ -208,14 +208,15 @@ def test_ctrl_c_stops_a_distql_job_early_and_every_rank_exits(tmp_path):
 
 
 def test_taxi_learns_with_two_workers(tmp_path):
-    proc = _launch(tmp_path, 3, "distql.workers=2", "distql.eval_every=200")
+    proc = _launch(tmp_path, 3, "distql.workers=2", "distql.eval_every=20")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with h5py.File(_run_dir(tmp_path) / "qserver.h5", "r") as f:
         ret = f["episodes"]["return"][()]
         ev = f["eval"]["return_mean"][()]
     assert ret[:200].mean() < -150 and ret[-400:].mean() > 0, (ret[:200].mean(), ret[-400:].mean())
-    # the server's own table, played greedily: Taxi's optimum is about +8 a ride; random play about -770
-    assert ev[-1] > 0 and ev[0] < ev[-1], ev
+    # the server's own table, played greedily: after 20 merges (~100 episodes a worker) it still loses (a greedy
+    # loop until the 200-step limit is -200); at the end it delivers (Taxi's optimum is about +8 a ride)
+    assert ev[0] < 0 < ev[-1], ev
 
 
 def test_sync_runs_are_deterministic_and_partial_replies_carry_the_sent_pairs(tmp_path):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mpirl import config
+from mpirl import config, replay_job
 from mpirl.config import ConfigError
 
 from conftest import JOBS
@@ -69,15 +69,15 @@ def test_bare_string_overrides_need_no_quotes():
 
 def test_world_size_message_gives_the_command_that_works():
     cfg, _ = config.load(JOBS / "cartpole.toml")
-    config.check_world_size(cfg, 4)
-    config.check_world_size(cfg, 9)  # actors = 0: the rest of the world acts
+    replay_job.check_world_size(cfg, 4)
+    replay_job.check_world_size(cfg, 9)  # actors = 0: the rest of the world acts
     with pytest.raises(ConfigError, match=r"MPI world has 2 rank\(s\); run: mpirl launch -n 4 J.toml"):
-        config.check_world_size(cfg, 2, "J.toml")
+        replay_job.check_world_size(cfg, 2, "J.toml")
     cfg.topology.actors = 3
-    config.check_world_size(cfg, 5)
+    replay_job.check_world_size(cfg, 5)
     with pytest.raises(ConfigError, match=r"1 learner \+ 1 buffer\(s\) \+ 3 actor\(s\).*has 4"):
-        config.check_world_size(cfg, 4)
-    assert config.actor_count(cfg, 5) == 3
+        replay_job.check_world_size(cfg, 4)
+    assert replay_job.actor_count(cfg, 5) == 3
 
 
 @pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.toml")))

@@ -25,6 +25,7 @@ def test_every_algorithm_offers_the_interface(name):
         fields = {f.name for f in dataclasses.fields(config.SHARED[section])}
         assert set(keys) <= fields, (name, section, set(keys) - fields)
     algo = importlib.import_module(f"mpirl.algos.{name}.algorithm")
+    assert callable(settings.world_size)
     for attr in ("check", "build_topology", "rank_files", "rank_role", "describe", "summary"):
         assert callable(getattr(algo, attr)), (name, attr)
     assert set(algo.ROLES) and all(callable(loop) for loop in algo.ROLES.values())
@@ -37,7 +38,8 @@ def test_the_shared_wiring_never_names_an_algorithm():
         text = path.read_text()
         for name in config.ALGORITHMS:
             assert not re.search(rf"\b{name}\b", text), f"{path.name} names the algorithm {name!r}"
-    assert "apex" not in (PKG / "config.py").read_text().replace('"apex"', "")  # only as agent.algorithm's default
+    for name in ("config.py", "sections.py", "replay_job.py"):  # "apex" only as agent.algorithm's default
+        assert "apex" not in (PKG / name).read_text().replace('"apex"', ""), name
 
 
 def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
@@ -47,8 +49,7 @@ def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout)  # noqa: S307 - our own printout
-    assert all(m.endswith((".settings", ".shared_settings")) or m.split(".")[-1] in config.ALGORITHMS
-               for m in loaded), loaded
+    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS for m in loaded), loaded
     assert not [m for m in loaded if m.startswith(("torch", "pettingzoo"))], loaded
 
 

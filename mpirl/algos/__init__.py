@@ -2,10 +2,13 @@
 
 A folder holds:
 
-* ``settings.py`` — config layer (standard library and :mod:`mpirl.domain` only): ``SECTIONS``, the
-  job-file sections the algorithm owns (``{"qmix": QmixConfig}``); ``USES``, the keys of the shared
-  sections (``agent``, ``env``, ``replay``, ``comm``) it reads — a job that sets any other key of those
-  sections is refused, naming the key; ``check(cfg)``, its cross-field checks (no MPI, no torch).
+* ``settings.py`` — config layer (standard library, :mod:`mpirl.domain` and, for the replay-based
+  algorithms, :mod:`mpirl.replay_job`): ``SECTIONS``, the job-file sections the algorithm owns
+  (``{"qmix": QmixConfig}``); ``USES``, the keys of the shared sections (``run``, ``topology``, ``agent``,
+  ``env``, ``replay``, ``comm``, ``checkpoint``) it reads — a job that sets any other key of those sections
+  is refused, naming the key (every algorithm reads ``log`` and run's name, seed and out_dir);
+  ``check(cfg)``, its cross-field checks (no MPI, no torch); ``world_size(cfg)``, the ranks a job needs by
+  default.
 * ``algorithm.py`` — ``check(cfg, world_size, job_path) -> Checked`` (world size, environment, network,
   memory; no MPI), ``build_topology(world, cfg)``, ``ROLES`` (role name -> loop taking a
   :class:`~mpirl.roles.context.RoleContext` and returning the stop reason), ``rank_files(topo)`` (the

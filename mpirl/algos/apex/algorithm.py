@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.apex import memory
-from mpirl.config import ConfigError, JobConfig, actor_count, check_world_size
+from mpirl.config import ConfigError, JobConfig
+from mpirl.replay_job import actor_count, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
 from mpirl.roles.replay_layout import (build_topology, inference, lazy_roles, rank_files,  # noqa: F401 - the interface

@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
-from mpirl.config import JobConfig, actor_count
+from mpirl.config import JobConfig
+from mpirl.replay_job import actor_count
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from mpirl.algos.shared_settings import REPLAY_JOB_USES
+from mpirl import replay_job
+from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
 
 SECTIONS: dict = {}
 
 USES = {
-    **REPLAY_JOB_USES,
+    **replay_job.USES,
     "agent": ("gamma", "n_step", "lr", "adam_eps", "hidden", "target_update", "grad_clip", "reward_clip",
               "epsilon", "epsilon_alpha", "device", "torch_threads", "precision"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "frameskip", "frame_stack", "noop_max",
@@ -20,5 +21,4 @@ USES = {
 
 def check(cfg) -> None:
     """Ape-X's cross-field checks: the replay layout's."""
-    from mpirl.config import check_replay_job
-    check_replay_job(cfg)
+    replay_job.check(cfg)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.algos.shared_settings import REPLAY_JOB_USES
+from mpirl import replay_job
+from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
 from mpirl.domain import setting
 
 
@@ -35,7 +36,7 @@ class QmixConfig:
 SECTIONS = {"qmix": QmixConfig}
 
 USES = {
-    **REPLAY_JOB_USES,
+    **replay_job.USES,
     "agent": ("gamma", "lr", "adam_eps", "target_update", "grad_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "predator_prey"),
     "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "sampler",
@@ -46,8 +47,8 @@ USES = {
 
 def check(cfg) -> None:
     """QMIX's cross-field checks (no MPI, no torch)."""
-    from mpirl.config import ConfigError, check_replay_job
-    check_replay_job(cfg)
+    from mpirl.config import ConfigError
+    replay_job.check(cfg)
     rp, q = cfg.replay, cfg.qmix
     if rp.sampler == "accmer" and q.loss_weights != "macpo":
         raise ConfigError("replay.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "

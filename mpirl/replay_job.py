@@ -1,7 +1,7 @@
-"""What the replay-based algorithms' jobs (a learner, buffers, optional inference workers, actors) in the
-config layer: the keys of run, topology and checkpoint they read, their checks, their world
-size. Their settings modules import it; standard library only (``mpirl.config`` is imported where it is used,
-as it imports the settings)."""
+"""What the replay-based algorithms' jobs (a learner, buffers, optional inference workers, actors) share in the
+config layer: the keys of run, topology and checkpoint they read, their checks, their world size.
+Their settings modules import it; standard library only (``mpirl.config`` is imported where it is used, as it
+imports the settings)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,6 @@ class WorkerTable:
         self._q = [0.0] * pairs
         self._eta = [float(eta0)] * pairs
         self._seen = [False] * pairs
-        self._updates = [0] * pairs
         self._changed: set[int] = set()  # updated since the last send
         self.gamma, self.eta_decay, self.textbook = float(gamma), float(eta_decay), bool(textbook)
         self.n_actions = int(n_actions)
@@ -58,10 +57,6 @@ class WorkerTable:
     @property
     def seen(self) -> np.ndarray:
         return np.array(self._seen, bool).reshape(self.shape)
-
-    @property
-    def updates(self) -> np.ndarray:
-        return np.array(self._updates, np.int64).reshape(self.shape)
 
     def greedy(self, s: int, rng: random.Random) -> int:
         """The best seen action of ``s`` (the first of ties); a random one when ``s`` has seen none."""
@@ -96,7 +91,6 @@ class WorkerTable:
         q[i] += eta * (r + bootstrap - q[i])
         self._eta[i] = eta * self.eta_decay
         self._changed.add(i)
-        self._updates[i] += 1
 
     def changed_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(flat index, Q, eta) of the pairs updated since the last call (in index order), which forgets them."""
@@ -120,6 +114,29 @@ class WorkerTable:
         mq = self._q
         for i, v in zip(idx.tolist(), q.tolist()):
             mq[i] = v
+
+
+def play_episode(env, table: WorkerTable, epsilon: float, rng: random.Random, penalty: float = 0.0,
+                 textbook: bool = False, each_step=None) -> tuple[float, float, int]:
+    """One epsilon-greedy episode of ``env`` (``reset() -> s``, ``step(a) -> (s', r, terminated, truncated)``),
+    updating ``table`` at every step; ``penalty`` is added to the last reward (the source: at any end; textbook:
+    at a termination); ``each_step`` is called after every step (a worker's delay). Returns (the return learned
+    from, the env's own return, the length)."""
+    s, ret, env_ret, length = env.reset(), 0.0, 0.0, 0
+    while True:
+        a = table.act(s, epsilon, rng)
+        s2, r, terminated, truncated = env.step(a)
+        env_ret += r
+        if terminated or (truncated and not textbook):
+            r += penalty
+        table.update(s, a, r, s2, terminated)
+        ret += r
+        length += 1
+        if each_step is not None:
+            each_step()
+        if terminated or truncated:
+            return ret, env_ret, length
+        s = s2
 
 
 class ServerTable:

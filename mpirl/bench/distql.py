@@ -35,25 +35,16 @@ TABLE_PAIRS = 500 * 6
 
 def recorded_exchanges(workers: int = 4, episodes: int = 300, tau: int = 10, seed: int = 0) -> list[tuple]:
     """(idx, q, eta) of every exchange of ``workers`` Taxi workers playing ``episodes`` each, in turn."""
-    import gymnasium as gym
-
-    from mpirl.agents.tabular import WorkerTable, epsilon_at
+    from mpirl.agents.tabular import WorkerTable, epsilon_at, play_episode
+    from mpirl.config import EnvConfig
+    from mpirl.envs.discrete import make_tabular_env
     out = []
     for w in range(workers):
-        env = gym.make("Taxi-v4")
+        env = make_tabular_env(EnvConfig(id="Taxi-v4"), bins=(), seed=seed + w)
         rng = random.Random(seed + w)
-        table = WorkerTable(500, 6)
-        s, _ = env.reset(seed=seed + w)
+        table = WorkerTable(env.n_states, env.n_actions)
         for j in range(episodes):
-            if j:
-                s, _ = env.reset()
-            while True:
-                a = table.act(int(s), epsilon_at(j), rng)
-                s2, r, term, trunc, _ = env.step(a)
-                table.update(int(s), a, float(r), int(s2), term)
-                s = s2
-                if term or trunc:
-                    break
+            play_episode(env, table, epsilon_at(j), rng)
             if j % tau == 0 or j == episodes - 1:
                 out.append(table.changed_pairs())
         env.close()

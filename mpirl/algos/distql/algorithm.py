@@ -70,8 +70,9 @@ def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estima
     episodes = min(cfg.distql.tau, cfg.distql.episodes) + 1
     buffers = exchange_nbytes(pairs, episodes) + reply_nbytes(pairs)
     server = PROCESS + memory.NUMBA + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
-    # a worker's table is Python lists: a float object (24 B) and a list slot (8 B) per Q and eta, bools shared
-    worker = PROCESS + (2 * (24 + 8) + 8 + 8 + 24) * pairs + buffers
+    # a worker's table is Python lists: a float object (24 B) and a list slot (8 B) per Q and eta, a slot per seen
+    # flag (the bools are shared), a set entry per changed pair
+    worker = PROCESS + (2 * (24 + 8) + 8 + 8) * pairs + buffers
     key = "distql.bins" if spaces.discretized else "env.id"
     return memory.Estimate(int(server), 0, 0, 0, 0, 0.0, int(25 * pairs), reserved=0, worker=int(worker),
                            workers=workers, network_key=key,

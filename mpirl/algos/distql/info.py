@@ -3,7 +3,6 @@ merges and their bytes, the returns, the server's greedy evaluation and how much
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 

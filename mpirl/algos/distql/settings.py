@@ -71,6 +71,4 @@ def check(cfg) -> None:
     if len(d.bins) != 4:
         raise ConfigError("distql.bins", f"must be 4 bin counts (CartPole's position, velocity, angle, angular "
                                          f"velocity), got {len(d.bins)}: {d.bins}")
-    if d.workers and len(d.worker_delay_us) not in (1, d.workers):
-        raise ConfigError("distql.worker_delay_us", f"must hold one value (for every worker) or one per worker "
-                                                    f"({d.workers}), got {len(d.worker_delay_us)}")
+    # worker_delay_us against the number of workers: algorithm.world_check (it knows the world size)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at
+from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at, play_episode
 from mpirl.algos.distql import messages as msg
 from mpirl.comm.backoff import wait_until
 from mpirl.envs.discrete import make_tabular_env
@@ -29,8 +29,6 @@ class Delay:
         self.seconds, self.owed = float(seconds), 0.0
 
     def step(self) -> None:
-        if self.seconds <= 0:
-            return
         self.owed += self.seconds
         if self.owed >= 1e-3:
             start = time.perf_counter()
@@ -45,10 +43,12 @@ def run_worker(ctx) -> str:
     env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
     rng = random.Random(ctx.seed(1))
     S, A = ctx.spaces.n_states, ctx.spaces.n_actions
-    table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=d.variant == "textbook")
+    textbook = d.variant == "textbook"
+    table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=textbook)
     penalty = end_penalty(cfg.env.id, d.end_penalty)
     delays = d.worker_delay_us
     delay = Delay(1e-6 * delays[me - 1 if len(delays) > 1 else 0])
+    each_step = delay.step if delay.seconds > 0 else None  # nothing added to an undelayed step
     out = np.empty(msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), np.uint8)
     back = np.empty(msg.reply_nbytes(S * A), np.uint8)
     episodes: list[tuple] = []
@@ -59,20 +59,7 @@ def run_worker(ctx) -> str:
         for j in range(d.episodes):
             start = time.perf_counter()
             eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
-            s, ret, env_ret, length = env.reset(), 0.0, 0.0, 0
-            while True:
-                a = table.act(s, eps, rng)
-                s2, r, terminated, truncated = env.step(a)
-                env_ret += r
-                if terminated or (truncated and d.variant == "source"):
-                    r += penalty
-                table.update(s, a, r, s2, terminated)
-                ret += r
-                length += 1
-                delay.step()
-                s = s2
-                if terminated or truncated:
-                    break
+            ret, env_ret, length = play_episode(env, table, eps, rng, penalty, textbook, each_step)
             env_steps += length
             played += 1
             episodes.append((j, ret, env_ret, length, eps))

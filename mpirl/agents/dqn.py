@@ -69,8 +69,18 @@ def pick_device(name: str) -> torch.device:
 
 
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Numpy views -> tensors on ``device`` (zero-copy on the CPU)."""
-    return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    """Numpy views -> tensors on ``device`` (zero-copy on the CPU).
+
+    Frames once: ``frames`` (F, *frame_shape) with ``<name>_idx`` (n, depth) becomes ``<name>``
+    (n, depth, *frame_shape), one gather on ``device``: only the distinct frames cross to it."""
+    out = {k: torch.as_tensor(v, device=device) for k, v in batch.items() if k != "frames" and not k.endswith("_idx")}
+    if "frames" in batch:
+        frames = torch.as_tensor(batch["frames"], device=device)
+        for k, v in batch.items():
+            if k.endswith("_idx"):
+                idx = torch.as_tensor(v, device=device).long()
+                out[k[:-4]] = frames.index_select(0, idx.reshape(-1)).view(*idx.shape, *frames.shape[1:])
+    return out
 
 
 @torch.no_grad()

@@ -116,13 +116,16 @@ class Layout:
     def pack(self, buf: np.ndarray, records: dict[str, np.ndarray], **header) -> int:
         """Copy ``records`` (equal-length arrays per field) and header values into ``buf``.
 
-        Returns the message size in bytes.
+        Counted fields are not packed: pass their counts as header values (``frames_rows=n``)
+        and fill their views afterwards. Returns the message size in bytes.
         """
         rows = len(next(iter(records.values()))) if records else 0
         if rows > self.max_rows:
             raise ValueError(f"{rows} rows exceed this layout's max_rows={self.max_rows}")
-        self.set(buf, rows=rows, **header)
+        counts = {c: int(header.pop(f"{c}_rows", 0)) for c in self.counted}
+        self.set(buf, rows=rows, **header, **{f"{c}_rows": n for c, n in counts.items()})
         if rows:
-            for name, view in self.views(buf, rows).items():
-                view[...] = records[name]
-        return self.nbytes(rows)
+            views = self.views(buf, rows, **counts)
+            for name in self.fields:
+                views[name][...] = records[name]
+        return self.nbytes(rows, **counts)

@@ -261,6 +261,12 @@ class AtariVector:
 # --------------------------------------------------------------------------- entry points
 
 
+def stacks_shift(cfg: EnvConfig) -> bool:
+    """Whether a step's observation is the last one shifted by one frame plus the new frame (ale-py's frame
+    stack), so a sender of frames once sends one frame a step (:mod:`mpirl.replay.frame_stream`)."""
+    return is_ale_id(cfg.id)
+
+
 def make_vector(cfg: EnvConfig, seed: int) -> GymVector | AtariVector:
     """The actor's ``cfg.envs_per_actor`` environments; ``seed`` is the default reset seed
     (GymVector also seeds each env's action space from it)."""

@@ -148,6 +148,15 @@ class FramePool:
             self.keys[idx] = 0
         return idx.astype(np.int32)
 
+    def retain(self, idx: np.ndarray) -> None:
+        """Take one more reference per entry of ``idx`` (repeats allowed) to frames already held."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if len(idx):
+            frames, counts = np.unique(idx, return_counts=True)
+            if (self.refs[frames] <= 0).any():
+                raise RuntimeError("a reference taken to a frame that is not held")
+            self.refs[frames] += counts.astype(np.int32)
+
     def release(self, idx: np.ndarray) -> None:
         """Drop one reference per entry of ``idx`` (repeats allowed); free frames left unreferenced."""
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)

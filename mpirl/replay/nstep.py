@@ -35,6 +35,10 @@ class NStepAccumulator:
         """Number of pending steps (not yet emitted)."""
         return len(self._steps)
 
+    def oldest_obs(self) -> Any:
+        """The observation of the oldest pending step (the window must not be empty)."""
+        return self._steps[0][0]
+
     def clear(self) -> None:
         """Drop pending steps (e.g. when an episode is abandoned)."""
         self._steps.clear()

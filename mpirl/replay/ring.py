@@ -41,7 +41,7 @@ class RingStore:
         fields: ``{name: array (capacity, *shape) of dtype}``.
     """
 
-    def __init__(self, spec: Spec, capacity: int, dedup_frames: bool = False) -> None:
+    def __init__(self, spec: Spec, capacity: int, dedup_frames: bool = False, stream_frames: int = 0) -> None:
         capacity = int(capacity)
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -61,7 +61,8 @@ class RingStore:
             if len(shapes) > 1:
                 raise ValueError(f"frame-stack fields with different frame shapes: {sorted(shapes)}")
             depth = sum(d for d, _ in self.framed.values())
-            self.pool = FramePool(shapes.pop(), capacity * depth)  # room for no sharing at all
+            # Room for no sharing at all, plus the frames senders' windows hold (frame_stream.FrameWindows).
+            self.pool = FramePool(shapes.pop(), capacity * depth + int(stream_frames))
         self.versions = np.full(capacity, -1, dtype=np.int64)
         self.size = 0
         self.inserted = 0
@@ -101,21 +102,33 @@ class RingStore:
         frame-stack field, indexing ``frames`` (F, *frame_shape), in which each
         distinct frame appears once. Returns the slot ids as :meth:`add` does.
         """
-        plain = {k: v for k, v in records.items() if k in self.fields}
-        n = len(next(iter(plain.values())))
-        ids, skip = self._write_plain(plain, n)
-        if self.framed:
-            local = np.concatenate([np.asarray(records[f"{name}_idx"][skip:]).reshape(-1)
-                                    for name in self.framed]).astype(np.int64)
-            refs = np.bincount(local, minlength=len(frames)).astype(np.int32)
-            keep = np.flatnonzero(refs)
-            where = np.zeros(len(frames), dtype=np.int32)
-            where[keep] = self.pool.adopt(frames[keep], refs[keep])
-            pos = 0
-            for name, (depth, _) in self.framed.items():
-                k = (n - skip) * depth
-                self.frame_idx[name][ids] = where[local[pos:pos + k]].reshape(-1, depth)
-                pos += k
+        n = len(records[f"{next(iter(self.framed))}_idx"])
+        skip = n - min(n, self.capacity)  # rows overwritten at once: their frames are not kept
+        local = np.concatenate([np.asarray(records[f"{name}_idx"][skip:]).reshape(-1)
+                                for name in self.framed]).astype(np.int64)
+        used = np.flatnonzero(np.bincount(local, minlength=len(frames)))
+        where = np.zeros(len(frames), dtype=np.int32)
+        where[used] = self.pool.adopt(frames[used], np.ones(len(used), np.int32))  # held while the slots take theirs
+        ids = self.add_indexed(records, {name: where[np.asarray(records[f"{name}_idx"])] for name in self.framed})
+        self.pool.release(where[used])
+        return ids
+
+    def add_indexed(self, records: Mapping[str, np.ndarray], frame_idx: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Append records whose frame stacks are frames the pool already holds.
+
+        ``records``: the plain fields; ``frame_idx``: per frame-stack field (n, depth) pool
+        indices. Each use takes a reference (a sender's window holds the frames meanwhile,
+        see :class:`~mpirl.replay.frame_stream.FrameWindows`). Returns the slot ids as
+        :meth:`add` does.
+        """
+        n = len(next(iter(frame_idx.values())))
+        skip = n - min(n, self.capacity)
+        kept = {name: np.asarray(frame_idx[name][skip:], dtype=np.int32) for name in self.framed}
+        # References first: a frame that only an overwritten slot held must not be freed on the way.
+        self.pool.retain(np.concatenate([v.reshape(-1) for v in kept.values()]))
+        ids, _ = self._write_plain(records, n)
+        for name, rows in kept.items():
+            self.frame_idx[name][ids] = rows
         self._advance(ids, skip, n)
         return ids
 
@@ -223,15 +236,35 @@ class RingStore:
         frame-stack field; the frames they index go to ``frames_out[:frames]``.
         """
         n = self._export_plain(out)
-        order = self.oldest_first()
-        used = np.concatenate([idx[order].reshape(-1) for idx in self.frame_idx.values()])
+        return n, self._frames_once(self.oldest_first(), out, frames_out)
+
+    def gather_framed(self, ids: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
+        """Like :meth:`gather`, with each distinct frame of the rows once (a sample reply's layout).
+
+        ``out`` holds the plain fields and ``<name>_idx`` int32 per frame-stack field; the frames
+        they index go to ``frames_out`` in pool order. Returns the number of frames.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        k = len(ids)
+        if k and (ids.min() < 0 or ids.max() >= self.size):
+            raise IndexError(f"ids outside filled slots [0, {self.size})")
+        for name, field in self.fields.items():
+            np.take(field, ids, axis=0, out=out[name][:k], mode="clip")
+        return self._frames_once(ids, out, frames_out)
+
+    def _frames_once(self, slots: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
+        """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
+        pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
+        k = len(slots)
+        used = np.concatenate([idx[slots] for idx in self.frame_idx.values()], axis=1)  # (k, depth of all fields)
         uniq, local = np.unique(used, return_inverse=True)
+        local = local.reshape(used.shape).astype(np.int32, copy=False)
         np.take(self.pool.frames, uniq, axis=0, out=frames_out[:len(uniq)], mode="clip")
         pos = 0
         for name, (depth, _) in self.framed.items():
-            out[f"{name}_idx"][:n] = local[pos:pos + n * depth].reshape(n, depth)
-            pos += n * depth
-        return n, len(uniq)
+            out[f"{name}_idx"][:k] = local[:, pos:pos + depth]
+            pos += depth
+        return len(uniq)
 
     def oldest_first(self) -> np.ndarray:
         """Slot ids of the filled rows, oldest first (int64, (size,))."""

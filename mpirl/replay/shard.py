@@ -67,6 +67,7 @@ class Sample(NamedTuple):
     versions: np.ndarray
     probs: np.ndarray
     priorities: np.ndarray
+    frames: int = 0  # with frames stored once: distinct frames written to the reply (sample_into)
 
 
 class PrioritizedShard:
@@ -85,12 +86,12 @@ class PrioritizedShard:
     """
 
     def __init__(self, spec: Spec, capacity: int, alpha: float, eps: float = 1e-6,
-                 dedup_frames: bool = False) -> None:
+                 dedup_frames: bool = False, stream_frames: int = 0) -> None:
         if alpha < 0 or eps < 0:
             raise ValueError("alpha and eps must be >= 0")
         self.alpha = float(alpha)
         self.eps = float(eps)
-        self.store = RingStore(spec, capacity, dedup_frames)
+        self.store = RingStore(spec, capacity, dedup_frames, stream_frames)
         self.tree = SumTree(capacity)
         self.raw_priority = np.zeros(self.store.capacity, dtype=np.float32)
         self._arange: np.ndarray = np.arange(0, dtype=np.float64)  # grown on demand
@@ -147,6 +148,11 @@ class PrioritizedShard:
         """:meth:`add` for records whose frame stacks index ``frames`` (see RingStore.add_framed)."""
         return self._prioritize(self.store.add_framed(records, frames), np.asarray(priorities).reshape(-1))
 
+    def add_indexed(self, records: Mapping[str, np.ndarray], frame_idx: Mapping[str, np.ndarray],
+                    priorities: np.ndarray) -> np.ndarray:
+        """:meth:`add` for records whose frame stacks the pool holds already (see RingStore.add_indexed)."""
+        return self._prioritize(self.store.add_indexed(records, frame_idx), np.asarray(priorities).reshape(-1))
+
     def _prioritize(self, ids: np.ndarray, priorities: np.ndarray) -> np.ndarray:
         kept = np.abs(priorities[len(priorities) - len(ids):])
         self.raw_priority[ids] = kept
@@ -199,9 +205,13 @@ class PrioritizedShard:
 
         ``out`` holds the record fields and ``ids``, ``versions``, ``probs`` and
         ``priority`` arrays of at least k rows (the buffer's sample reply layout);
-        all of them are filled.
+        all of them are filled. With frames stored once, ``out`` has the frame-stack
+        fields as ``<name>_idx`` into ``out["frames"]``, which gets each distinct frame
+        of the batch once (``Sample.frames`` says how many).
         """
-        s = self.sample(k, rng, out=out)
+        s = self.sample(k, rng, out=None if self.framed else out)
+        if self.framed:
+            s = s._replace(frames=self.store.gather_framed(s.ids, out, out["frames"]))
         out["ids"][:k], out["versions"][:k] = s.ids, s.versions
         out["probs"][:k], out["priority"][:k] = s.probs, s.priorities
         return s

@@ -31,11 +31,13 @@ from mpirl.comm.params import ParamBroadcast
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
+from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.ring import RingStore
 from mpirl.replay import snapshot
 from mpirl.roles.checkpoint import CKPT_DIR
 from mpirl.roles.context import Interval, RoleContext
+from mpirl.roles.experience import store_experience
 
 F8, I8, F32 = np.float64, np.int64, np.dtype(np.float32)
 
@@ -50,12 +52,17 @@ class Buffer:
         share = max_quota(cfg.replay.batch_size, len(topo.buffers), cfg.replay.shares)
         self.min_fill = max(1, int(np.ceil(cfg.replay.learning_starts / len(topo.buffers))))
 
-        self.exp = experience_layout(spec, cfg.comm.send_batch)
-        self.req = request_layout(share)
         dedup = cfg.replay.dedup_frames
-        framed = framed_fields(spec) if dedup else {}
-        self.reply = sample_layout(spec, share) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
-        self.n_actors = topo.group.size - 1
+        self.framed = framed = framed_fields(spec) if dedup else {}
+        self.n_actors = topo.group.size - 1  # the ranks that send experiences here (actors, or their workers)
+        # Frames once on the wire: each sender's frames arrive once and wait in its window (frame_stream).
+        served = [len(topo.served_by(a)) for a in topo.actors_of(topo.rank)] if topo.worker_of else []
+        games = cfg.env.envs_per_actor * max(served + [1])  # the most games one sender steps
+        self.exp = experience_layout(spec, cfg.comm.send_batch, framed, games)
+        self.stream_frames = self.n_actors * window_frames(cfg.comm.send_batch, games, cfg.agent.n_step,
+                                                           framed) if framed else 0
+        self.req = request_layout(share)
+        self.reply = sample_layout(spec, share, framed) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
         codec = codec_for(cfg.comm.link)
@@ -66,7 +73,9 @@ class Buffer:
         if self.proposed:
             self.store = self.make_shard()
         else:  # the actors' priorities are stored as one more field and shipped with the records
-            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup)
+            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup,
+                                   stream_frames=self.stream_frames)
+        self.windows = FrameWindows(getattr(self.store, "store", self.store).pool) if framed else None
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
         self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
 
@@ -86,7 +95,8 @@ class Buffer:
 
     def make_shard(self):
         """The replay memory the proposed placement serves from (``add``, ``sample_into``,
-        ``update_priorities``, ``size``, ``total``, ``nbytes``, ``framed``): the algorithm's buffer says which."""
+        ``update_priorities``, ``size``, ``total``, ``nbytes``, ``framed``): the algorithm's buffer says which.
+        With frames once it also has ``add_indexed``, and its pool room for ``self.stream_frames`` more frames."""
         raise NotImplementedError
 
     def _open_metrics(self) -> None:
@@ -126,15 +136,11 @@ class Buffer:
     # -- experiences from actors -----------------------------------------------
     def on_experience(self, buf: np.ndarray) -> bool:
         """Store one actor message; returns True if it was the actor's last."""
-        exp, rows = self.exp, self.exp.rows(buf)
-        if rows:
-            views = exp.views(buf, rows)
-            if self.proposed:
-                self.store.add(views, views.pop("priority"))
-            else:
-                self.store.add(views)
-            self.inserted += rows
-        actor, t = int(exp.get(buf, "actor")), self.ctx.now()
+        exp = self.exp
+        rows = store_experience(self.store, exp, buf, self.proposed, self.windows, self.framed)
+        self.inserted += rows
+        actor = int(exp.get(buf, "actor"))
+        t = self.ctx.now()
         steps = self.actor_steps[actor] = int(exp.get(buf, "env_steps"))
         k = int(exp.get(buf, "episodes"))
         if k:
@@ -185,10 +191,10 @@ class Buffer:
         """Sample ``want`` records straight into a reply buffer (fewer only at shutdown)."""
         slot, buf = self.replies.acquire()
         rows = want if self.store.size else 0
-        views = self.reply.views(buf, rows)
-        if rows:
-            self.store.sample_into(rows, self.rng, views)
-        self._send_reply(slot, buf, SAMPLE, seq, rows)
+        counted = {"frames": self.reply.counted["frames"][2]} if self.reply.counted else {}
+        views = self.reply.views(buf, rows, **counted)
+        frames = self.store.sample_into(rows, self.rng, views).frames if rows else 0
+        self._send_reply(slot, buf, SAMPLE, seq, rows, frames)
 
     def serve_dump(self, seq: float) -> None:
         """Ship every stored experience, oldest first (baseline)."""

@@ -67,6 +67,19 @@ class Clock:
         self.comm += time.perf_counter() - t
 
 
+def joined(views: list[dict], names: list[str]) -> dict[str, np.ndarray]:
+    """One batch from every buffer's share: fields concatenated; with frames once, the frames too, and each
+    share's ``<name>_idx`` moved past the frames of the shares before it."""
+    if len(views) == 1:
+        return {name: views[0][name] for name in names}
+    out = {name: np.concatenate([v[name] for v in views]) for name in names if not name.endswith("_idx")}
+    offsets = np.cumsum([0] + [len(v["frames"]) for v in views[:-1]]) if "frames" in names else None
+    for name in names:
+        if name.endswith("_idx"):
+            out[name] = np.concatenate([v[name] + off for v, off in zip(views, offsets)])
+    return out
+
+
 class Learner:
     def __init__(self, ctx: RoleContext):
         cfg, topo = ctx.cfg, ctx.topo
@@ -136,7 +149,10 @@ class Learner:
         most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
         proposed = cfg.replay.architecture == "proposed"
         framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
-        reply = sample_layout(spec, most) if proposed else dump_layout(spec, cfg.replay.capacity, framed)
+        reply = sample_layout(spec, most, framed) if proposed else dump_layout(spec, cfg.replay.capacity, framed)
+        # A batch's record fields as replies carry them: with frames once, stacks as indices into "frames".
+        self.batch_fields = [name for name in reply.fields if name not in ("ids", "versions", "probs", "priority")]
+        self.batch_fields += list(reply.counted)
         depth = cfg.comm.prefetch + 1 if proposed else 1
         return [BufferLink(self.ctx.topo.learner, b + 1, request_layout(most), reply, depth,
                            shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),
@@ -288,17 +304,12 @@ class Learner:
         A sample from buffer b was drawn with probability share_b / N * p_i / total_b;
         importance weights use that and the total size over all shards.
         """
-        spec = self.ctx.spec
         n = self.cfg.replay.batch_size
         probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
         prio = np.concatenate([v["priority"] for v in views])
         self.last_p_t = float(prio.mean())
         self.acc["p_t"].append(self.last_p_t)
-        if len(views) == 1:
-            batch = {name: views[0][name] for name in spec}
-        else:
-            batch = {name: np.concatenate([v[name] for v in views]) for name in spec}
-        return self.train(batch, probs, sum(self.sizes), prio)
+        return self.train(joined(views, self.batch_fields), probs, sum(self.sizes), prio)
 
     def count_local_consumption(self) -> None:
         """Baseline: the batches since the last refresh sampled the memory the last dumps made; attribute them

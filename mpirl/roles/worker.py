@@ -163,7 +163,9 @@ class Worker:
             self.deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
         self.steps_before = int(self.deciding.env_steps.sum())
         self.metrics = WorkerMetrics(ctx, self.actors)
-        self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank)
+        d = self.deciding
+        self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
+                                       getattr(d, "frames", None), getattr(d, "framed", None))
         rp = cfg.replay
         self.budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
                                    rp.learning_starts, len(topo.buffers), topo.group.size - 1,
@@ -188,7 +190,9 @@ class Worker:
         records, priorities = d.take(rows)
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         steps = int(d.env_steps.sum())
-        self.sender.send(records, priorities, d.episodes, final=final, env_steps=steps, param_version=self.version,
+        oldest = d.oldest_frame(rows) if self.sender.frames is not None else 0
+        self.sender.send(records, priorities, d.episodes, final=final, oldest=oldest, env_steps=steps,
+                         param_version=self.version,
                          epsilon=float(np.mean([d.epsilon(a) for a in range(len(self.actors))])),
                          steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
                          env_errors=sum(int(h["env_errors"]) for h in self.metrics.last.values()))
@@ -236,6 +240,8 @@ class Worker:
         metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
         while d.staging.count >= self.batch:
             self.send(self.batch)
+        if self.sender.frames_due:  # frames of games that have not made transitions yet
+            self.send(min(d.staging.count, self.batch))
         metrics.row(self.version, self.throttled)
         return 0.0
 

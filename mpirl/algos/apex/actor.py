@@ -26,11 +26,14 @@ from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS
 from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.config import JobConfig
-from mpirl.envs.vector import make_vector
+from mpirl.comm.messages import as_frame_ids
+from mpirl.envs.vector import make_vector, stacks_shift
+from mpirl.replay.frame_stream import FrameStream
+from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
-from mpirl.roles.experience import ExperienceSender, Staging
+from mpirl.roles.experience import ExperienceSender, Staging, oldest_frame
 from mpirl.roles.steps import count_failure
 
 class Acting:
@@ -40,6 +43,9 @@ class Acting:
     became complete; ``take(n)`` hands out the first n with their initial
     priorities (|TD| from the local network) and ``drop(n)`` forgets them.
     Finished episodes wait in ``episodes`` as (return, length).
+
+    With frames once (Atari and ``replay.dedup_frames``), ``frames`` numbers each new frame once
+    and the staged transitions hold their stacks as frame ids (``obs_fid``, ``next_obs_fid``).
     """
 
     def __init__(self, cfg: JobConfig, obs_shape: tuple, n_actions: int, spec: dict, epsilons: np.ndarray,
@@ -50,8 +56,13 @@ class Acting:
         self.epsilons = epsilons
         self.rng = np.random.default_rng(seed)
         self.policy = ActingPolicy(obs_shape, n_actions, cfg.agent)
+        self.framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
+        self.frames = None
+        if self.framed:  # one stream for the actor's life: a rebuild of its games goes on numbering
+            depth, frame_shape = next(iter(self.framed.values()))
+            self.frames = FrameStream(n_envs, depth, frame_shape, shifts=stacks_shift(cfg.env))
         # Each env step emits at most n transitions (on episode end), so this never overflows.
-        self.staging = Staging(spec, cfg.comm.send_batch + n_envs * n_step)
+        self.staging = Staging(as_frame_ids(spec, self.framed), cfg.comm.send_batch + n_envs * n_step)
         self.episodes: deque = deque()
         self.env_steps = 0
         self.seed = seed
@@ -66,6 +77,8 @@ class Acting:
         # A rebuilt set of games gets a seed of its own: the same seed would replay the same failure.
         self.envs = make_vector(cfg.env, seed=self.seed + 7919 * self.env_errors)
         self.obs = self.envs.reset()
+        if self.frames is not None:
+            self.obs_ids = [self.frames.start(k, self.obs[k]) for k in range(n_envs)]
         self.nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
         self.ep_return, self.ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
 
@@ -84,10 +97,14 @@ class Acting:
         rewards = np.clip(step.reward, -clip, clip) if clip else step.reward
         ended = step.terminated | step.truncated
         cut = step.terminated if step.life_lost is None else step.terminated | step.life_lost
+        frames = self.frames
         for k in range(envs.num_envs):
             # The step's arrays are fresh: the n-step windows may keep views of their rows.
-            for transition in self.nsteps[k].push(self.obs[k], actions[k], rewards[k], step.final_obs[k],
-                                                  cut[k], step.truncated[k]):
+            obs, last = self.obs[k], step.final_obs[k]
+            if frames is not None:  # the stacks as frame ids: each new frame numbered once
+                obs, last = self.obs_ids[k], frames.advance(k, last)
+                self.obs_ids[k] = frames.start(k, step.obs[k]) if ended[k] else last
+            for transition in self.nsteps[k].push(obs, actions[k], rewards[k], last, cut[k], step.truncated[k]):
                 self.staging.put(transition)
             if ended[k]:
                 self.episodes.append((float(self.ep_return[k]), int(self.ep_length[k])))
@@ -116,8 +133,14 @@ class Acting:
     def take(self, rows: int) -> tuple[dict, np.ndarray]:
         """The first ``rows`` staged transitions (views) and their initial priorities."""
         records = self.staging.take(rows)
-        priorities = self.policy.priorities(records) if rows else np.zeros(0, np.float32)
-        return records, priorities
+        if not rows:
+            return records, np.zeros(0, np.float32)
+        batch = records if self.frames is None else self.frames.batch(records, self.framed)
+        return records, self.policy.priorities(batch)
+
+    def oldest_frame(self, rows: int) -> int:
+        """With frames once: the oldest frame a later message may refer to, once ``rows`` staged rows are sent."""
+        return 0 if self.frames is None else oldest_frame(self.frames, self.staging, rows, self.nsteps)
 
     def drop(self, rows: int) -> None:
         self.staging.drop(rows)
@@ -137,7 +160,7 @@ def run_actor(ctx: RoleContext) -> None:
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     steps_before = acting.env_steps
-    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank)
+    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank, acting.frames, acting.framed)
     params = ParamFollower(ParamBroadcast(topo.group_params, acting.policy.n_params), acting.policy.load_flat)
     throttled = 0.0
     rp = cfg.replay
@@ -148,7 +171,8 @@ def run_actor(ctx: RoleContext) -> None:
     def send(rows: int, final: bool = False) -> None:
         records, priorities = acting.take(rows)
         elapsed = max(time.perf_counter() - started, 1e-9)
-        sender.send(records, priorities, acting.episodes, final=final, env_steps=acting.env_steps,
+        sender.send(records, priorities, acting.episodes, final=final, oldest=acting.oldest_frame(rows),
+                    env_steps=acting.env_steps,
                     param_version=params.version, epsilon=epsilon, steps_per_s=(acting.env_steps - steps_before) / elapsed,
                     throttled_s=throttled, env_errors=acting.env_errors)
         acting.drop(rows)
@@ -172,6 +196,8 @@ def run_actor(ctx: RoleContext) -> None:
         acting.step()
         while acting.staged >= batch:
             send(batch)
+        if sender.frames_due:  # frames of games that have not made transitions yet (e.g. short episodes)
+            send(min(acting.staged, batch))
 
     # Unsent transitions are dropped: the learner has stopped. Report episodes, then say goodbye.
     acting.drop(acting.staged)

@@ -11,7 +11,8 @@ from mpirl.roles.replay_buffer import Buffer
 class PrioritizedBuffer(Buffer):
     def make_shard(self):
         rp = self.cfg.replay
-        return PrioritizedShard(self.spec, rp.capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames)
+        return PrioritizedShard(self.spec, rp.capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames,
+                                stream_frames=self.stream_frames)
 
 
 def run_buffer(ctx: RoleContext) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
+from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
@@ -57,14 +58,17 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     slot = _slot_bytes(spec, rp.dedup_frames)
     memory = int(slot * rp.capacity)
     share = max_quota(rp.batch_size, n_buf, rp.shares)
-    message = experience_layout(spec, c.send_batch).max_nbytes
-    actors_per_buffer = math.ceil((t.worker_ranks or int(t.on_learner) or n_act) / n_buf)  # ranks sending to a buffer
+    framed = framed_fields(spec) if rp.dedup_frames else {}
+    senders = t.worker_ranks or int(t.on_learner) or n_act
+    actors_per_buffer = math.ceil(senders / n_buf)  # ranks sending to a buffer
+    games = cfg.env.envs_per_actor * (math.ceil(n_act / senders) if t.served else 1)  # stepped by one sender
+    message = experience_layout(spec, c.send_batch, framed, games).max_nbytes
     params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, rp.batch_size)
     network = 5 * params + activations  # online, target, gradients, Adam's two moments
     proposed = rp.architecture == "proposed"
     process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)
     if proposed:
-        replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
+        replies = (c.prefetch + 1) * sample_layout(spec, share, framed).max_nbytes
         buffer = process + NUMBA + memory + actors_per_buffer * c.recv_depth * message + replies
         learner = process + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
     else:
@@ -85,13 +89,15 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         actor = process + c.send_ring * message + 3 * params
     if t.on_learner:  # the learner's rank is the worker
         learner, worker = learner + worker - PROCESS, 0
-    framed = framed_fields(spec) if rp.dedup_frames else {}
-    # The frame pool reserves room for no sharing at all (touched only as frames arrive); the kernel refuses
-    # a reservation beyond its RAM and swap. The baseline learner's pool holds every buffer's memory.
+    # The frame pool reserves room for no sharing at all (touched only as frames arrive), and a buffer's also for
+    # its senders' windows; the kernel refuses a reservation beyond its RAM and swap. The baseline learner's pool
+    # holds every buffer's memory.
     pool = 0
     if framed:
         frame = int(np.prod(next(iter(framed.values()))[1]))
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
+        pool = max(pool, (rp.capacity * sum(d for d, _ in framed.values())
+                          + actors_per_buffer * window_frames(c.send_batch, games, cfg.agent.n_step, framed)) * frame)
     return Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, params, pool, worker=int(worker),
                     workers=t.worker_ranks)
 

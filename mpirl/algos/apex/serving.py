@@ -18,10 +18,13 @@ import numpy as np
 
 from mpirl.agents.dqn import ActingPolicy, env_epsilons, explore
 from mpirl.config import JobConfig
-from mpirl.envs.vector import make_vector
+from mpirl.comm.messages import as_frame_ids
+from mpirl.envs.vector import make_vector, stacks_shift
+from mpirl.replay.frame_stream import FrameStream
+from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.roles.context import RoleContext
-from mpirl.roles.experience import Staging
+from mpirl.roles.experience import Staging, oldest_frame
 from mpirl.roles.steps import Outcome, count_failure
 
 def step_spec(spaces) -> dict:
@@ -92,10 +95,17 @@ class ApexDeciding:
         self.n_actions = spaces.n_actions
         self.epsilons = [env_epsilons(i, n_actors, self.E, a.epsilon, a.epsilon_alpha) for i in indices]
         self.rngs = [np.random.default_rng(s) for s in seeds]
-        self.staging = Staging(spec, cfg.comm.send_batch + self.actors * self.E * a.n_step)
+        # Frames once (Atari and replay.dedup_frames): one stream for all the games served, game a * E + k.
+        self.framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
+        self.frames = None
+        if self.framed:
+            depth, frame_shape = next(iter(self.framed.values()))
+            self.frames = FrameStream(self.actors * self.E, depth, frame_shape, shifts=stacks_shift(cfg.env))
+        self.staging = Staging(as_frame_ids(spec, self.framed), cfg.comm.send_batch + self.actors * self.E * a.n_step)
         self.episodes: deque = deque()
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
-        self.current: list[list] = [[None] * self.E for _ in range(self.actors)]  # each game's obs to act on
+        # Each game's obs to act on (with frames once: its frame ids).
+        self.current: list[list] = [[None] * self.E for _ in range(self.actors)]
         self.nsteps = [[NStepAccumulator(a.n_step, a.gamma) for _ in range(self.E)] for _ in range(self.actors)]
         self.ep_return = np.zeros((self.actors, self.E))
         self.ep_length = np.zeros((self.actors, self.E), dtype=np.int64)
@@ -106,8 +116,10 @@ class ApexDeciding:
     def observe(self, a: int, outcome: Outcome) -> None:
         """Record what actor ``a``'s last actions led to: its n-step transitions become complete and are staged."""
         o = outcome.rows
+        frames, first = self.frames, a * self.E
         if outcome.fresh or self.current[a][0] is None:
-            self.current[a] = [o["obs"][k].copy() for k in range(self.E)]
+            self.current[a] = [o["obs"][k].copy() if frames is None else frames.start(first + k, o["obs"][k])
+                               for k in range(self.E)]
             self.nsteps[a] = [NStepAccumulator(self.cfg.agent.n_step, self.cfg.agent.gamma) for _ in range(self.E)]
             self.ep_return[a], self.ep_length[a] = 0.0, 0
             return
@@ -119,9 +131,12 @@ class ApexDeciding:
         ended = o["terminated"] | o["truncated"]
         cut = o["terminated"] | o["life_lost"]
         for k in range(self.E):
-            # The windows keep their observations by reference: each is a copy of its own.
-            now = o["obs"][k].copy()
-            last = o["final_obs"][k].copy() if ended[k] else now
+            if frames is not None:  # the stacks as frame ids: each new frame numbered once
+                last = frames.advance(first + k, o["final_obs"][k])
+                now = frames.start(first + k, o["obs"][k]) if ended[k] else last
+            else:  # the windows keep their observations by reference: each is a copy of its own
+                now = o["obs"][k].copy()
+                last = o["final_obs"][k].copy() if ended[k] else now
             for transition in self.nsteps[a][k].push(self.current[a][k], o["taken"][k], rewards[k], last, cut[k],
                                                      o["truncated"][k]):
                 self.staging.put(transition)
@@ -141,7 +156,15 @@ class ApexDeciding:
 
     def take(self, rows: int) -> tuple[dict, np.ndarray]:
         records = self.staging.take(rows)
-        return records, (self.policy.priorities(records) if rows else np.zeros(0, np.float32))
+        if not rows:
+            return records, np.zeros(0, np.float32)
+        return records, self.policy.priorities(records if self.frames is None else self.frames.batch(records, self.framed))
+
+    def oldest_frame(self, rows: int) -> int:
+        """With frames once: the oldest frame a later message may refer to, once ``rows`` staged rows are sent."""
+        if self.frames is None:
+            return 0
+        return oldest_frame(self.frames, self.staging, rows, [w for ws in self.nsteps for w in ws])
 
     def drop(self, rows: int) -> None:
         self.staging.drop(rows)

@@ -1,0 +1,258 @@
+"""Frames once on the wire: an actor's messages carry each frame once, the buffer stores without looking for
+duplicates, replies carry a batch's distinct frames, and every stack comes back as the environment made it."""
+
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mpirl import config
+from mpirl.agents.dqn import env_epsilons, to_tensors, transition_spec
+from mpirl.algos.apex.actor import Acting
+from mpirl.comm.messages import sample_layout
+from mpirl.replay import snapshot
+from mpirl.replay.frame_stream import FrameStream, FrameWindows, window_frames
+from mpirl.replay.frames import framed_fields
+from mpirl.replay.ring import RingStore
+from mpirl.replay.shard import PrioritizedShard
+from mpirl.roles.experience import ExperiencePacker, store_experience
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+ale = pytest.importorskip("ale_py")
+
+
+def breakout(dedup: bool, **over):
+    sets = {"env.envs_per_actor": 2, "env.max_episode_steps": 40, "env.terminal_on_life_loss": True,
+            "agent.n_step": 3, "comm.send_batch": 8, "replay.dedup_frames": dedup, **over}
+    cfg, _ = config.load(JOBS / "breakout_proposed_small.toml", [f"{k}={str(v).lower()}" for k, v in sets.items()])
+    return cfg
+
+
+def actor(cfg, params=None, seed=5):
+    spec = transition_spec((4, 84, 84), np.uint8)
+    a = Acting(cfg, (4, 84, 84), 4, spec, env_epsilons(0, 1, cfg.env.envs_per_actor, 0.4, 7.0), seed)
+    if params is None:
+        params = (np.random.default_rng(0).standard_normal(a.policy.n_params) * 0.05).astype(np.float32)
+    a.policy.load_flat(params)
+    a.start()
+    return a, spec, params
+
+
+def run_stacks(steps, **over):
+    """Every transition an actor with frame stacks stages, in order, with its initial priority."""
+    a, spec, params = actor(breakout(False, **over))
+    rows, prios = [], []
+    for _ in range(steps):
+        a.step()
+        if a.staged:
+            records, p = a.take(a.staged)
+            rows.append({k: v.copy() for k, v in records.items()})
+            prios.append(p)
+            a.drop(a.staged)
+    a.close()
+    return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}, np.concatenate(prios), params
+
+
+def run_streamed(steps, store, windows, framed, params, sender=1, **over):
+    """The same actor with frames once: its messages, packed as it sends them, stored as a buffer stores them."""
+    a, spec, _ = actor(breakout(True, **over), params)
+    packer = ExperiencePacker(spec, a.cfg.comm.send_batch, sender, a.frames, a.framed)
+    buf = packer.layout.buffer()
+    sizes = []
+
+    def send(rows, final=False):
+        records, p = a.take(rows)
+        sizes.append(packer.pack(buf, records, p, a.episodes, final, oldest=a.oldest_frame(rows)))
+        a.drop(rows)
+        store_experience(store, packer.layout, buf, True, windows, framed)
+
+    for _ in range(steps):
+        a.step()
+        while a.staged >= a.cfg.comm.send_batch:
+            send(a.cfg.comm.send_batch)
+        if packer.frames_due:
+            send(min(a.staged, a.cfg.comm.send_batch))
+    send(a.staged, final=True)
+    a.close()
+    return sizes
+
+
+def stored(shard, n=None):
+    """The shard's records oldest first, frame stacks rebuilt."""
+    ring = shard.store
+    ids = ring.oldest_first()[-(n or ring.size):]
+    out = {name: np.zeros((len(ids), *shape), dtype) for name, (shape, dtype) in ring.spec.items()}
+    ring.gather(ids, out)
+    return out, shard.raw_priority[ids]
+
+
+def shard_for(spec, capacity, cfg):
+    framed = framed_fields(spec)
+    extra = window_frames(cfg.comm.send_batch, cfg.env.envs_per_actor, cfg.agent.n_step, framed)
+    shard = PrioritizedShard(spec, capacity, alpha=0.6, dedup_frames=True, stream_frames=extra)
+    return shard, FrameWindows(shard.store.pool), framed
+
+
+def test_every_stored_stack_is_the_stack_the_environment_made():
+    """Same seed and weights: the actor with stacks and the actor with frames once stage the same transitions;
+    stored from messages (autoresets, life losses, time limits, n-step windows across messages), every
+    field of every record is equal, and so is every priority."""
+    steps = 300
+    want, want_p, params = run_stacks(steps)
+    cfg = breakout(True)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    shard, windows, framed = shard_for(spec, 4096, cfg)
+    sizes = run_streamed(steps, shard, windows, framed, params)
+    got, got_p = stored(shard)
+    n = len(want["action"])
+    assert n > 400 and shard.size == n
+    assert want["done"].any() and (want["discount"] > 0.99 ** 3 + 1e-6).any()  # ends and cut windows were seen
+    for name in spec:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    np.testing.assert_allclose(got_p, np.abs(want_p), rtol=1e-5, atol=1e-6)
+    # Each frame crossed once: about one 7 KB frame a transition, against 56 KB a transition as stacks.
+    assert sum(sizes) < n * 84 * 84 * 1.6
+    assert windows.held == 0  # the final message closed the window
+    # Every frame the pool holds is referred to by a slot, as often as its count says.
+    ring = shard.store
+    used = np.concatenate([idx[:ring.size].reshape(-1) for idx in ring.frame_idx.values()])
+    np.testing.assert_array_equal(np.bincount(used, minlength=ring.pool.max_frames), ring.pool.refs)
+
+
+def test_overwritten_slots_free_their_frames_and_windows_hold_only_what_is_live():
+    steps = 400
+    want, _, params = run_stacks(steps)
+    cfg = breakout(True)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    shard, windows, framed = shard_for(spec, 64, cfg)
+    run_streamed(steps, shard, windows, framed, params)
+    got, _ = stored(shard)
+    for name in spec:
+        np.testing.assert_array_equal(got[name], {k: v[-64:] for k, v in want.items()}[name], err_msg=name)
+    pool = shard.store.pool
+    assert pool.live <= 64 * 8 and pool.high_water < 64 * 8 + window_frames(8, 2, 3, framed)
+
+
+def test_a_restored_snapshot_and_a_resumed_actor_stay_exact():
+    """A snapshot's memory restored into a new shard, then a new actor process (its frame ids from 0 again)."""
+    steps = 150
+    want, _, params = run_stacks(steps)
+    cfg = breakout(True)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    shard, windows, framed = shard_for(spec, 4096, cfg)
+    run_streamed(steps, shard, windows, framed, params)
+    arrays = snapshot.snapshot(shard)
+    restored, windows2, _ = shard_for(spec, 4096, cfg)
+    assert snapshot.restore(restored, arrays) == len(want["action"])
+    run_streamed(steps, restored, windows2, framed, params)  # the resumed job's actor: same games again
+    got, _ = stored(restored)
+    for name in spec:
+        np.testing.assert_array_equal(got[name], np.concatenate([want[name], want[name]]), err_msg=name)
+
+
+def test_a_sample_reply_carries_each_frame_once_and_the_learner_rebuilds_the_stacks():
+    steps = 200
+    want, _, params = run_stacks(steps)
+    cfg = breakout(True)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    shard, windows, framed = shard_for(spec, 4096, cfg)
+    run_streamed(steps, shard, windows, framed, params)
+    k = 64
+    lay = sample_layout(spec, k, framed)
+    buf = lay.buffer()
+    views = lay.views(buf, k, frames=lay.counted["frames"][2])
+    s = shard.sample_into(k, np.random.default_rng(3), views)
+    lay.set(buf, rows=k, frames_rows=s.frames)
+    got = lay.views(buf)  # as the learner reads it
+    assert len(got["frames"]) == s.frames < k * 8 and lay.nbytes(k, frames=s.frames) < k * 8 * 84 * 84
+    stacks = {name: np.zeros((k, *shape), dtype) for name, (shape, dtype) in spec.items()}
+    shard.store.gather(s.ids, stacks)
+    batch = to_tensors({name: got[name] for name in [*lay.fields, "frames"]
+                        if name not in ("ids", "versions", "probs", "priority")}, torch.device("cpu"))
+    for name in spec:
+        np.testing.assert_array_equal(batch[name].numpy(), stacks[name], err_msg=name)
+
+
+def test_the_frame_stream_grows_its_ring_and_keeps_live_frames():
+    rng = np.random.default_rng(0)
+    stream = FrameStream(games=1, depth=4, frame_shape=(2, 2), ring=4)
+    made = {}
+    stack = rng.integers(0, 255, (4, 2, 2), dtype=np.uint8)
+    ids = stream.start(0, stack)
+    made.update(zip(ids.tolist(), stack))
+    for _ in range(50):  # nothing sent: every frame stays live, the ring grows
+        stack = np.concatenate([stack[1:], rng.integers(0, 255, (1, 2, 2), dtype=np.uint8)])
+        ids = stream.advance(0, stack)
+        made[int(ids[-1])] = stack[-1]
+    out = np.zeros((stream.pending, 2, 2), np.uint8)
+    assert stream.copy_pending(out) == 0 and len(out) == 54
+    np.testing.assert_array_equal(out, np.stack([made[i] for i in range(54)]))
+    pool_windows = FrameWindows(__import__("mpirl.replay.frames", fromlist=["FramePool"]).FramePool((2, 2), 100))
+    pool_windows.receive(1, 0, out)
+    stream.sent_upto(stream.oldest())
+    pool_windows.forget(1, stream.oldest())
+    assert pool_windows.held == 4 and pool_windows.pool.live == 4  # only the current stack's frames
+    with pytest.raises(RuntimeError, match="outside its window"):
+        pool_windows.lookup(1, np.array([3]))
+    with pytest.raises(RuntimeError, match="expected 54"):
+        pool_windows.receive(1, 60, out[:1])
+
+
+def test_a_baseline_relay_stores_messages_with_their_priorities_as_a_field():
+    steps = 120
+    want, want_p, params = run_stacks(steps)
+    cfg = breakout(True)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    framed = framed_fields(spec)
+    relay = RingStore({**spec, "priority": ((), np.float32)}, 4096, dedup_frames=True,
+                      stream_frames=window_frames(8, 2, 3, framed))
+    windows = FrameWindows(relay.pool)
+    a, _, _ = actor(cfg, params)
+    packer = ExperiencePacker(spec, 8, 1, a.frames, a.framed)
+    buf = packer.layout.buffer()
+    for _ in range(steps):
+        a.step()
+        while a.staged >= 8:
+            records, p = a.take(8)
+            packer.pack(buf, records, p, deque(), oldest=a.oldest_frame(8))
+            a.drop(8)
+            store_experience(relay, packer.layout, buf, False, windows, framed)
+    a.close()
+    out = {name: np.zeros((relay.size, *shape), dtype) for name, (shape, dtype) in relay.spec.items()}
+    n = relay.export(out)
+    for name in spec:
+        np.testing.assert_array_equal(out[name], want[name][:n], err_msg=name)
+    np.testing.assert_allclose(out["priority"], want_p[:n], rtol=1e-5, atol=1e-6)
+
+
+def test_an_inference_worker_streams_the_frames_of_the_actors_it_serves():
+    """DMCAF: the worker numbers the frames of its actors' games (one stream for all) and stages what the actor
+    alone stages; stacks rebuilt from its frame ids equal the stacks the actor alone made."""
+    from mpirl.algos.apex.serving import ApexDeciding, ApexGames
+    from mpirl.algos.apex.algorithm import Spaces
+    steps = 150
+    want, want_p, params = run_stacks(steps)
+    cfg = breakout(True)
+    spaces = Spaces((4, 84, 84), np.dtype(np.uint8), 4)
+    spec = transition_spec((4, 84, 84), np.uint8)
+    worker = ApexDeciding(cfg, spaces, spec, [5], [0], 1)
+    worker.policy.load_flat(params)
+    games = ApexGames(cfg, spaces, 5, "actor 0")
+    outcome = games.start()
+    worker.observe(0, outcome)
+    got, prios = [], []
+    for _ in range(steps):
+        outcome = games.step(worker.decide([0], [outcome]))
+        worker.observe(0, outcome)
+        if worker.staging.count:
+            records, p = worker.take(worker.staging.count)
+            got.append({k: v.numpy().copy() for k, v in to_tensors(worker.frames.batch(records, worker.framed),
+                                                                    torch.device("cpu")).items()})
+            prios.append(p)
+            worker.drop(worker.staging.count)
+    games.close()
+    for name in spec:
+        np.testing.assert_array_equal(np.concatenate([g[name] for g in got]), want[name], err_msg=name)
+    np.testing.assert_allclose(np.concatenate(prios), want_p, rtol=1e-5, atol=1e-6)

@@ -228,16 +228,19 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
         assert t["train_steps"][-1] == 20
-        # Per experience that crossed buffer -> learner: 56,448 B of uint8 frames (obs + next_obs) and
-        # 45 B of the rest (ids, versions, probs, priority, action, reward, done, discount), plus the
-        # reply headers: frames crossed as uint8, not float32 (which would be 4x). The batches still
-        # in flight at the stop (prefetch 2 + 1) crossed too: in the run's totals (the file's
-        # attributes), after the last row.
+        # Frames once on both wires. Per experience that crossed buffer -> learner: 45 B of ids, versions,
+        # probs, priority, action, reward, done, discount, 32 B of frame indices, and its share of the
+        # batch's distinct uint8 frames of 7,056 B: at least one and at most 8 (56,448 B as stacks; float32
+        # would be 4x). The batches in flight at the stop (prefetch 2 + 1) crossed too: in the file's totals.
         n = int(f["learner"].attrs["batch_size"])
         trained = t["train_steps"][-1] * n
-        assert 56_493 * trained <= t["bytes_in"][-1] <= 56_493 * trained + 2_000 * (trained // n)
+        assert (77 + 7_056) * trained <= t["bytes_in"][-1] <= (77 + 8 * 7_056) * trained + 2_000 * (trained // n)
+        assert t["bytes_in"][-1] < 0.9 * 56_493 * trained  # small replays share frames within a batch
         crossed = trained + 3 * n
-        assert 56_493 * crossed <= f["learner"].attrs["bytes_in"] <= 56_493 * crossed + 2_000 * (crossed // n)
+        assert (77 + 7_056) * crossed <= f["learner"].attrs["bytes_in"] <= (77 + 8 * 7_056) * crossed + 2_000 * (crossed // n)
+        # Actor -> buffer: each new frame once, about one frame a transition (short episodes add reset stacks).
+        b = f["buffer_1/buffer"]
+        assert b["bytes_in"][-1] / b["experiences_in"][-1] < 1.3 * 7_056 + 200, b["bytes_in"][-1] / b["experiences_in"][-1]
         assert f["learner"].attrs["n_params"] > 3_000_000  # the Nature-CNN dueling network
         # The shard keeps each distinct frame once: at most 16 KB a slot, not 56 KB of stacks.
         assert f["buffer_1"].attrs["dedup_frames"]
@@ -291,7 +294,7 @@ def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
         t, b, totals = f["learner/train"], f["buffer_1/buffer"], f["learner"].attrs
         raw, wire = totals["bytes_in_raw"], totals["bytes_in"]  # at the stop: with the replies in flight then
         assert wire == b["bytes_out"][-1] and raw == b["bytes_out_raw"][-1]  # both ends agree
-        assert raw / t["samples_trained"][-1] > 56_448  # the full uint8 frames were delivered
+        assert raw / t["samples_trained"][-1] > 7_056 + 77  # uint8 frames were delivered: at least one a sample
         assert wire < raw / 3  # Atari frames compress well
         assert t["bytes_out"][-1] < t["bytes_out_raw"][-1]  # requests compressed (parameters stay raw)
 

@@ -45,11 +45,14 @@ def receive_until_final(comm, env_id: str, envs: int) -> int:
     from mpirl.comm.backoff import Backoff
     from mpirl.comm.messages import TAG_EXPERIENCE, experience_layout
     from mpirl.comm.pools import RecvPool
+    from mpirl.replay.frames import framed_fields
     cfg = JobConfig()
     cfg.env.id, cfg.env.envs_per_actor = env_id, envs
     batch = 64 if env_id.startswith("ALE/") else cfg.comm.send_batch
     obs_shape, obs_dtype, _ = vector_spaces(cfg.env)
-    layout = experience_layout(transition_spec(obs_shape, obs_dtype), batch)
+    spec = transition_spec(obs_shape, obs_dtype)
+    framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
+    layout = experience_layout(spec, batch, framed, envs)  # frames once for Atari, as the actor sends
     pool = RecvPool(comm, [1], TAG_EXPERIENCE, layout.max_nbytes, cfg.comm.recv_depth)
     backoff, got, final = Backoff(), 0, False
     while not final:

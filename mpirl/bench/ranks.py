@@ -131,7 +131,7 @@ def actor(comm, env_id: str, envs: int, seconds: float, reps: int) -> dict:
         return {"received": receive_until_final(comm, env_id, envs)}
     acting, cfg, spec = acting_for(env_id, envs)
     batch = cfg.comm.send_batch
-    sender = ExperienceSender(comm, spec, batch, cfg.comm.send_ring, 1)
+    sender = ExperienceSender(comm, spec, batch, cfg.comm.send_ring, 1, acting.frames, acting.framed)
     rates = {"send": [], "bare": []}
     acting.start()
     for rep in range(reps + 1):  # the first is a warm-up
@@ -139,17 +139,21 @@ def actor(comm, env_id: str, envs: int, seconds: float, reps: int) -> dict:
             steps0, t0 = acting.env_steps, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 acting.step()
-                while acting.staged >= batch:
-                    records, prio = acting.take(batch)
+                while acting.staged >= batch or sender.frames_due:  # frames once (Atari): as the actor rank sends
+                    rows = min(batch, acting.staged)
+                    records, prio = acting.take(rows)
+                    oldest = acting.oldest_frame(rows)
                     if mode == "send":
-                        sender.send(records, prio, acting.episodes, env_steps=acting.env_steps)
+                        sender.send(records, prio, acting.episodes, oldest=oldest, env_steps=acting.env_steps)
                     else:
                         acting.episodes.clear()
-                    acting.drop(batch)
+                        if acting.frames is not None:
+                            acting.frames.sent_upto(oldest)
+                    acting.drop(rows)
             if rep:
                 rates[mode].append((acting.env_steps - steps0) / (time.perf_counter() - t0))
     rec, prio = acting.take(0)
-    sender.send(rec, prio, acting.episodes, final=True)
+    sender.send(rec, prio, acting.episodes, final=True, oldest=acting.oldest_frame(0))
     sender.close()
     acting.close()
     comm.send(rates, dest=0, tag=99)

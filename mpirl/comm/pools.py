@@ -131,7 +131,12 @@ class SendRing:
 
 
 class RecvPool:
-    """``depth`` posted receives of up to ``nbytes`` from each of ``sources`` on ``comm``/``tag``."""
+    """``depth`` posted receives of up to ``nbytes`` from each of ``sources`` on ``comm``/``tag``.
+
+    Messages from one source are handed out in the order it sent them: MPI matches them to the
+    receives in the order these were posted, but a later receive may be seen complete first, and
+    waits until the ones posted before it have been handed out (frames once relies on it).
+    """
 
     def __init__(self, comm: MPI.Comm, sources: list[int], tag: int, nbytes: int, depth: int,
                  codec: Codec | None = None):
@@ -144,6 +149,8 @@ class RecvPool:
         self.statuses = [MPI.Status() for _ in self.slots]
         self.bytes_received = 0
         self.messages = 0
+        self.posted = {src: deque() for src in sources}  # each source's posted receives, oldest first
+        self.arrived: dict[int, int] = {}  # complete receives not handed out yet: slot -> bytes on the wire
         for i in range(len(self.slots)):
             self.post(i)
 
@@ -152,22 +159,30 @@ class RecvPool:
         src, buf = self.slots[i]
         target = buf if self.codec is None else self.wire[i]
         self.requests[i] = self.comm.Irecv([target, MPI.BYTE], src, self.tag)
+        self.posted[src].append(i)
 
     def poll(self) -> list[tuple[int, int, np.ndarray, int]]:
-        """Completed receives as ``(slot, source, buffer, raw nbytes)``; repost each with ``post(slot)``."""
+        """Completed receives as ``(slot, source, buffer, raw nbytes)``, each source's in the order it sent them;
+        repost each with ``post(slot)``."""
         statuses = self.statuses
         done = MPI.Request.Testsome(self.requests, statuses)
         if not done:
             return []
-        out = []
+        arrived = self.arrived
         for i in done:
-            nbytes = statuses[i].Get_count(MPI.BYTE)
-            self.bytes_received += nbytes
-            self.messages += 1
-            if self.codec is not None:
-                nbytes = self.codec.decompress_into(self.wire[i][:nbytes], self.slots[i][1])
-            self.raw_bytes_received += nbytes
-            out.append((i, self.slots[i][0], self.slots[i][1], nbytes))
+            arrived[i] = statuses[i].Get_count(MPI.BYTE)
+        out = []
+        for src in {self.slots[i][0] for i in done}:
+            posted = self.posted[src]
+            while posted and posted[0] in arrived:
+                i = posted.popleft()
+                nbytes = arrived.pop(i)
+                self.bytes_received += nbytes
+                self.messages += 1
+                if self.codec is not None:
+                    nbytes = self.codec.decompress_into(self.wire[i][:nbytes], self.slots[i][1])
+                self.raw_bytes_received += nbytes
+                out.append((i, src, self.slots[i][1], nbytes))
         return out
 
     def close(self) -> None:

@@ -6,12 +6,16 @@ next_obs is frames t+n-3..t+n, transition t+1's obs is frames t-2..t+1. Storing
 stacks costs 8 frames (56 KB) per slot; storing each distinct frame once and
 8 int32 indices per slot costs about one frame (7 KB) per slot.
 
-The pool finds duplicates by content, so it needs no knowledge of which actor,
-game or time step a frame came from: a 64-bit fingerprint of the frame's bytes
-picks a candidate and a byte comparison confirms it (a fingerprint collision
-stores the frame again; it never aliases two different frames). Each frame
-counts the slot references to it; when a slot is overwritten its references
-are released and frames nobody references go back to a free list.
+Frames come in two ways. In a job they arrive once from their sender, already
+numbered (:mod:`mpirl.replay.frame_stream`): ``adopt`` copies them in and slots
+take references by index; nothing looks for duplicates. Records handed over as
+whole stacks (``RingStore.add``) go through ``intern``, which finds duplicates by
+content, so it needs no knowledge of which actor, game or time step a frame came
+from: a 64-bit fingerprint of the frame's bytes picks a candidate and a byte
+comparison confirms it (a fingerprint collision stores the frame again; it never
+aliases two different frames). Each frame counts the references to it; when a
+slot is overwritten its references are released and frames nobody references
+go back to a free list.
 
 Memory is reserved for the worst case (no frame shared at all: ``max_frames``)
 but only touched as frames are used: the free list hands out the lowest free
@@ -22,6 +26,7 @@ size follows the live frames (``resident_nbytes``).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 _MULT_SEED = 0x6D70_6972  # fixed: fingerprints must agree between runs of the same data
 
@@ -150,32 +155,28 @@ class FramePool:
 
     def retain(self, idx: np.ndarray) -> None:
         """Take one more reference per entry of ``idx`` (repeats allowed) to frames already held."""
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        if len(idx):
-            frames, counts = np.unique(idx, return_counts=True)
-            if (self.refs[frames] <= 0).any():
-                raise RuntimeError("a reference taken to a frame that is not held")
-            self.refs[frames] += counts.astype(np.int32)
+        idx = np.ascontiguousarray(idx, dtype=np.int32).reshape(-1)
+        if _retain(self.refs, idx) < 0:
+            raise RuntimeError("a reference taken to a frame that is not held")
 
     def release(self, idx: np.ndarray) -> None:
         """Drop one reference per entry of ``idx`` (repeats allowed); free frames left unreferenced."""
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        idx = np.ascontiguousarray(idx, dtype=np.int32).reshape(-1)
         if not len(idx):
             return
-        frames, counts = np.unique(idx, return_counts=True)
-        left = self.refs[frames] - counts
-        if (left < 0).any():
+        dead = np.empty(len(idx), np.int64)
+        n = _release(self.refs, idx, dead)
+        if n < 0:
             raise RuntimeError("frame released more often than referenced")
-        self.refs[frames] = left
-        dead = frames[left == 0]
-        if not len(dead):
+        if not n:
             return
-        index = self._index
-        for j, key in zip(dead.tolist(), self.keys[dead].tolist()):
-            if index.get(key) == j:
-                del index[key]
+        dead = np.sort(dead[:n])
+        if self._index:  # frames found by content (intern) leave the index
+            index = self._index
+            for j, key in zip(dead.tolist(), self.keys[dead].tolist()):
+                if index.get(key) == j:
+                    del index[key]
         # Push the highest first so the lowest freed index is reused first.
-        n = len(dead)
         self._free[self._top:self._top + n] = dead[::-1]
         self._top += n
 
@@ -185,6 +186,42 @@ class FramePool:
         self._index.clear()
         self._free = np.arange(self.max_frames - 1, -1, -1, dtype=np.int64)
         self._top = self.max_frames
+
+
+@njit(cache=True, nogil=True)
+def _retain(refs, idx):  # pragma: no cover - compiled
+    """One more reference per entry of ``idx``; -1 (nothing changed) if one is not held."""
+    for i in range(idx.size):
+        if refs[idx[i]] <= 0:
+            return -1
+    for i in range(idx.size):
+        refs[idx[i]] += 1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _release(refs, idx, dead):  # pragma: no cover - compiled
+    """One reference less per entry of ``idx``; the frames left with none go to ``dead``. Returns their
+    number, or -1 (nothing changed) if a frame would be released more often than referenced."""
+    for i in range(idx.size):
+        refs[idx[i]] -= 1
+    bad = False
+    for i in range(idx.size):
+        if refs[idx[i]] < 0:
+            bad = True
+    if bad:
+        for i in range(idx.size):
+            refs[idx[i]] += 1
+        return -1
+    n = 0
+    for i in range(idx.size):
+        if refs[idx[i]] == 0:
+            refs[idx[i]] = -1  # marks it listed once; set back to 0 below
+            dead[n] = idx[i]
+            n += 1
+    for i in range(n):
+        refs[dead[i]] = 0
+    return n
 
 
 def framed_fields(spec: dict) -> dict[str, tuple[int, tuple[int, ...]]]:

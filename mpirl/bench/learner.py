@@ -1,0 +1,137 @@
+"""The learner's own overhead: its train step on a reply, against the same network's bare PyTorch step.
+
+    mpirl bench learner [--reps 5]
+
+*Ours* is the Ape-X learner's code from a batch as the buffers send it to the
+update: the reply's views joined into a batch (:func:`mpirl.roles.replay_learner.joined`),
+importance weights, :func:`mpirl.agents.dqn.to_tensors` (with frames once: the
+stacks rebuilt by one gather on the device), the double-DQN step of
+:class:`mpirl.agents.dqn.DQNLearner`, and the bookkeeping of
+:meth:`ApexLearner.train <mpirl.algos.apex.learner.ApexLearner.train>`.
+*Bare* is a hand-written double-DQN step of the same network on the same batch,
+already as tensors on the device: forward, Huber loss with the weights, backward,
+gradient clipping, Adam. The ratio is bare seconds over ours (1: no overhead).
+CartPole (MLP 128x128, batch 64) and Breakout (Nature CNN, batch 64, frames once),
+on the CPU and, when present, on CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mpirl.agents.dqn import DQNLearner, transition_spec
+from mpirl.bench.replay import INSERT, Ours, Stream
+from mpirl.bench.report import MIN_REPS, Row
+from mpirl.config import JobConfig
+from mpirl.replay.frames import framed_fields
+from mpirl.replay.shard import importance_weights
+from mpirl.roles.replay_learner import joined
+
+SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]
+BATCH = 64
+
+
+def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list):
+    """An ApexLearner's train step without MPI: the real methods on the attributes they read."""
+    from mpirl.algos.apex.learner import ApexLearner
+    cfg = JobConfig()
+    cfg.agent.hidden, cfg.replay.batch_size = hidden, BATCH
+    learner = object.__new__(ApexLearner)
+    learner.cfg = cfg
+    learner.agent = DQNLearner(obs[0], n_actions, cfg.agent, device, seed=1)
+    learner.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
+    learner.per_batch = {name: [] for name in ("train_step", "loss", "p_s", "p_t", "td_abs")}
+    learner.skipped = learner.skipped_in_a_row = 0
+    learner.last_p_t = 0.0
+    learner.sizes = [0]
+    return learner
+
+
+def _reply(obs: tuple, capacity: int = 4096) -> tuple[dict, list[str]]:
+    """A sampled reply of BATCH from a filled shard, as the buffer sends it (frames once for Atari)."""
+    spec = transition_spec(*obs)
+    mem = Ours(spec, capacity)
+    stream, rng = Stream(*obs, seed=3), np.random.default_rng(4)
+    while mem.size < capacity:
+        mem.insert(*mem.incoming(stream, rng.random(INSERT) + 0.1))
+    from mpirl.comm.messages import sample_layout
+    lay = sample_layout(spec, BATCH, framed_fields(spec))
+    buf = lay.buffer()
+    views = lay.views(buf, BATCH, **({"frames": lay.counted["frames"][2]} if lay.counted else {}))
+    s = mem.shard.sample_into(BATCH, rng, views)
+    lay.set(buf, rows=BATCH, **({"frames_rows": s.frames} if lay.counted else {}))
+    fields = [n for n in lay.fields if n not in ("ids", "versions", "probs", "priority")] + list(lay.counted)
+    return lay.views(buf), fields, mem.shard.size
+
+
+def _bare_step(online, target, optimizer, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, clip: float) -> None:
+    q_next = online(b["next_obs"])
+    with torch.no_grad():
+        y = b["reward"] + gamma_done * target(b["next_obs"]).gather(1, q_next.argmax(1, keepdim=True)).squeeze(1)
+    q = online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
+    loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(online.parameters(), clip)
+    optimizer.step()
+
+
+def _seconds(op, reps: int, seconds: float, sync) -> list[float]:
+    out = []
+    for rep in range(reps + 1):  # the first is a warm-up
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds or n < 3:
+            op()
+            sync()
+            n += 1
+        if rep:
+            out.append((time.perf_counter() - t0) / n)
+    return out
+
+
+def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.device, reps: int,
+          seconds: float) -> Row:
+    torch.manual_seed(0)
+    views, fields, size = _reply(obs)
+    learner = _learner(device, obs, n_actions, hidden)
+    sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
+
+    def ours():
+        n = BATCH
+        probs = views["probs"] * (len(views["probs"]) / n)
+        learner.train(joined([views], fields), probs, size, views["priority"])
+
+    # The bare step: the same network and batch, stacks as tensors on the device beforehand.
+    from mpirl.agents.dqn import to_tensors
+    agent = learner.agent
+    b = {k: v.clone() for k, v in to_tensors({k: views[k] for k in fields}, device).items()}
+    w = torch.as_tensor(importance_weights(views["probs"], size, 0.4), device=device)
+    gamma_done = b["discount"] * (~b["done"]).float()
+    online, target = agent.online, agent.target
+    optimizer = torch.optim.Adam(online.parameters(), lr=1e-4)
+    bare = lambda: _bare_step(online, target, optimizer, b, w, gamma_done, 10.0)  # noqa: E731
+    r = Row(f"learner train step, {label}, {device.type}", "s per step", "ours", "bare PyTorch step",
+            higher_is_better=False, target=0.9,
+            note=f"batch {BATCH}; ours from the reply's views, bare from tensors already on {device.type}")
+    for _ in range(2):  # alternate, so drifts of the machine hit both
+        r.values.setdefault("ours", []).extend(_seconds(ours, reps, seconds, sync))
+        r.values.setdefault("bare PyTorch step", []).extend(_seconds(bare, reps, seconds, sync))
+    return r
+
+
+def run(reps: int = MIN_REPS, seconds: float = 1.0) -> list[Row]:
+    threads = torch.get_num_threads()
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rows = []
+    try:
+        torch.set_num_threads(min(2, threads))
+        for device in devices:
+            for label, obs, n_actions, hidden in SHAPES:
+                rows.append(bench(label, obs, n_actions, hidden, device, reps, seconds))
+    finally:
+        torch.set_num_threads(threads)
+    return rows

@@ -48,6 +48,8 @@ class Layout:
                            for name, (shape, dt, *_) in {**self.fields, **self.counted}.items()}
         self.max_rows = int(max_rows)
         self.max_nbytes = self.nbytes(self.max_rows, **{c: most for c, (_, _, most) in self.counted.items()})
+        # Views made lately, by (buffer address, size, rows, counts): messages reuse a few buffers and sizes.
+        self._views: dict[tuple, tuple[np.ndarray, dict]] = {}
 
     def nbytes(self, rows: int, **counts: int) -> int:
         """Bytes of a message carrying ``rows`` records (and ``counts`` rows of counted fields)."""
@@ -103,6 +105,10 @@ class Layout:
         """
         rows = self.rows(buf) if rows is None else rows
         n = tuple(int(counts[c]) if c in counts else int(self.get(buf, f"{c}_rows")) for c in self.counted)
+        key = (buf.__array_interface__["data"][0], len(buf), rows, n)
+        got = self._views.get(key)
+        if got is not None and got[0] is buf:  # the same buffer (a ring's or a pool's) at the same counts
+            return dict(got[1])
         offsets, _ = self._offsets(rows, n)
         out = {}
         for name, (shape, dt) in self.fields.items():
@@ -111,7 +117,10 @@ class Layout:
         for (name, (shape, dt, _)), k in zip(self.counted.items(), n):
             start = offsets[name]
             out[name] = buf[start: start + k * self.row_nbytes[name]].view(dt).reshape((k, *shape))
-        return out
+        if len(self._views) >= 256:
+            self._views.pop(next(iter(self._views)))
+        self._views[key] = (buf, out)
+        return dict(out)
 
     def pack(self, buf: np.ndarray, records: dict[str, np.ndarray], **header) -> int:
         """Copy ``records`` (equal-length arrays per field) and header values into ``buf``.

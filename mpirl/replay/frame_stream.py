@@ -21,8 +21,20 @@ Pure numpy: the messages themselves are built in :mod:`mpirl.roles.experience`.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .frames import FramePool
+
+
+@njit(cache=True, nogil=True)
+def _lookup(idx, start, end, offset, ids, out):  # pragma: no cover - compiled
+    """``out[i] = idx[ids[i] - offset]``; 1 if an id falls outside ``idx[start:end]``."""
+    for i in range(ids.size):
+        j = ids[i] - offset
+        if j < start or j >= end:
+            return 1
+        out[i] = idx[j]
+    return 0
 
 
 class FrameStream:
@@ -129,41 +141,59 @@ class FrameWindows:
 
     def __init__(self, pool: FramePool):
         self.pool = pool
-        self.base: dict[int, int] = {}  # sender -> the id of its window's first frame
-        self.idx: dict[int, np.ndarray] = {}  # sender -> int32 pool indices of frames base, base + 1, ...
+        # sender -> [id of the window's first frame, start, end, int32 array]: the window's pool indices are
+        # array[start:end], for frame ids base, base + 1, ...
+        self.windows: dict[int, list] = {}
+
+    def _window(self, sender: int) -> list:
+        w = self.windows.get(sender)
+        if w is None:
+            w = self.windows[sender] = [0, 0, 0, np.zeros(256, np.int32)]
+        return w
 
     def receive(self, sender: int, first: int, frames: np.ndarray) -> None:
         """The sender's new frames, ids ``first, first + 1, ...``: one window reference each."""
-        base, idx = self.base.setdefault(sender, 0), self.idx.setdefault(sender, np.zeros(0, np.int32))
-        if first != base + len(idx):
-            raise RuntimeError(f"frames of sender {sender} start at id {first}, expected {base + len(idx)}")
-        if len(frames):
-            self.idx[sender] = np.concatenate([idx, self.pool.adopt(frames, np.ones(len(frames), np.int32))])
+        w = self._window(sender)
+        base, start, end, idx = w
+        if first != base + end - start:
+            raise RuntimeError(f"frames of sender {sender} start at id {first}, expected {base + end - start}")
+        m = len(frames)
+        if not m:
+            return
+        if end + m > len(idx):  # move the window to the front, and grow the array if still short
+            live = idx[start:end].copy()
+            if len(live) + m > len(idx) // 2:
+                idx = w[3] = np.zeros(2 * (len(live) + m), np.int32)
+            idx[:len(live)] = live
+            start, end = w[1], w[2] = 0, len(live)
+        idx[end:end + m] = self.pool.adopt(frames, np.ones(m, np.int32))
+        w[2] = end + m
 
     def lookup(self, sender: int, ids: np.ndarray) -> np.ndarray:
         """Pool indices (int32, same shape) of the sender's frames ``ids``."""
-        local = np.asarray(ids, dtype=np.int64) - self.base.get(sender, 0)
-        idx = self.idx.get(sender, np.zeros(0, np.int32))
-        if local.size and (local.min() < 0 or local.max() >= len(idx)):
-            raise RuntimeError(f"sender {sender} refers to frames outside its window "
-                               f"[{self.base.get(sender, 0)}, {self.base.get(sender, 0) + len(idx)})")
-        return idx[local]
+        base, start, end, idx = self._window(sender)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty(ids.shape, np.int32)
+        if _lookup(idx, start, end, base - start, ids.reshape(-1), out.reshape(-1)):
+            raise RuntimeError(f"sender {sender} refers to frames outside its window [{base}, {base + end - start})")
+        return out
 
     def forget(self, sender: int, oldest: int) -> None:
         """Drop the window's frames below id ``oldest`` (the pool frees those no slot refers to)."""
-        base = self.base.get(sender, 0)
-        cut = min(max(int(oldest) - base, 0), len(self.idx.get(sender, ())))
+        w = self._window(sender)
+        base, start, end, idx = w
+        cut = min(max(int(oldest) - base, 0), end - start)
         if cut:
-            self.pool.release(self.idx[sender][:cut])
-            self.idx[sender] = self.idx[sender][cut:].copy()
-            self.base[sender] = base + cut
+            self.pool.release(idx[start:start + cut])
+            w[0], w[1] = base + cut, start + cut
 
     def close(self, sender: int) -> None:
         """The sender is done: its whole window goes."""
-        if sender in self.idx:
-            self.forget(sender, self.base[sender] + len(self.idx[sender]))
+        if sender in self.windows:
+            base, start, end, _ = self.windows[sender]
+            self.forget(sender, base + end - start)
 
     @property
     def held(self) -> int:
         """Frames held by windows (each also counted in the pool)."""
-        return sum(len(v) for v in self.idx.values())
+        return sum(end - start for _, start, end, _ in self.windows.values())

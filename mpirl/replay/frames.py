@@ -148,7 +148,10 @@ class FramePool:
         """
         idx = self._alloc_many(len(frames))
         if len(idx):
-            self.frames[idx] = frames
+            if idx[-1] - idx[0] == len(idx) - 1:  # the common case, a run of free frames: one block copy
+                self.frames[idx[0]:idx[-1] + 1] = frames
+            else:
+                self.frames[idx] = frames
             self.refs[idx] = refs
             self.keys[idx] = 0
         return idx.astype(np.int32)
@@ -168,9 +171,14 @@ class FramePool:
         n = _release(self.refs, idx, dead)
         if n < 0:
             raise RuntimeError("frame released more often than referenced")
+        self.free(dead[:n])
+
+    def free(self, dead: np.ndarray) -> None:
+        """Put frames nobody refers to any more (their counts are 0) back on the free list."""
+        n = len(dead)
         if not n:
             return
-        dead = np.sort(dead[:n])
+        dead = np.sort(dead)
         if self._index:  # frames found by content (intern) leave the index
             index = self._index
             for j, key in zip(dead.tolist(), self.keys[dead].tolist()):

@@ -24,9 +24,46 @@ from typing import Mapping
 
 import numpy as np
 
+from numba import njit
+
 from .frames import FramePool, framed_fields
 
 Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+NOT_HELD, OVER_RELEASED = -1, -2
+
+
+@njit(cache=True, nogil=True)
+def _place_frames(cols, versions, ids, new, refs, take, dead):  # pragma: no cover - compiled
+    """``cols[ids[i]] = new[i]``: take a reference per entry of ``new`` (if ``take``), then release the
+    references of the slots' previous records (``versions >= 0``). Frames left with none go to ``dead``;
+    returns their number, or NOT_HELD / OVER_RELEASED (then nothing changed)."""
+    n, d = new.shape
+    if take:
+        for i in range(n):
+            for c in range(d):
+                if refs[new[i, c]] <= 0:
+                    return NOT_HELD
+        for i in range(n):
+            for c in range(d):
+                refs[new[i, c]] += 1
+    for i in range(n):
+        if versions[ids[i]] >= 0:
+            for c in range(d):
+                if refs[cols[ids[i], c]] <= 0:
+                    return OVER_RELEASED  # unreachable while counts are kept right; checked before any change
+    nd = 0
+    for i in range(n):
+        s = ids[i]
+        if versions[s] >= 0:
+            for c in range(d):
+                f = cols[s, c]
+                refs[f] -= 1
+                if refs[f] == 0:
+                    dead[nd] = f
+                    nd += 1
+        for c in range(d):
+            cols[s, c] = new[i, c]
+    return nd
 
 
 class RingStore:
@@ -53,8 +90,12 @@ class RingStore:
         self.framed = framed_fields(self.spec) if dedup_frames else {}
         self.fields = {name: np.zeros((capacity, *shape), dtype=dtype)
                        for name, (shape, dtype) in self.spec.items() if name not in self.framed}
-        self.frame_idx = {name: np.zeros((capacity, depth), dtype=np.int32)
-                          for name, (depth, _) in self.framed.items()}
+        # Every frame-stack field's indices side by side in one array (one row a slot), each field a view of it.
+        self.frame_cols = np.zeros((capacity, sum(depth for depth, _ in self.framed.values())), dtype=np.int32)
+        self.frame_idx, col = {}, 0
+        for name, (depth, _) in self.framed.items():
+            self.frame_idx[name] = self.frame_cols[:, col:col + depth]
+            col += depth
         self.pool = None
         if self.framed:
             shapes = {shape for _, shape in self.framed.values()}
@@ -88,10 +129,13 @@ class RingStore:
         capacity).
         """
         n = self.count_rows(records)
-        ids, skip = self._write_plain(records, n)
-        for name, (depth, shape) in self.framed.items():
-            frames = np.asarray(records[name][skip:], dtype=np.uint8).reshape(-1, *shape)
-            self.frame_idx[name][ids] = self.pool.intern(frames).reshape(-1, depth)
+        skip = n - min(n, self.capacity)
+        if self.framed:  # found by content; each use holds a reference from here on
+            new = np.concatenate([self.pool.intern(np.asarray(records[name][skip:], dtype=np.uint8).reshape(-1, *shape))
+                                  .reshape(-1, depth) for name, (depth, shape) in self.framed.items()], axis=1)
+        ids, _ = self._write_plain(records, n)
+        if self.framed:
+            self._place_frames(ids, new, take=False)
         self._advance(ids, skip, n)
         return ids
 
@@ -123,19 +167,27 @@ class RingStore:
         """
         n = len(next(iter(frame_idx.values())))
         skip = n - min(n, self.capacity)
-        kept = {name: np.asarray(frame_idx[name][skip:], dtype=np.int32) for name in self.framed}
-        # References first: a frame that only an overwritten slot held must not be freed on the way.
-        self.pool.retain(np.concatenate([v.reshape(-1) for v in kept.values()]))
+        new = np.concatenate([np.asarray(frame_idx[name][skip:]) for name in self.framed], axis=1).astype(np.int32)
         ids, _ = self._write_plain(records, n)
-        for name, rows in kept.items():
-            self.frame_idx[name][ids] = rows
+        self._place_frames(ids, new, take=True)
         self._advance(ids, skip, n)
         return ids
+
+    def _place_frames(self, ids: np.ndarray, new: np.ndarray, take: bool) -> None:
+        """Slots ``ids`` get frame indices ``new`` (rows of every field's indices side by side): their
+        references are taken (``take``; else the caller took them), then the overwritten slots' released."""
+        dead = np.empty(new.size, dtype=np.int64)
+        n = _place_frames(self.frame_cols, self.versions, ids, new, self.pool.refs, take, dead)
+        if n == NOT_HELD:
+            raise RuntimeError("a reference taken to a frame that is not held")
+        if n == OVER_RELEASED:
+            raise RuntimeError("frame released more often than referenced")
+        self.pool.free(dead[:n])
 
     def _write_plain(self, records: Mapping[str, np.ndarray], n: int) -> tuple[np.ndarray, int]:
         """Copy the plain fields of the rows that will be kept; returns (slot ids, rows skipped).
 
-        Frames of the slots about to be overwritten are released here."""
+        The frames of the slots about to be overwritten are released by :meth:`_place_frames`."""
         cap = self.capacity
         m = min(n, cap)
         skip = n - m  # leading input rows that would be overwritten at once
@@ -149,10 +201,6 @@ class RingStore:
         ids = np.arange(start, start + m, dtype=np.int64)
         if first < m:
             ids[first:] -= cap
-        if self.pool is not None:
-            old = ids[self.versions[ids] >= 0]
-            if len(old):
-                self.pool.release(np.concatenate([self.frame_idx[name][old].reshape(-1) for name in self.framed]))
         return ids, skip
 
     def _advance(self, ids: np.ndarray, skip: int, n: int) -> None:
@@ -256,7 +304,7 @@ class RingStore:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
         pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
         k = len(slots)
-        used = np.concatenate([idx[slots] for idx in self.frame_idx.values()], axis=1)  # (k, depth of all fields)
+        used = self.frame_cols[slots]  # (k, depth of all fields)
         uniq, local = np.unique(used, return_inverse=True)
         local = local.reshape(used.shape).astype(np.int32, copy=False)
         np.take(self.pool.frames, uniq, axis=0, out=frames_out[:len(uniq)], mode="clip")

@@ -56,6 +56,29 @@ def _apply_feedback(tree, size, slot_versions, raw_priority, ids, versions, prio
     return stale
 
 
+@njit(cache=True, nogil=True)
+def _insert_priorities(tree, size, raw_priority, ids, priorities, eps, alpha):  # pragma: no cover - compiled
+    """Priorities of newly written slots ``ids`` (one ascending run, or two where the ring wrapped):
+    ``raw_priority[id] = |p|`` and the tree leaf ``(|p| + eps) ** alpha``. Returns 1 (nothing written)
+    if a priority is not finite, else 0."""
+    n = ids.size
+    for i in range(n):
+        if not np.isfinite(priorities[i]):
+            return 1
+    values = np.empty(n, np.float64)
+    split = n
+    for i in range(n):
+        raw = abs(priorities[i])
+        raw_priority[ids[i]] = raw
+        values[i] = (np.float64(raw) + eps) ** alpha
+        if i and split == n and ids[i] < ids[i - 1]:
+            split = i
+    _update_sorted(tree, size, ids[:split], values[:split])
+    if split < n:
+        _update_sorted(tree, size, ids[split:], values[split:])
+    return 0
+
+
 class Sample(NamedTuple):
     """One sampled batch of k items (all arrays have shape (k,)).
 
@@ -154,10 +177,9 @@ class PrioritizedShard:
         return self._prioritize(self.store.add_indexed(records, frame_idx), np.asarray(priorities).reshape(-1))
 
     def _prioritize(self, ids: np.ndarray, priorities: np.ndarray) -> np.ndarray:
-        kept = np.abs(priorities[len(priorities) - len(ids):])
-        self.raw_priority[ids] = kept
-        order = np.argsort(ids, kind="stable")  # ids are unique; wrap breaks order
-        self.tree.update(ids[order], self._p(kept[order]), assume_sorted_unique=True)
+        kept = np.ascontiguousarray(priorities[len(priorities) - len(ids):], dtype=np.float32)
+        if _insert_priorities(self.tree.tree, self.tree.size, self.raw_priority, ids, kept, self.eps, self.alpha):
+            raise ValueError("priorities must be finite (a diverged loss?)")
         return ids
 
     def replace(self, records: Mapping[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:

@@ -143,3 +143,21 @@ def test_distql_bench_measures_the_merge_and_both_reply_modes_from_real_jobs():
     # and never more than the whole table
     assert moved.values[distql.ALL][0] > moved.values[distql.PARTIAL][0] > 0 and moved.ratio > 1
     assert 0 < reply.values[distql.ALL][0] <= reply.values["whole table"][0] == 32 + 20 * 3000
+
+
+@pytest.mark.mpi
+def test_fairness_bench_reads_both_actors_rates_from_a_real_job():
+    from mpirl.bench import fairness
+    rows = fairness.run(reps=1, seconds=3)
+    (r,) = rows
+    assert r.at_most == 1.5 and len(r.values[r.ours]) == 1 and r.values[r.ours][0] >= 1.0  # faster over slower
+    assert "env steps/s" in r.note
+
+
+def test_learner_bench_times_our_train_step_and_the_bare_one_on_the_same_batch():
+    pytest.importorskip("ale_py")
+    from mpirl.bench import learner
+    rows = learner.run(reps=1, seconds=0.01)
+    assert [r.name.split(",")[1].strip() for r in rows[:2]] == ["cartpole", "breakout"]
+    for r in rows:
+        assert all(v > 0 for vs in r.values.values() for v in vs) and np.isfinite(r.ratio)

@@ -21,6 +21,7 @@ from mpirl.roles.experience import ExperiencePacker, store_experience
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 ale = pytest.importorskip("ale_py")
+SPEC = transition_spec((4, 84, 84), np.uint8)
 
 
 def breakout(dedup: bool, **over):
@@ -95,16 +96,21 @@ def shard_for(spec, capacity, cfg):
     return shard, FrameWindows(shard.store.pool), framed
 
 
+def streamed(steps, capacity):
+    """The actor's transitions as stacks, and a shard that stored the same actor's frames-once messages."""
+    want, want_p, params = run_stacks(steps)
+    cfg = breakout(True)
+    shard, windows, framed = shard_for(SPEC, capacity, cfg)
+    sizes = run_streamed(steps, shard, windows, framed, params)
+    return want, want_p, params, shard, windows, sizes
+
+
 def test_every_stored_stack_is_the_stack_the_environment_made():
     """Same seed and weights: the actor with stacks and the actor with frames once stage the same transitions;
     stored from messages (autoresets, life losses, time limits, n-step windows across messages), every
     field of every record is equal, and so is every priority."""
-    steps = 300
-    want, want_p, params = run_stacks(steps)
-    cfg = breakout(True)
-    spec = transition_spec((4, 84, 84), np.uint8)
-    shard, windows, framed = shard_for(spec, 4096, cfg)
-    sizes = run_streamed(steps, shard, windows, framed, params)
+    want, want_p, _, shard, windows, sizes = streamed(300, 4096)
+    spec = SPEC
     got, got_p = stored(shard)
     n = len(want["action"])
     assert n > 400 and shard.size == n
@@ -122,43 +128,29 @@ def test_every_stored_stack_is_the_stack_the_environment_made():
 
 
 def test_overwritten_slots_free_their_frames_and_windows_hold_only_what_is_live():
-    steps = 400
-    want, _, params = run_stacks(steps)
-    cfg = breakout(True)
-    spec = transition_spec((4, 84, 84), np.uint8)
-    shard, windows, framed = shard_for(spec, 64, cfg)
-    run_streamed(steps, shard, windows, framed, params)
+    want, _, _, shard, _, _ = streamed(400, 64)
     got, _ = stored(shard)
-    for name in spec:
+    for name in SPEC:
         np.testing.assert_array_equal(got[name], {k: v[-64:] for k, v in want.items()}[name], err_msg=name)
     pool = shard.store.pool
-    assert pool.live <= 64 * 8 and pool.high_water < 64 * 8 + window_frames(8, 2, 3, framed)
+    assert pool.live <= 64 * 8 and pool.high_water < 64 * 8 + window_frames(8, 2, 3, framed_fields(SPEC))
 
 
 def test_a_restored_snapshot_and_a_resumed_actor_stay_exact():
     """A snapshot's memory restored into a new shard, then a new actor process (its frame ids from 0 again)."""
-    steps = 150
-    want, _, params = run_stacks(steps)
-    cfg = breakout(True)
-    spec = transition_spec((4, 84, 84), np.uint8)
-    shard, windows, framed = shard_for(spec, 4096, cfg)
-    run_streamed(steps, shard, windows, framed, params)
+    want, _, params, shard, _, _ = streamed(150, 4096)
     arrays = snapshot.snapshot(shard)
-    restored, windows2, _ = shard_for(spec, 4096, cfg)
+    restored, windows2, framed = shard_for(SPEC, 4096, breakout(True))
     assert snapshot.restore(restored, arrays) == len(want["action"])
-    run_streamed(steps, restored, windows2, framed, params)  # the resumed job's actor: same games again
+    run_streamed(150, restored, windows2, framed, params)  # the resumed job's actor: same games again
     got, _ = stored(restored)
-    for name in spec:
+    for name in SPEC:
         np.testing.assert_array_equal(got[name], np.concatenate([want[name], want[name]]), err_msg=name)
 
 
 def test_a_sample_reply_carries_each_frame_once_and_the_learner_rebuilds_the_stacks():
-    steps = 200
-    want, _, params = run_stacks(steps)
-    cfg = breakout(True)
-    spec = transition_spec((4, 84, 84), np.uint8)
-    shard, windows, framed = shard_for(spec, 4096, cfg)
-    run_streamed(steps, shard, windows, framed, params)
+    _, _, _, shard, _, _ = streamed(200, 4096)
+    spec, framed = SPEC, framed_fields(SPEC)
     k = 64
     lay = sample_layout(spec, k, framed)
     buf = lay.buffer()

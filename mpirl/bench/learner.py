@@ -51,7 +51,7 @@ def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list):
     return learner
 
 
-def _reply(obs: tuple, capacity: int = 4096) -> tuple[dict, list[str]]:
+def _reply(obs: tuple, n_actions: int, capacity: int = 4096) -> tuple[dict, list[str], int]:
     """A sampled reply of BATCH from a filled shard, as the buffer sends it (frames once for Atari)."""
     spec = transition_spec(*obs)
     mem = Ours(spec, capacity)
@@ -65,13 +65,15 @@ def _reply(obs: tuple, capacity: int = 4096) -> tuple[dict, list[str]]:
     s = mem.shard.sample_into(BATCH, rng, views)
     lay.set(buf, rows=BATCH, **({"frames_rows": s.frames} if lay.counted else {}))
     fields = [n for n in lay.fields if n not in ("ids", "versions", "probs", "priority")] + list(lay.counted)
-    return lay.views(buf), fields, mem.shard.size
+    views = lay.views(buf)
+    views["action"] %= n_actions  # the synthetic stream has 4 actions
+    return views, fields, mem.shard.size
 
 
 def _bare_step(online, target, optimizer, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, clip: float) -> None:
-    q_next = online(b["next_obs"])
-    with torch.no_grad():
-        y = b["reward"] + gamma_done * target(b["next_obs"]).gather(1, q_next.argmax(1, keepdim=True)).squeeze(1)
+    with torch.no_grad():  # double DQN: the online net picks, the target net values
+        pick = online(b["next_obs"]).argmax(1, keepdim=True)
+        y = b["reward"] + gamma_done * target(b["next_obs"]).gather(1, pick).squeeze(1)
     q = online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
     loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
     optimizer.zero_grad(set_to_none=True)
@@ -96,7 +98,7 @@ def _seconds(op, reps: int, seconds: float, sync) -> list[float]:
 def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.device, reps: int,
           seconds: float) -> Row:
     torch.manual_seed(0)
-    views, fields, size = _reply(obs)
+    views, fields, size = _reply(obs, n_actions)
     learner = _learner(device, obs, n_actions, hidden)
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
 

@@ -245,14 +245,19 @@ class RingStore:
         rows ``0..k-1`` are written (zero allocation: ``np.take(out=,
         mode='clip')``).  Raises IndexError if an id is not a filled slot.
         """
+        ids = self._gather_plain(ids, out)
+        for name, idx in self.frame_idx.items():
+            np.take(self.pool.frames, idx[ids], axis=0, out=out[name][:len(ids)], mode="clip")
+
+    def _gather_plain(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The plain fields of rows ``ids`` into ``out``; returns ``ids`` as int64 (IndexError: not filled)."""
         ids = np.asarray(ids, dtype=np.int64)
         k = len(ids)
         if k and (ids.min() < 0 or ids.max() >= self.size):
             raise IndexError(f"ids outside filled slots [0, {self.size})")
         for name, field in self.fields.items():
             np.take(field, ids, axis=0, out=out[name][:k], mode="clip")
-        for name, idx in self.frame_idx.items():
-            np.take(self.pool.frames, idx[ids], axis=0, out=out[name][:k], mode="clip")
+        return ids
 
     def export(self, out: Mapping[str, np.ndarray]) -> int:
         """Copy all filled rows, oldest first, into ``out[name][:n]``; returns n.
@@ -292,13 +297,7 @@ class RingStore:
         ``out`` holds the plain fields and ``<name>_idx`` int32 per frame-stack field; the frames
         they index go to ``frames_out`` in pool order. Returns the number of frames.
         """
-        ids = np.asarray(ids, dtype=np.int64)
-        k = len(ids)
-        if k and (ids.min() < 0 or ids.max() >= self.size):
-            raise IndexError(f"ids outside filled slots [0, {self.size})")
-        for name, field in self.fields.items():
-            np.take(field, ids, axis=0, out=out[name][:k], mode="clip")
-        return self._frames_once(ids, out, frames_out)
+        return self._frames_once(self._gather_plain(ids, out), out, frames_out)
 
     def _frames_once(self, slots: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the

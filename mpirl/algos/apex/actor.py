@@ -182,22 +182,31 @@ def run_actor(ctx: RoleContext) -> None:
     started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
+    # New parameters are looked for once per message sent (and while held back), not every step: with more
+    # ranks than cores Open MPI yields the CPU inside every test of a broadcast, and an actor testing each
+    # step ran several times slower than its twin. The learner's share of the CPU is the insert budget's.
+    look = True
     while not params.stopped:
-        if params.poll():
-            waiting.reset()
-            if params.stopped:
-                break
+        if look:
+            look = False
+            if params.poll():
+                waiting.reset()
+                if params.stopped:
+                    break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
         if budget.over(sender.sent, params.version - params.first + 1):  # ahead of the learner: sleep until it publishes again
             t0 = time.perf_counter()
             waiting.sleep()
             throttled += time.perf_counter() - t0
+            look = True
             continue
         acting.step()
         while acting.staged >= batch:
             send(batch)
+            look = True
         if sender.frames_due:  # frames of games that have not made transitions yet (e.g. short episodes)
             send(min(acting.staged, batch))
+            look = True
 
     # Unsent transitions are dropped: the learner has stopped. Report episodes, then say goodbye.
     acting.drop(acting.staged)

@@ -178,8 +178,8 @@ def test_the_frame_stream_grows_its_ring_and_keeps_live_frames():
         stack = np.concatenate([stack[1:], rng.integers(0, 255, (1, 2, 2), dtype=np.uint8)])
         ids = stream.advance(0, stack)
         made[int(ids[-1])] = stack[-1]
-    out = np.zeros((stream.pending, 2, 2), np.uint8)
-    assert stream.copy_pending(out) == 0 and len(out) == 54
+    out, games = np.zeros((stream.pending, 2, 2), np.uint8), np.zeros(stream.pending, np.int32)
+    assert stream.copy_pending(out, games) == 0 and len(out) == 54 and not games.any()
     np.testing.assert_array_equal(out, np.stack([made[i] for i in range(54)]))
     pool_windows = FrameWindows(__import__("mpirl.replay.frames", fromlist=["FramePool"]).FramePool((2, 2), 100))
     pool_windows.receive(1, 0, out)
@@ -190,6 +190,19 @@ def test_the_frame_stream_grows_its_ring_and_keeps_live_frames():
         pool_windows.lookup(1, np.array([3]))
     with pytest.raises(RuntimeError, match="expected 54"):
         pool_windows.receive(1, 60, out[:1])
+
+
+def test_a_games_frames_go_into_the_pool_side_by_side():
+    """Frames arrive interleaved by game (one per game a step); each game's land in neighbouring frames of
+    the pool, in order, so a transition's stacks are one run of memory."""
+    from mpirl.replay.frames import FramePool
+    windows = FrameWindows(FramePool((2, 2), 64))
+    frames = np.arange(24, dtype=np.uint8).repeat(4).reshape(24, 2, 2)
+    windows.receive(7, 0, frames, np.tile(np.arange(3), 8))  # ids 0..23, game = id % 3
+    idx = windows.lookup(7, np.arange(24))
+    np.testing.assert_array_equal(windows.pool.frames[idx], frames)  # every id finds its own frame
+    for g in range(3):
+        np.testing.assert_array_equal(np.diff(idx[g::3]), 1)
 
 
 def test_a_baseline_relay_stores_messages_with_their_priorities_as_a_field():

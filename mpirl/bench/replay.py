@@ -137,8 +137,10 @@ class Ours:
         frames, first = rec.pop("frames")
         oldest = rec.pop("oldest")
         self.message.pack(self.inbox, {**rec, "priority": prio}, actor=1, frames_rows=len(frames),
-                          first_frame=first, oldest_frame=oldest)
-        self.message.views(self.inbox)["frames"][:] = frames
+                          frame_games_rows=len(frames), first_frame=first, oldest_frame=oldest)
+        views = self.message.views(self.inbox)
+        views["frames"][:] = frames
+        views["frame_games"][:] = np.arange(first, first + len(frames)) % GAMES  # the stream's game of each id
         return None, None
 
     def insert(self, rec: dict | None, prio: np.ndarray | None) -> None:

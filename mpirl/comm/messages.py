@@ -6,7 +6,8 @@
   With frames once (Atari, ``replay.dedup_frames``) the frame stacks travel as
   frame ids (``obs_fid``, ``next_obs_fid``, int64) of the sender's frame stream:
   the counted ``frames`` field holds the frames made since its last message once,
-  ids ``first_frame``, ``first_frame + 1``, ...; ``oldest_frame`` is the oldest
+  ids ``first_frame``, ``first_frame + 1``, ..., and ``frame_games`` the game each
+  came from (the buffer keeps a game's frames together); ``oldest_frame`` is the oldest
   frame a later message may still refer to (see :mod:`mpirl.replay.frame_stream`).
 * request (learner -> buffer, ``TAG_REQUEST``): ``kind`` SAMPLE/DUMP/BYE, how many
   samples it wants, and the priorities of an earlier batch from this buffer
@@ -63,7 +64,8 @@ def experience_layout(spec: dict, send_batch: int, framed: dict | None = None, g
     depth, frame_shape = next(iter(framed.values()))
     most = message_frames(send_batch, games, depth)
     return Layout({**header, "first_frame": 1, "oldest_frame": 1}, {**as_frame_ids(spec, framed), "priority": ((), F32)},
-                  send_batch, counted={"frames": (frame_shape, np.dtype(np.uint8), most)})
+                  send_batch, counted={"frames": (frame_shape, np.dtype(np.uint8), most),
+                                       "frame_games": ((), np.dtype(np.int32), most)})
 
 
 def request_layout(max_share: int) -> Layout:

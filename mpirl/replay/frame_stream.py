@@ -49,18 +49,21 @@ class FrameStream:
         self.depth, self.shifts = int(depth), bool(shifts)
         size = 1 << max(int(ring) - 1, 1).bit_length()
         self.ring = np.zeros((size, *frame_shape), dtype=np.uint8)
+        self.games = np.zeros(size, dtype=np.int32)  # the game each frame came from
         self.next_id = 0  # the id of the next new frame
         self.sent = 0  # frames [sent, next_id) have not been sent yet
         self.floor = 0  # no frame below it is referred to (as of the last send)
         self.stacks = np.full((games, self.depth), -1, dtype=np.int64)  # each game's current stack
 
     # -- frames in -----------------------------------------------------------------
-    def _new(self, frames: np.ndarray) -> np.ndarray:
+    def _new(self, frames: np.ndarray, game: int) -> np.ndarray:
         m = len(frames)
         if self.next_id + m - self.floor > len(self.ring):
             self._grow(self.next_id + m - self.floor)
         ids = np.arange(self.next_id, self.next_id + m, dtype=np.int64)
-        self.ring[ids & (len(self.ring) - 1)] = frames
+        at = ids & (len(self.ring) - 1)
+        self.ring[at] = frames
+        self.games[at] = game
         self.next_id += m
         return ids
 
@@ -72,10 +75,12 @@ class FrameStream:
         live = np.arange(self.floor, self.next_id, dtype=np.int64)
         self.ring = np.zeros((size, *old.shape[1:]), dtype=np.uint8)
         self.ring[live & (size - 1)] = old[live & (len(old) - 1)]
+        games, self.games = self.games, np.zeros(size, dtype=np.int32)
+        self.games[live & (size - 1)] = games[live & (len(old) - 1)]
 
     def start(self, game: int, stack: np.ndarray) -> np.ndarray:
         """A new episode's first stack ``(depth, *frame_shape)``: every frame new. Returns its ids (a new array)."""
-        ids = self._new(stack)
+        ids = self._new(stack, game)
         self.stacks[game] = ids
         return ids
 
@@ -85,7 +90,7 @@ class FrameStream:
             return self.start(game, stack)
         ids = np.empty(self.depth, dtype=np.int64)
         ids[:-1] = self.stacks[game, 1:]
-        ids[-1] = self._new(stack[-1:])[0]
+        ids[-1] = self._new(stack[-1:], game)[0]
         self.stacks[game] = ids
         return ids
 
@@ -95,10 +100,12 @@ class FrameStream:
         """Frames made since the last send."""
         return self.next_id - self.sent
 
-    def copy_pending(self, out: np.ndarray) -> int:
-        """Copy the frames made since the last send into ``out[:pending]``; returns the first one's id."""
-        ids = np.arange(self.sent, self.next_id, dtype=np.int64)
-        np.take(self.ring, ids & (len(self.ring) - 1), axis=0, out=out[:len(ids)])
+    def copy_pending(self, out: np.ndarray, games: np.ndarray) -> int:
+        """Copy the frames made since the last send into ``out[:pending]`` and their games into
+        ``games[:pending]``; returns the first one's id."""
+        at = np.arange(self.sent, self.next_id, dtype=np.int64) & (len(self.ring) - 1)
+        np.take(self.ring, at, axis=0, out=out[:len(at)])
+        np.take(self.games, at, out=games[:len(at)])
         return self.sent
 
     def sent_upto(self, oldest: int) -> None:
@@ -151,8 +158,12 @@ class FrameWindows:
             w = self.windows[sender] = [0, 0, 0, np.zeros(256, np.int32)]
         return w
 
-    def receive(self, sender: int, first: int, frames: np.ndarray) -> None:
-        """The sender's new frames, ids ``first, first + 1, ...``: one window reference each."""
+    def receive(self, sender: int, first: int, frames: np.ndarray, games: np.ndarray | None = None) -> None:
+        """The sender's new frames, ids ``first, first + 1, ...``: one window reference each.
+
+        ``games``: the game each frame came from. A game's frames then go into the pool side by side
+        (in id order), so the frames of one transition's stacks lie together and a sample's gather
+        reads runs of memory instead of frames scattered among the other games'."""
         w = self._window(sender)
         base, start, end, idx = w
         if first != base + end - start:
@@ -166,7 +177,11 @@ class FrameWindows:
                 idx = w[3] = np.zeros(2 * (len(live) + m), np.int32)
             idx[:len(live)] = live
             start, end = w[1], w[2] = 0, len(live)
-        idx[end:end + m] = self.pool.adopt(frames, np.ones(m, np.int32))
+        if games is None or m == 1:
+            idx[end:end + m] = self.pool.adopt(frames, np.ones(m, np.int32))
+        else:
+            order = np.argsort(games, kind="stable")
+            idx[end + order] = self.pool.adopt(frames, np.ones(m, np.int32), order)
         w[2] = end + m
 
     def lookup(self, sender: int, ids: np.ndarray) -> np.ndarray:

@@ -140,18 +140,21 @@ class FramePool:
             out[i] = j
         return out
 
-    def adopt(self, frames: np.ndarray, refs: np.ndarray) -> np.ndarray:
-        """Copy ``frames`` in as new frames with the given reference counts; returns their indices.
+    def adopt(self, frames: np.ndarray, refs: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+        """Copy ``frames`` (in ``order``, if given) in as new frames with the given reference counts;
+        returns their indices (of ``frames[order]``, if given).
 
-        For a whole memory arriving at once (a baseline dump): no content lookup, the
-        sender already stored each frame once.
+        For frames whose sender stored or sent each once (a message, a baseline dump): no content lookup.
         """
         idx = self._alloc_many(len(frames))
         if len(idx):
             if idx[-1] - idx[0] == len(idx) - 1:  # the common case, a run of free frames: one block copy
-                self.frames[idx[0]:idx[-1] + 1] = frames
+                if order is None:
+                    self.frames[idx[0]:idx[-1] + 1] = frames
+                else:
+                    np.take(frames, order, axis=0, out=self.frames[idx[0]:idx[-1] + 1])
             else:
-                self.frames[idx] = frames
+                self.frames[idx] = frames if order is None else frames[order]
             self.refs[idx] = refs
             self.keys[idx] = 0
         return idx.astype(np.int32)

@@ -73,12 +73,13 @@ class ExperiencePacker:
         k = min(len(episodes), EPISODE_SLOTS)
         done_eps = [episodes.popleft() for _ in range(k)]
         if self.frames is not None:
-            header.update(frames_rows=self.frames.pending, oldest_frame=oldest)
+            header.update(frames_rows=self.frames.pending, frame_games_rows=self.frames.pending, oldest_frame=oldest)
         nbytes = self.layout.pack(buf, {**records, "priority": priorities}, actor=self.rank, final=int(final),
                                   episodes=k, ep_return=[r for r, _ in done_eps], ep_length=[n for _, n in done_eps],
                                   **header)
         if self.frames is not None:
-            self.layout.set(buf, first_frame=self.frames.copy_pending(self.layout.views(buf)["frames"]))
+            views = self.layout.views(buf)
+            self.layout.set(buf, first_frame=self.frames.copy_pending(views["frames"], views["frame_games"]))
             self.frames.sent_upto(oldest)
         return nbytes
 
@@ -117,7 +118,7 @@ def store_experience(store, layout: Layout, buf: np.ndarray, prioritized: bool, 
             store.add(views, views.pop("priority")) if prioritized else store.add(views)
         return rows
     sender = int(layout.get(buf, "actor"))
-    windows.receive(sender, int(layout.get(buf, "first_frame")), views.pop("frames"))
+    windows.receive(sender, int(layout.get(buf, "first_frame")), views.pop("frames"), views.pop("frame_games"))
     if rows:
         idx = {name: windows.lookup(sender, views.pop(f"{name}_fid")) for name in framed}
         store.add_indexed(views, idx, views.pop("priority")) if prioritized else store.add_indexed(views, idx)

@@ -24,6 +24,7 @@ from mpirl.agents.dqn import transition_spec
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import TAG_EXPERIENCE, experience_layout
 from mpirl.comm.pools import RecvPool, SendRing
+from mpirl.replay.frames import framed_fields
 
 RING, DEPTH = 4, 2  # the roles' defaults: comm.send_ring, comm.recv_depth
 
@@ -31,21 +32,20 @@ RING, DEPTH = 4, 2  # the roles' defaults: comm.send_ring, comm.recv_depth
 SHAPES = [("cartpole", (4,), np.float32, 50), ("atari", (4, 84, 84), np.uint8, 64)]
 
 
-def _records(spec: dict, rows: int, rng) -> dict:
+def _records(fields: dict, rows: int, rng) -> dict:
     out = {}
-    for name, (shape, dtype) in spec.items():
+    for name, (shape, dtype) in fields.items():
         a = rng.integers(0, 255, size=(rows, *shape)) if np.dtype(dtype).kind in "iub" else rng.random((rows, *shape))
         out[name] = a.astype(dtype)
-    out["priority"] = rng.random(rows).astype(np.float32)
     return out
 
 
-def pools(comm, layout, msgs: int, records: dict) -> float:
+def pools(comm, layout, msgs: int, records: dict, counts: dict) -> float:
     """Seconds for ``msgs`` messages through SendRing -> RecvPool (rank 1 -> rank 0)."""
     if comm.rank == 1:
         ring = SendRing(comm, 0, TAG_EXPERIENCE, layout.max_nbytes, RING)
         slot, buf = ring.acquire()
-        nbytes = layout.pack(buf, records, actor=1)
+        nbytes = layout.pack(buf, records, actor=1, **{f"{c}_rows": n for c, n in counts.items()})
         for b in ring.buffers:  # every ring buffer holds the packed message: sends need not re-pack
             b[:nbytes] = buf[:nbytes]
         comm.Barrier()
@@ -103,14 +103,16 @@ def transport(comm, reps: int, seconds: float) -> dict:
     results = {}
     for label, shape, dtype, rows in SHAPES:
         spec = transition_spec(shape, dtype)
-        layout = experience_layout(spec, rows)
-        records = _records(spec, rows, rng)
-        nbytes = layout.nbytes(rows)
+        framed = framed_fields(spec)  # Atari: frames once, one new frame a transition (as actors send them)
+        layout = experience_layout(spec, rows, framed, games=4)
+        records = _records(layout.fields, rows, rng)
+        counts = {c: rows for c in layout.counted}
+        nbytes = layout.nbytes(rows, **counts)
         # Messages per repetition: about ``seconds`` at 2 GB/s, at least 200.
         msgs = max(200, int(seconds * 2e9 / nbytes))
         res = {"nbytes": nbytes, "records": rows, "msgs": msgs, "pools": [], "raw": []}
         for _ in range(reps + 1):  # the first of each is a warm-up
-            res["pools"].append(pools(comm, layout, msgs, records))
+            res["pools"].append(pools(comm, layout, msgs, records, counts))
             res["raw"].append(raw(comm, nbytes, msgs))
         res["pools"], res["raw"] = res["pools"][1:], res["raw"][1:]
         results[label] = res

@@ -261,3 +261,19 @@ def test_an_inference_worker_streams_the_frames_of_the_actors_it_serves():
     for name in spec:
         np.testing.assert_array_equal(np.concatenate([g[name] for g in got]), want[name], err_msg=name)
     np.testing.assert_allclose(np.concatenate(prios), want_p, rtol=1e-5, atol=1e-6)
+
+
+def test_shares_of_several_buffers_join_into_one_batch_of_the_right_stacks():
+    """R buffers, each a reply with its own frames: joined, every index points past the shares before it."""
+    from mpirl.roles.replay_learner import joined
+    rng = np.random.default_rng(2)
+    views, want = [], []
+    for rows, nframes in ((3, 5), (4, 2), (2, 6)):
+        frames = rng.integers(0, 255, (nframes, 84, 84), dtype=np.uint8)
+        idx = {n: rng.integers(0, nframes, (rows, 4)).astype(np.int32) for n in ("obs_idx", "next_obs_idx")}
+        views.append({"action": rng.integers(0, 4, rows), "frames": frames, **idx})
+        want.append({n[:-4]: frames[i] for n, i in idx.items()})
+    batch = to_tensors(joined(views, ["action", "obs_idx", "next_obs_idx", "frames"]), torch.device("cpu"))
+    for name in ("obs", "next_obs"):
+        np.testing.assert_array_equal(batch[name].numpy(), np.concatenate([w[name] for w in want]))
+    np.testing.assert_array_equal(batch["action"].numpy(), np.concatenate([v["action"] for v in views]))

@@ -12,9 +12,9 @@ from collections import deque
 
 import numpy as np
 
+from mpirl.comm.layout import Layout
 from mpirl.comm.messages import EPISODE_SLOTS, TAG_EXPERIENCE, experience_layout
 from mpirl.comm.pools import SendRing
-from mpirl.comm.layout import Layout
 from mpirl.replay.frame_stream import FrameStream, FrameWindows
 
 

@@ -23,10 +23,9 @@ import torch
 
 from mpirl.agents.dqn import ActingPolicy, env_epsilons
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.messages import EPISODE_SLOTS
+from mpirl.comm.messages import EPISODE_SLOTS, as_frame_ids
 from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.config import JobConfig
-from mpirl.comm.messages import as_frame_ids
 from mpirl.envs.vector import make_vector, stacks_shift
 from mpirl.replay.frame_stream import FrameStream
 from mpirl.replay.frames import framed_fields

@@ -167,6 +167,26 @@ def test_a_sample_reply_carries_each_frame_once_and_the_learner_rebuilds_the_sta
         np.testing.assert_array_equal(batch[name].numpy(), stacks[name], err_msg=name)
 
 
+def test_a_reply_holds_each_frame_once_in_pool_order_also_for_repeated_slots():
+    _, _, _, shard, _, _ = streamed(200, 4096)
+    store = shard.store
+    ids = np.random.default_rng(5).integers(0, store.size, 300)
+    ids[:40] = ids[40:80]  # a slot drawn twice
+    width = store.frame_cols.shape[1]
+    out = {name: np.zeros((len(ids), *shape), dtype) for name, (shape, dtype) in store.spec.items()
+           if name not in store.framed}
+    out.update({f"{name}_idx": np.zeros((len(ids), depth), np.int32) for name, (depth, _) in store.framed.items()})
+    frames = np.zeros((len(ids) * width, 84, 84), np.uint8)
+    for _ in range(2):  # the scratch that finds repeats is clean again after a call
+        n = store.gather_framed(ids, out, frames)
+        used = store.frame_cols[ids]
+        assert n == len(np.unique(used))
+        local = np.concatenate([out[f"{name}_idx"] for name in store.framed], axis=1)
+        np.testing.assert_array_equal(np.unique(used)[local], used)  # ascending pool order, each frame once
+        np.testing.assert_array_equal(frames[:n][local], store.pool.frames[used])
+        assert (store._seen == -1).all()
+
+
 def test_the_frame_stream_grows_its_ring_and_keeps_live_frames():
     rng = np.random.default_rng(0)
     stream = FrameStream(games=1, depth=4, frame_shape=(2, 2), ring=4)

@@ -21,6 +21,8 @@ same process, one after the other:
   work: cpprb takes ~8 us for a repeat and ~60 us for fresh values here.
 * **gather floor** (Atari): ``numpy.take(rows, 512 random ids, out=preallocated,
   mode='clip')`` of 56,448-byte rows: copying the batch's bytes and nothing else.
+  Our sample and the floor take turns, repetition by repetition, so drifts of
+  the machine (clock, memory, neighbours) hit both alike.
 
 The Atari stream is synthetic but shaped like a real one: four games interleaved,
 each step one new frame (every frame unique), a transition's ``obs`` the last four
@@ -240,14 +242,17 @@ def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float
         ins, smp, upd = rows.values()
         ins.values[impl.name] = _timed(mem.insert, lambda: mem.incoming(stream, prio_rng.random(INSERT) * 2),
                                        reps, seconds, INSERT)
-        smp.values[impl.name] = _timed(mem.sample, reps=reps, seconds=seconds)
+        if impl is Ours and len(obs[0]) == 3:  # against the floor, in turns
+            smp.values[impl.name], floor = _in_turns(mem.sample, _floor(spec, capacity), reps, seconds)
+        else:
+            smp.values[impl.name] = _timed(mem.sample, reps=reps, seconds=seconds)
         mem.sample()
         upd.values[impl.name] = _timed(mem.update, lambda: (prio_rng.random(BATCH) * 2,), reps, seconds, BATCH)
         del mem, stream
     out = list(rows.values())
     if len(obs[0]) == 3:
         out.append(memory)
-        out.append(gather_floor(spec, capacity, reps, seconds, rows[next(k for k in rows if k.startswith("sample"))]))
+        out.append(gather_floor(spec, floor, rows[next(k for k in rows if k.startswith("sample"))]))
     else:
         out.append(memory)
     if not with_cpprb:
@@ -256,20 +261,35 @@ def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float
     return out
 
 
-def gather_floor(spec: dict, capacity: int, reps: int, seconds: float, sample_row: Row) -> Row:
-    """``np.take`` of BATCH random rows of obs + next_obs bytes into a preallocated buffer."""
+def _floor(spec: dict, capacity: int):
+    """The floor's call and its untimed preparation: ``np.take`` of BATCH random rows of obs + next_obs bytes
+    into a preallocated buffer (the rows live as long as the returned functions)."""
     row_bytes = 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
     rows = np.zeros((capacity, row_bytes), np.uint8)
     rows[:, ::4096] = 1  # touch every page once so the gather reads resident memory
     out = np.empty((BATCH, row_bytes), np.uint8)
     rng = np.random.default_rng(11)
-    floor = _timed(lambda ids: np.take(rows, ids, axis=0, out=out, mode="clip"),
-                   lambda: (rng.integers(0, capacity, BATCH),), reps, seconds)
+    return (lambda ids: np.take(rows, ids, axis=0, out=out, mode="clip"),
+            lambda: (rng.integers(0, capacity, BATCH),))
+
+
+def _in_turns(op, other: tuple, reps: int, seconds: float) -> tuple[list[float], list[float]]:
+    """Calls/s of ``op`` and of ``other`` (a call and its untimed preparation), one repetition of each in turn."""
+    mine, theirs = [], []
+    for _ in range(reps):
+        mine += _timed(op, reps=1, seconds=seconds)
+        theirs += _timed(*other, reps=1, seconds=seconds)
+    return mine, theirs
+
+
+def gather_floor(spec: dict, floor: list[float], sample_row: Row) -> Row:
+    """The Atari sample against the floor (timed in turns with it, see ``_in_turns``)."""
+    row_bytes = 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
     r = Row("atari sample 512 vs the gather floor", "batches/s", sample_row.ours, "numpy take floor", target=1.0,
-            note=f"floor: np.take of {BATCH} random {row_bytes:,} B rows into a preallocated buffer")
+            note=f"floor: np.take of {BATCH} random {row_bytes:,} B rows into a preallocated buffer, "
+                 "timed in turns with ours")
     r.values[sample_row.ours] = sample_row.values[sample_row.ours]
     r.values["numpy take floor"] = floor
-    del rows
     return r
 
 

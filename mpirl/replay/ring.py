@@ -66,6 +66,31 @@ def _place_frames(cols, versions, ids, new, refs, take, dead):  # pragma: no cov
     return nd
 
 
+@njit(cache=True, nogil=True)
+def _distinct_frames(cols, slots, seen, uniq, local):  # pragma: no cover - compiled
+    """The distinct frame indices of rows ``slots`` of ``cols`` into ``uniq`` (ascending) and, per entry, its
+    position among them into ``local`` (``local[i, c]`` is where ``cols[slots[i], c]`` sits in ``uniq``);
+    returns their number. ``seen`` (one int32 per pool frame) is scratch: all -1 before and after."""
+    k, d = local.shape
+    n = 0
+    for i in range(k):
+        for c in range(d):
+            f = cols[slots[i], c]
+            if seen[f] < 0:
+                seen[f] = 0
+                uniq[n] = f
+                n += 1
+    uniq[:n].sort()  # the copy then walks the pool one way
+    for p in range(n):
+        seen[uniq[p]] = p
+    for i in range(k):
+        for c in range(d):
+            local[i, c] = seen[cols[slots[i], c]]
+    for p in range(n):
+        seen[uniq[p]] = -1
+    return n
+
+
 class RingStore:
     """Fixed-capacity FIFO of records.
 
@@ -97,6 +122,7 @@ class RingStore:
             self.frame_idx[name] = self.frame_cols[:, col:col + depth]
             col += depth
         self.pool = None
+        self._seen = None  # see _frames_once
         if self.framed:
             shapes = {shape for _, shape in self.framed.values()}
             if len(shapes) > 1:
@@ -302,16 +328,18 @@ class RingStore:
     def _frames_once(self, slots: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
         pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
-        k = len(slots)
-        used = self.frame_cols[slots]  # (k, depth of all fields)
-        uniq, local = np.unique(used, return_inverse=True)
-        local = local.reshape(used.shape).astype(np.int32, copy=False)
-        np.take(self.pool.frames, uniq, axis=0, out=frames_out[:len(uniq)], mode="clip")
+        k, width = len(slots), self.frame_cols.shape[1]
+        if self._seen is None or len(self._seen) != self.pool.max_frames:  # scratch: -1 per pool frame between calls
+            self._seen = np.full(self.pool.max_frames, -1, dtype=np.int32)
+        uniq = np.empty(k * width, dtype=np.int64)
+        local = np.empty((k, width), dtype=np.int32)
+        n = _distinct_frames(self.frame_cols, slots, self._seen, uniq, local)
+        np.take(self.pool.frames, uniq[:n], axis=0, out=frames_out[:n], mode="clip")
         pos = 0
         for name, (depth, _) in self.framed.items():
             out[f"{name}_idx"][:k] = local[:, pos:pos + depth]
             pos += depth
-        return len(uniq)
+        return n
 
     def oldest_first(self) -> np.ndarray:
         """Slot ids of the filled rows, oldest first (int64, (size,))."""

@@ -261,10 +261,15 @@ def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float
     return out
 
 
+def _stack_row_bytes(spec: dict) -> int:
+    """Bytes of one transition's obs + next_obs stacks: a row of the floor."""
+    return 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
+
+
 def _floor(spec: dict, capacity: int):
     """The floor's call and its untimed preparation: ``np.take`` of BATCH random rows of obs + next_obs bytes
     into a preallocated buffer (the rows live as long as the returned functions)."""
-    row_bytes = 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
+    row_bytes = _stack_row_bytes(spec)
     rows = np.zeros((capacity, row_bytes), np.uint8)
     rows[:, ::4096] = 1  # touch every page once so the gather reads resident memory
     out = np.empty((BATCH, row_bytes), np.uint8)
@@ -284,9 +289,8 @@ def _in_turns(op, other: tuple, reps: int, seconds: float) -> tuple[list[float],
 
 def gather_floor(spec: dict, floor: list[float], sample_row: Row) -> Row:
     """The Atari sample against the floor (timed in turns with it, see ``_in_turns``)."""
-    row_bytes = 2 * int(np.prod(spec["obs"][0])) * spec["obs"][1].itemsize
     r = Row("atari sample 512 vs the gather floor", "batches/s", sample_row.ours, "numpy take floor", target=1.0,
-            note=f"floor: np.take of {BATCH} random {row_bytes:,} B rows into a preallocated buffer, "
+            note=f"floor: np.take of {BATCH} random {_stack_row_bytes(spec):,} B rows into a preallocated buffer, "
                  "timed in turns with ours")
     r.values[sample_row.ours] = sample_row.values[sample_row.ours]
     r.values["numpy take floor"] = floor

@@ -329,7 +329,7 @@ class RingStore:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
         pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
         k, width = len(slots), self.frame_cols.shape[1]
-        if self._seen is None or len(self._seen) != self.pool.max_frames:  # scratch: -1 per pool frame between calls
+        if self._seen is None:  # scratch for _distinct_frames (-1 per pool frame between calls), made on first use
             self._seen = np.full(self.pool.max_frames, -1, dtype=np.int32)
         uniq = np.empty(k * width, dtype=np.int64)
         local = np.empty((k, width), dtype=np.int32)

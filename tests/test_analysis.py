@@ -69,3 +69,16 @@ def test_random_play_level_and_runs_against_it(pair):
         tail = ret[t >= t.max() - 0.2 * (t.max() - t.min())]
         assert n == len(tail) > 1 and mean == pytest.approx(tail.mean(), abs=0.01)
         assert z == pytest.approx((tail.mean() - level) / np.hypot(tail.std(ddof=1) / np.sqrt(n), level_se), abs=0.1)
+
+
+def test_replay_profile_takes_the_atari_sample_and_insert_apart():
+    proc = script("analysis/replay_profile.py", "--capacity", "1024", "--reps", "1")
+    assert proc.returncode == 0, proc.stderr
+    times = {line.rsplit(None, 2)[0].strip(): float(line.split()[-2])
+             for line in proc.stdout.splitlines() if line.endswith(" us")}
+    for part in ("sample into the reply", "tree descent (no gather)", "distinct frames, compiled",
+                 "distinct frames, np.unique", "gather floor (in turns with the sample)", "insert of one message",
+                 "plain copy of its frames"):
+        assert times[part] > 0, (part, proc.stdout)
+    assert any(k.startswith("copy of the batch's") for k in times), proc.stdout
+    assert "huge pages backing ours" in proc.stdout

@@ -214,5 +214,6 @@ def _check_owner(algorithm: str, key: str) -> None:
     users = [name for name, mod in SETTINGS.items()
              if any(rest == k or rest.startswith(k + ".") for k in mod.USES.get(section, ()))]
     whose = f" (a setting of {' and '.join(map(repr, users))})" if users else ""
+    read = [k.split(".", 1)[1] for k in COMMON if k.startswith(f"{section}.")] + list(uses.get(section, ()))
     raise ConfigError(key, f"agent.algorithm = '{algorithm}' does not use it{whose}; remove it. "
-                           f"'{algorithm}' reads [{section}] {', '.join(uses.get(section, ())) or 'nothing'}")
+                           f"'{algorithm}' reads [{section}] {', '.join(read) or 'nothing'}")

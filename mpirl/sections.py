@@ -86,6 +86,25 @@ class PredatorPreyConfig:
     punishment: float = setting(0.0, ge=-1000, le=0)
     capture_reward: float = setting(10.0, gt=0, le=1e6)
 
+    def crowding(self) -> tuple[str, str] | None:
+        """``(key, message)`` when the predators and prey do not fit on the grid, leading with the field to
+        change: the count that differs from its default (the prey before the predators), else the grid."""
+        g, n = self.grid, self.predators
+        m = self.prey or n
+        if n + m <= g * g:
+            return None
+        default = PredatorPreyConfig()
+        side = math.isqrt(n + m - 1) + 1  # the smallest square that holds them
+        most_predators = g * g // 2 if not self.prey else g * g - m
+        if self.prey and self.prey != default.prey and g * g - n >= 1:
+            key, fix = "prey", f"at most {g * g - n}"
+        elif n != default.predators and most_predators >= 2:
+            key, fix = "predators", f"at most {most_predators}" + (" (as many prey)" if not self.prey else "")
+        else:
+            key, fix = "grid", f"at least {side}"
+        return (f"env.predator_prey.{key}", f"{n} predators and {m} prey need {n + m} cells and a {g}x{g} grid has "
+                                            f"{g * g}; set env.predator_prey.{key} to {fix}")
+
 
 @dataclass
 class EnvConfig:

@@ -98,3 +98,18 @@ def test_every_shipped_job_validates(job):
         assert (cfg.replay.batch_size, cfg.replay.capacity, cfg.agent.n_step, cfg.comm.n_update) == (512, 65_536, 3, 16)
         assert n == 11 and cfg.topology.actors == 8 and obs_dtype == "uint8"
         assert cfg.replay.architecture in job
+
+
+@pytest.mark.parametrize("job, key, reads", [
+    ("taxi_distql.toml", "run.train_steps=5", "'distql' reads [run] name, seed, out_dir"),
+    ("taxi_distql.toml", "replay.alpha=1.0", "'distql' reads [replay] nothing"),
+    ("cartpole.toml", "qmix_nothing.x=1", None),
+])
+def test_a_key_the_algorithm_does_not_read_is_refused_naming_what_it_reads(job, key, reads):
+    if reads is None:
+        with pytest.raises(ConfigError, match="unknown section"):
+            config.load(JOBS / job, [key])
+        return
+    with pytest.raises(ConfigError) as err:
+        config.load(JOBS / job, [key])
+    assert err.value.key == key.split("=")[0] and str(err.value).endswith(reads), str(err.value)

@@ -462,3 +462,57 @@ def test_missing_package_names_the_marl_extra(monkeypatch):
     with pytest.raises(ModuleNotFoundError, match=INSTALL_HINT.replace("[", r"\[").replace("]", r"\]")) as err:
         make_team_env("mpe2.simple_spread_v3", seed=0)
     assert isinstance(err.value, MarlDependencyError)
+
+
+def test_a_missing_family_package_names_the_install_that_provides_it(monkeypatch):
+    """pettingzoo.atari needs multi_agent_ale_py, which the marl extra does not install: the message names
+    PettingZoo's atari extra (which lists it), and the marl extra only for PettingZoo and mpe2 themselves."""
+    from importlib.metadata import requires
+
+    from mpirl.envs.pettingzoo import install_hint
+    atari = [r for r in requires("pettingzoo") if 'extra == "atari"' in r]
+    assert any(r.startswith("multi_agent_ale_py") for r in atari)  # what the hint relies on
+    assert install_hint("multi_agent_ale_py", "pettingzoo.atari.pong_v3") == "pip install 'pettingzoo[atari]'"
+    assert install_hint("mpe2.simple_spread_v3", "mpe2.simple_spread_v3") == INSTALL_HINT
+    assert install_hint("pettingzoo", "pettingzoo.sisl.pursuit_v5") == INSTALL_HINT
+    assert install_hint("pymunk", "pettingzoo.sisl.pursuit_v5") == "pip install 'pettingzoo[sisl]'"
+    assert install_hint("zzz_nowhere", "mpe2.simple_v3").startswith("pip install zzz_nowhere")
+    monkeypatch.setitem(sys.modules, "multi_agent_ale_py", None)  # as if not installed, wherever this runs
+    with pytest.raises(MarlDependencyError, match=r"multi_agent_ale_py.*pip install 'pettingzoo\[atari\]'$"):
+        make_team_env("pettingzoo.atari.pong_v3", seed=0)
+
+
+@pytest.mark.parametrize("env_id, kwargs, limit", [
+    ("predator_prey", {}, ("max_steps", 200)),
+    ("predator_prey", {"max_steps": 17}, ("max_steps", 17)),
+    ("pettingzoo.sisl.pursuit_v5", {}, ("max_cycles", 500)),
+    ("pettingzoo.sisl.pursuit_v5", {"max_cycles": 60}, ("max_cycles", 60)),
+    ("mpe2.simple_spread_v3", {}, ("max_cycles", 25)),
+    ("mpe2.simple_v3", {}, ("max_cycles", 25)),
+    ("mpe2.simple_reference_v3", {"max_cycles": 40}, ("max_cycles", 40)),
+])
+def test_an_envs_own_episode_limit_is_read_off_the_env(env_id, kwargs, limit):
+    from mpirl.envs.pettingzoo import own_episode_limit
+    team = make_team_env(env_id, seed=0, **kwargs)
+    try:
+        assert own_episode_limit(team) == limit
+    finally:
+        team.close()
+
+
+def test_an_env_that_keeps_no_limit_says_so():
+    from pettingzoo import ParallelEnv
+
+    from mpirl.envs.pettingzoo import own_episode_limit
+
+    class Endless(ParallelEnv):
+        metadata = {"name": "endless_v0"}
+        possible_agents = ["a", "b"]
+
+        def observation_space(self, agent):
+            return spaces.Box(0, 1, (3,), np.float32)
+
+        def action_space(self, agent):
+            return spaces.Discrete(2)
+
+    assert own_episode_limit(TeamEnv(Endless())) is None

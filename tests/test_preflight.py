@@ -97,3 +97,40 @@ def test_launch_refuses_before_mpiexec_starts_so_one_line_is_all(tmp_path, args,
     assert proc.returncode == 2
     assert (proc.stdout + proc.stderr).strip().splitlines() == error_lines(proc) and error_lines(proc)[0].startswith(start)
     assert not any(tmp_path.iterdir())
+
+
+PREDATOR_PREY = str(JOBS / "predator_prey_qmix.toml")
+
+
+@pytest.mark.parametrize("job, n, sets, key", [
+    (CARTPOLE, 4, ("agent.hidden=[200000, 200000]",), "agent.hidden"),
+    (PREDATOR_PREY, 5, ("qmix.rnn_hidden=65536",), "qmix.rnn_hidden"),
+    (PREDATOR_PREY, 5, ("qmix.hypernet_hidden=65536", "qmix.mixer_embed=65536"), "qmix.mixer_embed"),
+    (PREDATOR_PREY, 5, ("qmix.loss_weights=macpo", "qmix.central_hidden=65536"), "qmix.central_hidden"),
+])
+def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tmp_path, job, n, sets, key):
+    """The estimate counts parameters without allocating them (torch's meta device): a network of many GB is
+    refused in a moment with the estimate and the setting that makes it big, through validate and launch."""
+    if job == PREDATOR_PREY:
+        pytest.importorskip("pettingzoo", reason="the marl extra (in the test extra)")
+    flags = [x for s in sets for x in ("--set", s)]
+    for command in ("validate", "launch"):
+        proc = run_cli(command, job, "-n", str(n), "--set", f'run.out_dir="{tmp_path}"', *flags)
+        lines = error_lines(proc)
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert lines[0].startswith(f"mpirl: error: {key}: the job needs about "), lines[0]
+        assert "use a smaller network" in lines[0] and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.mpi
+def test_every_exit_2_under_plain_mpiexec_is_one_line_and_open_mpis_box_as_the_readme_says(tmp_path):
+    """A key refused while loading the job (not an in-job check) under plain mpiexec: the one line, then Open MPI's
+    box about the non-zero exit; the README says so for every exit 2."""
+    from conftest import ROOT
+    job = run_mpi(2, tmp_path, "replay.capcity=3", timeout=120)
+    assert job.proc.returncode == 2 and len(error_lines(job.proc)) == 1, job.output
+    assert error_lines(job.proc)[0].startswith("mpirl: error: replay.capcity: unknown key")
+    assert "exited with non-zero status" in " ".join(job.output.split())  # Open MPI's box
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`mpiexec` every exit 2 (the ranks run every check themselves) is followed by Open MPI's own box" in readme

@@ -7,6 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
+from mpirl import config
+
 from conftest import JOBS, run_cli, run_mpi
 
 pytest.importorskip("pettingzoo", reason="QMIX jobs need the marl extra (the README's test command installs it)")
@@ -301,3 +303,81 @@ def test_a_killed_worker_ends_the_job_and_resume_continues(tmp_path):
         # Rows after the checkpoint were dropped; the counters continue from the last kept row.
         assert np.all(np.diff(wk["time"][()]) >= 0) and np.all(np.diff(wk["steps_served"][()]) >= 0)
         assert np.all(np.diff(wk["passes"][()]) >= 0) and wk["steps_served"][-1] > 0
+
+
+@pytest.mark.parametrize("sets, start", [
+    (("env.predator_prey.grid=3",), "env.predator_prey.grid: 8 predators and 8 prey need 16 cells and a 3x3 grid"),
+    (("env.predator_prey.predators=60",), "env.predator_prey.predators: 60 predators and 60 prey need 120 cells"),
+    (("env.predator_prey.grid=5", "env.predator_prey.prey=24"), "env.predator_prey.prey: 8 predators and 24 prey"),
+    (("env.id=pettingzoo.atari.pong_v3",), "env.id: pettingzoo.atari.pong_v3 needs the Python package "
+                                           "'multi_agent_ale_py', which is not installed: pip install 'pettingzoo[atari]'"),
+])
+def test_a_refusal_leads_with_the_field_to_change_and_a_fix_that_fixes(sets, start):
+    if "pong" in sets[0]:
+        import importlib.util
+        if importlib.util.find_spec("multi_agent_ale_py"):
+            pytest.skip("multi_agent_ale_py is installed here")
+    proc = run_cli("validate", str(JOB), "-n", "5", *[x for s in sets for x in ("--set", s)])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"mpirl: error: {start}"), proc.stderr
+    assert "mpirl[marl]" not in proc.stderr
+
+
+@pytest.mark.parametrize("env_id, steps", [("mpe2.simple_v3", 25), ("mpe2.simple_reference_v3", 25),
+                                           ("pettingzoo.sisl.pursuit_v5", 500), ("predator_prey", 200)])
+def test_max_episode_steps_0_keeps_the_envs_own_limit(env_id, steps):
+    proc = run_cli("validate", str(JOB), "-n", "5", "--set", f"env.id={env_id}")
+    assert proc.returncode == 0 and f"episodes of up to {steps} steps" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_set_limit_reaches_the_env_that_keeps_one():
+    from mpirl.algos.qmix.algorithm import spaces_of
+    from mpirl.algos.qmix.envs import make
+    from mpirl.envs.pettingzoo import own_episode_limit
+    cfg, _ = config.load(JOB, ["env.id=mpe2.simple_spread_v3", "env.max_episode_steps=40"])
+    spaces = spaces_of(cfg)
+    game = make(cfg, 0, spaces)
+    try:
+        assert spaces.episode_limit == 40 and own_episode_limit(game) == ("max_cycles", 40)
+        game.reset()
+        steps = 0
+        while not (out := game.step(np.zeros(game.n_agents, np.int64))).truncated:
+            steps += 1
+        assert steps + 1 == 40 and not out.terminated
+    finally:
+        game.close()
+
+
+def test_an_env_that_keeps_no_limit_needs_max_episode_steps(monkeypatch, capsys):
+    """An env id by import path whose env keeps no max_cycles: 0 cannot keep a limit it does not have."""
+    import sys
+    import types
+
+    from gymnasium import spaces
+    from pettingzoo import ParallelEnv
+
+    from mpirl import cli
+
+    class Endless(ParallelEnv):
+        metadata = {"name": "endless_v0"}
+        possible_agents = ["a", "b"]
+
+        def observation_space(self, agent):
+            return spaces.Box(0, 1, (3,), np.float32)
+
+        def action_space(self, agent):
+            return spaces.Discrete(2)
+
+        def close(self):
+            pass
+
+    module = types.ModuleType("mpe2.endless_v0")
+    module.parallel_env = lambda **kwargs: Endless()
+    monkeypatch.setitem(sys.modules, "mpe2.endless_v0", module)
+    assert cli.main(["validate", str(JOB), "-n", "5", "--set", "env.id=mpe2.endless_v0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mpirl: error: env.max_episode_steps: 0 keeps the environment's "
+                                               "own limit, and 'mpe2.endless_v0' keeps none"), err
+    assert cli.main(["validate", str(JOB), "-n", "5", "--set", "env.id=mpe2.endless_v0",
+                     "--set", "env.max_episode_steps=30"]) == 0
+    assert "episodes of up to 30 steps" in capsys.readouterr().out

@@ -3,6 +3,8 @@ the Nature-DQN convolutions for stacked frames."""
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import torch
 from torch import nn
 
@@ -74,3 +76,20 @@ def build_network(obs_shape: tuple[int, ...], n_actions: int, hidden: list[int])
     if len(obs_shape) == 3:
         return NatureCNN(tuple(obs_shape), n_actions, hidden[-1])
     raise ValueError(f"no network for observations of shape {obs_shape} (vectors or (C, H, W) frame stacks)")
+
+
+T = TypeVar("T")
+
+
+def shapes_only(build: Callable[[], T]) -> T:
+    """``build()`` with every tensor it makes on torch's meta device: shapes and parameter counts, no memory.
+
+    The memory estimates count a job's networks this way, so a network of many GB is refused by its size
+    before anything allocates it (and a shape no layer takes still raises, as it would for real)."""
+    with torch.device("meta"):
+        return build()
+
+
+def parameter_count(*modules: nn.Module | None) -> int:
+    """Parameters of ``modules`` (None ones skipped), real or on the meta device."""
+    return sum(p.numel() for m in modules if m is not None for p in m.parameters())

@@ -40,16 +40,20 @@ flattened and concatenated in agent order (``state_source == "observations"``).
 Action masks, first found: ``infos[agent]["action_mask"]``; a dict observation
 ``{"observation", "action_mask"}``; the env's ``action_mask(agent)``; otherwise all legal.
 
-Nothing here imports pettingzoo at module import time: without the ``marl`` extra, the
-functions raise :class:`MarlDependencyError` (a ``ModuleNotFoundError``) that names
-``pip install 'mpirl[marl]'``.
+Nothing here imports pettingzoo at module import time: a missing package raises
+:class:`MarlDependencyError` (a ``ModuleNotFoundError``) whose message names the install that
+provides it (:func:`install_hint`): ``pip install 'mpirl[marl]'`` for PettingZoo and mpe2 themselves,
+PettingZoo's extra of the env's family for that family's packages (``pettingzoo.atari.*`` needs
+``multi_agent_ale_py``: ``pip install 'pettingzoo[atari]'``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import math
+import re
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -57,19 +61,57 @@ from gymnasium import spaces
 
 INSTALL_HINT = "pip install 'mpirl[marl]'"
 REWARD_MODES = ("same", "mean", "sum")
+MARL_EXTRA = ("pettingzoo", "mpe2")  # what mpirl's marl extra installs (setup.cfg), when its metadata is not at hand
 
 
 class MarlDependencyError(ModuleNotFoundError):
     """A multi-agent env's package is missing; the message says how to install it."""
 
 
+def _norm(name: str) -> str:
+    """A package or module name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _extras(distribution: str) -> dict[str, set[str]]:
+    """``{extra: {normalized names of what it requires}}`` of an installed distribution ({} when it is not)."""
+    try:
+        requires = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    out: dict[str, set[str]] = {}
+    for req in requires:
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        name = re.match(r"[A-Za-z0-9._-]+", req)
+        if extra and name:
+            out.setdefault(extra.group(1), set()).add(_norm(name.group(0)))
+    return out
+
+
+def install_hint(module: str, env_id: str = "") -> str:
+    """The install that provides the Python module ``module`` for the env ``env_id``: mpirl's marl extra for
+    PettingZoo and mpe2; for a module of a PettingZoo family's own dependencies (``pettingzoo.<family>.<env>``),
+    PettingZoo's extra of that family; else the module by its name."""
+    top = module.split(".")[0]
+    marl = _extras("mpirl").get("marl") or {_norm(m) for m in MARL_EXTRA}
+    if _norm(top) in {n.split("[")[0] for n in marl}:
+        return INSTALL_HINT
+    parts = env_id.split(".")
+    if len(parts) >= 3 and parts[0] == "pettingzoo" and parts[1] in _extras("pettingzoo"):
+        return f"pip install 'pettingzoo[{parts[1]}]'"
+    return f"pip install {top}  (the package that provides the module {top!r})"
+
+
+def missing_package(what: str, module: str, env_id: str = "") -> MarlDependencyError:
+    return MarlDependencyError(f"{what} needs the Python package {module!r}, which is not installed: "
+                               f"{install_hint(module, env_id)}", name=module)
+
+
 def _import(module: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        missing = getattr(err, "name", None) or module
-        raise MarlDependencyError(f"{what} needs the Python package {missing!r}, which is not installed: "
-                                  f"{INSTALL_HINT}", name=missing) from None
+        raise missing_package(what, getattr(err, "name", None) or module, what) from None
 
 
 def _pz_env_classes():
@@ -324,10 +366,8 @@ def _pursuit(kwargs: dict) -> TeamEnv:
     try:
         env = pz.make("parallel", "sisl/pursuit-v5", **kwargs)
     except errors.FailedToImport as err:
-        cause = err.__cause__
-        missing = getattr(cause, "name", None) or "pettingzoo[sisl]"
-        raise MarlDependencyError(f"pettingzoo.sisl.pursuit_v5 needs the Python package {missing!r}, which is "
-                                  f"not installed: {INSTALL_HINT}", name=missing) from None
+        missing = getattr(err.__cause__, "name", None) or "pygame"
+        raise missing_package("pettingzoo.sisl.pursuit_v5", missing, "pettingzoo.sisl.pursuit_v5") from None
     return TeamEnv(env, reward="mean", noop=4)  # pursuit's action 4: stay
 
 
@@ -345,8 +385,7 @@ def _any_parallel(env_id: str, kwargs: dict) -> TeamEnv:
         if err.name and env_id.startswith(err.name):
             raise ValueError(f"no module {env_id!r}; known ids: {', '.join(TEAM_ENVS)}, or a PettingZoo env "
                              "module such as pettingzoo.sisl.pursuit_v5") from None
-        raise MarlDependencyError(f"{env_id} needs the Python package {err.name!r}, which is not installed: "
-                                  f"{INSTALL_HINT}", name=err.name) from None
+        raise missing_package(env_id, err.name, env_id) from None
     if not callable(getattr(mod, "parallel_env", None)):
         raise ValueError(f"{env_id} has no parallel_env(): it is an AEC (turn-based) env only, and QMIX steps "
                          "every agent at once (a ParallelEnv)")
@@ -378,6 +417,29 @@ def make_team_env(env_id: str, seed: int | None = None, **kwargs) -> TeamEnv:
         raise ValueError(f"bad settings for {env_id}: {err}") from None
     team._pending_seed = seed
     return team
+
+
+LIMIT_KEYWORDS = ("max_cycles", "max_steps")  # PettingZoo's name for an env's episode limit; predator_prey's
+
+
+def own_episode_limit(team: TeamEnv) -> tuple[str, int] | None:
+    """``(keyword, steps)``: the episode limit the env keeps and the constructor keyword that sets it (PettingZoo's
+    envs keep their ``max_cycles``, possibly on an inner env; predator_prey its ``max_steps``), read off the env
+    and its wrappers; None where none of them says."""
+    todo, seen = [team.env], set()
+    while todo:
+        obj = todo.pop(0)
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        attrs = getattr(obj, "__dict__", {})
+        for key in LIMIT_KEYWORDS:
+            value = attrs.get(key)
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+                return key, int(value)
+        todo += [attrs.get(inner) for inner in ("env", "aec_env", "_env")]
+        todo.append(getattr(obj, "unwrapped", None))
+    return None
 
 
 def team_env_spaces(env_id: str, **kwargs) -> TeamSpaces:

@@ -35,10 +35,14 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
         raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and Ape-X plays "
                                     "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
     obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    try:  # the estimate builds the job's network: a shape no network takes is refused here
+    try:  # the estimate builds the job's network (shapes only): a shape no network takes is refused here
         est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
     except ValueError as err:
         raise ConfigError("env.id", str(err)) from None
+    except RuntimeError as err:  # a layer refused the shape, e.g. a convolution wider than the image
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError("env.id", f"{cfg.env.id!r} observes {obs_shape} {np.dtype(obs_dtype)} and the network "
+                                    f"for that shape cannot take it ({first}); choose another environment") from None
     from mpirl.agents.dqn import transition_spec
     # The estimate counted the network's parameters in float32 bytes: that is the broadcast's length.
     return Checked(Spaces(obs_shape, np.dtype(obs_dtype), n_actions), transition_spec(obs_shape, obs_dtype),

@@ -32,17 +32,17 @@ def _slot_bytes(spec: dict, dedup: bool) -> float:
 
 
 def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, batch: int) -> tuple[int, int]:
-    """(parameters in bytes, activations of one training batch in bytes) of the job's network."""
+    """(parameters in bytes, activations of one training batch in bytes) of the job's network, counted on torch's
+    meta device (nothing is allocated, so a network no node can hold is refused by its size, not by building it)."""
     import torch
 
-    from mpirl.agents.networks import build_network
-    net = build_network(obs_shape, n_actions, hidden)
-    params = sum(p.numel() for p in net.parameters()) * 4
+    from mpirl.agents.networks import build_network, parameter_count, shapes_only
+    net = shapes_only(lambda: build_network(obs_shape, n_actions, hidden))
+    params = parameter_count(net) * 4
     outputs: list[int] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() // 2))
              for m in net.modules() if not list(m.children())]
-    with torch.no_grad():
-        net(torch.zeros((2, *obs_shape)))
+    net(torch.zeros((2, *obs_shape), device="meta"))
     for h in hooks:
         h.remove()
     # The batch's forward pass with its gradients, the target passes, and obs/next_obs as float32.

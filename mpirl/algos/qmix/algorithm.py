@@ -33,42 +33,59 @@ class Spaces(NamedTuple):
     state_dtype: np.dtype
     n_actions: int
     episode_limit: int
+    limit_keyword: str | None = None  # the env's keyword for it (None: the actors cut episodes at the limit)
 
 
 def spaces_of(cfg: JobConfig) -> Spaces:
     """The env's spaces, or a ConfigError naming env.id and why QMIX cannot use it."""
-    try:
-        from mpirl.envs import pettingzoo as pz
-    except ModuleNotFoundError as err:
-        raise ConfigError("env.id", f"QMIX needs PettingZoo ({err.name} is missing); "
-                                    "install it with: pip install 'mpirl[marl]'") from None
+    from mpirl.envs import pettingzoo as pz
     try:
         env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
-    except ModuleNotFoundError as err:
-        raise ConfigError("env.id", f"{cfg.env.id!r} needs {err.name}, which is not installed; "
-                                    "pip install 'mpirl[marl]'") from None
+    except ModuleNotFoundError as err:  # the message names the install that provides it
+        missing = err if isinstance(err, pz.MarlDependencyError) else pz.missing_package(cfg.env.id, err.name or "?",
+                                                                                  cfg.env.id)
+        raise ConfigError("env.id", str(missing)) from None
     except (ValueError, TypeError) as err:
         raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
     try:
+        limit = episode_limit(cfg, env)
         return Spaces(env.n_agents, tuple(env.obs_shape), np.dtype(env.obs_dtype), tuple(env.state_shape),
-                      np.dtype(env.state_dtype), int(env.n_actions), episode_limit(cfg))
+                      np.dtype(env.state_dtype), int(env.n_actions), limit.steps, limit.keyword)
     finally:
         env.close()
 
 
-def _networks(spaces: Spaces, cfg: JobConfig) -> tuple[int, int]:
-    """(agent network parameters, all learner parameters) of the job's QMIX."""
+# The settings that size QMIX's networks (MAC-PO's central mixer only with qmix.loss_weights = "macpo").
+NETWORK_KEYS = ("rnn_hidden", "mixer_embed", "hypernet_hidden", "central_hidden")
+
+
+class Networks(NamedTuple):
+    agent: int  # the agent network's parameters: what every broadcast carries
+    total: int  # every network the learner trains (agent, mixer, MAC-PO's central mixer)
+    key: str  # the setting that makes them big: the one whose shrinking to 1 would shrink them most
+
+
+def _networks(spaces: Spaces, cfg: JobConfig) -> Networks:
+    """The job's QMIX networks counted on torch's meta device (nothing is allocated: a network no node can hold
+    is refused by the memory check with the setting that sizes it, not by building it)."""
+    from mpirl.agents.networks import parameter_count, shapes_only
     from mpirl.agents.qmix import QmixHyper, QMixLearner
     q = cfg.qmix
-    hp = QmixHyper(rnn_hidden=q.rnn_hidden, mixer_embed=q.mixer_embed, hypernet_hidden=q.hypernet_hidden,
-                   loss_weights=q.loss_weights, central_hidden=q.central_hidden)
-    learner = QMixLearner(spaces.n_agents, spaces.obs_shape, spaces.state_shape, spaces.n_actions, hp)
-    total = sum(p.numel() for net in (learner.agent, learner.mixer, learner.central) if net is not None
-                for p in net.parameters())
-    return learner.n_params, total
+
+    def count(**change) -> tuple[int, int]:
+        widths = {k: change.get(k, getattr(q, k)) for k in NETWORK_KEYS}
+        hp = QmixHyper(loss_weights=q.loss_weights, **widths)
+        learner = shapes_only(lambda: QMixLearner(spaces.n_agents, spaces.obs_shape, spaces.state_shape,
+                                                  spaces.n_actions, hp, device="meta"))
+        return learner.n_params, parameter_count(learner.agent, learner.mixer, learner.central)
+
+    agent, total = count()
+    keys = [k for k in NETWORK_KEYS if k != "central_hidden" or q.loss_weights == "macpo"]
+    key = min(keys, key=lambda k: count(**{k: 1})[1])
+    return Networks(agent, total, f"qmix.{key}")
 
 
-def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_params: int, total_params: int):
+def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, nets: Networks):
     """Each rank's memory: episode slots from the spec, messages from their layouts, the networks, and the
     learner's batch (its activations over B episodes x T+1 steps x n agents)."""
     rp, c, t = cfg.replay, cfg.comm, cfg.topology
@@ -81,7 +98,8 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
     activations = rows * (4 * (int(np.prod(spaces.obs_shape)) + spaces.n_actions + spaces.n_agents)
                           + 8 * 4 * cfg.qmix.rnn_hidden)
     batch = 2 * rp.batch_size * slot  # the batch as numpy and as tensors
-    network = 5 * 4 * total_params + activations + batch
+    n_params = nets.agent
+    network = 5 * 4 * nets.total + activations + batch
     per_buffer = math.ceil((t.worker_ranks or int(t.on_learner) or n_act) / n_buf)  # the ranks sending to one buffer
     if rp.architecture == "proposed":
         replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
@@ -108,8 +126,8 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, n_para
         actor = (memory.PROCESS + (E + c.send_batch) * slot + c.send_ring * message + 3 * 4 * n_params)
     if t.on_learner:  # the learner's rank is the worker
         learner, worker = learner + worker - memory.PROCESS, 0
-    return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * total_params,
-                           network_key="qmix.rnn_hidden", worker=int(worker), workers=t.worker_ranks)
+    return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * nets.total,
+                           network_key=nets.key, worker=int(worker), workers=t.worker_ranks)
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
@@ -118,8 +136,8 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     spaces = spaces_of(cfg)
     spec = episode_spec(spaces.n_agents, spaces.obs_shape, spaces.obs_dtype, spaces.state_shape,
                         spaces.state_dtype, spaces.n_actions, spaces.episode_limit)
-    n_params, total = _networks(spaces, cfg)
-    return Checked(spaces, spec, n_params, estimate(cfg, world_size, spaces, spec, n_params, total))
+    nets = _networks(spaces, cfg)
+    return Checked(spaces, spec, nets.agent, estimate(cfg, world_size, spaces, spec, nets))
 
 
 

@@ -215,7 +215,7 @@ class QmixLearner(Learner):
         n = cfg.qmix.test_episodes
         if self.test_games is None:
             seed = int(np.random.SeedSequence([cfg.run.seed, 99991]).generate_state(1)[0])
-            self.test_games = [make(cfg, seed + k) for k in range(n)]
+            self.test_games = [make(cfg, seed + k, s) for k in range(n)]
             self.test_policy = QMixPolicy(s.n_agents, s.obs_shape, s.n_actions, cfg.qmix.rnn_hidden)
             self.test_seed = seed
         policy = self.test_policy

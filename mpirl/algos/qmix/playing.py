@@ -75,7 +75,7 @@ class Games:
     def __init__(self, cfg: JobConfig, spaces, seed: int, label: str):
         self.cfg, self.label, self.seed = cfg, label, seed
         self.n = cfg.env.envs_per_actor
-        self.limit = spaces.episode_limit
+        self.spaces, self.limit = spaces, spaces.episode_limit
         spec = step_spec(spaces)
         self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in spec.items()}
         self.length = np.zeros(self.n, dtype=np.int64)
@@ -85,7 +85,7 @@ class Games:
     def start(self) -> Outcome:
         """Build and reset every game (a rebuilt set gets seeds of its own)."""
         seed = self.seed + 7919 * self.env_errors
-        self.envs = [make(self.cfg, seed + k) for k in range(self.n)]
+        self.envs = [make(self.cfg, seed + k, self.spaces) for k in range(self.n)]
         for key in ("reward", "terminated", "ended"):
             self.out[key][:] = 0
         for k, env in enumerate(self.envs):

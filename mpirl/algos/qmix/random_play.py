@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpirl.algos.qmix.envs import episode_limit, make
+from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
 
 
@@ -13,8 +13,10 @@ def random_play(cfg: JobConfig, episodes: int = 32, seed: int = 12345) -> dict:
     ``lone_catches`` (NaN where the env does not count them) and ``lengths`` as arrays."""
     from mpirl.algos.qmix.learner import episode_stats
     rng = np.random.default_rng(seed)
-    game = make(cfg, seed)
-    limit = episode_limit(cfg)
+    from mpirl.algos.qmix.algorithm import spaces_of
+    spaces = spaces_of(cfg)
+    game = make(cfg, seed, spaces)
+    limit = spaces.episode_limit
     out = {k: np.zeros(episodes) for k in ("returns", "captures", "lone_catches", "lengths")}
     try:
         for e in range(episodes):

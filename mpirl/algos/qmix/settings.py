@@ -56,6 +56,9 @@ def check(cfg) -> None:
     if q.epsilon_finish > q.epsilon_start:
         raise ConfigError("qmix.epsilon_finish", f"must be <= qmix.epsilon_start ({q.epsilon_start}), "
                                                  f"got {q.epsilon_finish}")
+    crowded = cfg.env.predator_prey.crowding() if cfg.env.id == "predator_prey" else None
+    if crowded:
+        raise ConfigError(*crowded)
     share = -(-rp.batch_size // cfg.topology.buffers)
     if rp.learning_starts < rp.batch_size:
         raise ConfigError("replay.learning_starts", f"episodes held before sampling must be >= replay.batch_size "

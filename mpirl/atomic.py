@@ -19,10 +19,18 @@ def write_atomically(path: Path) -> Iterator[BinaryIO]:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         yield f
-        f.flush()
-        os.fsync(f.fileno())
+    commit(tmp, path)
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """Sync the closed file ``tmp`` and rename it to ``path`` (for writers that need a file name, such as HDF5)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    dir_fd = os.open(Path(path).parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:

@@ -34,13 +34,6 @@ def _algorithm(cfg: config.JobConfig):
     return algos.algorithm(cfg.agent.algorithm)
 
 
-def _resumable(cfg: config.JobConfig, algo, resume) -> None:
-    """``--resume`` only for an algorithm that checkpoints (DistQL keeps none)."""
-    if resume and not getattr(algo, "RESUMABLE", True):
-        raise config.ConfigError("--resume", f"agent.algorithm = '{cfg.agent.algorithm}' keeps no checkpoint, so "
-                                             "its runs cannot be resumed; run the job again without --resume")
-
-
 def _ranks(args, cfg: config.JobConfig) -> int:
     """``-n`` if given (it must be >= 1), else the world size the job needs."""
     if args.n is None:
@@ -59,7 +52,6 @@ def cmd_run(args) -> int:
     try:
         cfg, text = _load(args)
         algo = _algorithm(cfg)
-        _resumable(cfg, algo, args.resume)
         return run_job(cfg, algo, text, args.job, quiet=args.quiet, resume=args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
@@ -81,7 +73,6 @@ def cmd_launch(args) -> int:
                                      f"got {args.grace}")
         from mpirl.roles.checks import check_local_job
         algo = _algorithm(cfg)
-        _resumable(cfg, algo, args.resume)
         check_local_job(cfg, algo, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
             from mpirl.roles.checkpoint import plan_resume
@@ -102,7 +93,6 @@ def cmd_validate(args) -> int:
         from mpirl.roles.checks import check_job
         n = _ranks(args, cfg)
         algo = _algorithm(cfg)
-        _resumable(cfg, algo, args.resume)
         checked = check_job(cfg, algo, n, args.job)
         est = checked.memory
         plan = None
@@ -118,7 +108,7 @@ def cmd_validate(args) -> int:
           f"{memory.LIBRARIES / 2**20:.0f} MiB of shared libraries); "
           f"this node has {'?' if avail is None else f'{avail / 2**30:.1f}'} GiB available")
     if plan:
-        print(f"ok: resumes {plan.run_dir} from {Path(plan.checkpoint).name} (train step {plan.train_steps})")
+        print(f"ok: resumes {plan.run_dir} from {plan.where()}")
     elif args.resume:
         print(f"ok: --resume {args.resume}: no unfinished run with a checkpoint; a new run starts")
     return 0

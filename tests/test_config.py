@@ -101,7 +101,8 @@ def test_every_shipped_job_validates(job):
 
 
 @pytest.mark.parametrize("job, key, reads", [
-    ("taxi_distql.toml", "run.train_steps=5", "'distql' reads [run] name, seed, out_dir"),
+    ("taxi_distql.toml", "run.train_steps=5", "'distql' reads [run] name, seed, out_dir, wall_seconds, env_steps, "
+     "target_return, return_window"),
     ("taxi_distql.toml", "replay.alpha=1.0", "'distql' reads [replay] nothing"),
     ("cartpole.toml", "qmix_nothing.x=1", None),
 ])

@@ -3,6 +3,7 @@ they wrote to qserver.h5): learning, determinism in sync mode, replies, bad inpu
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -138,6 +139,40 @@ def test_messages_round_trip():
     assert (r.round, r.stop, r.idx.tolist(), r.eta.tolist()) == (3, True, [4, 9], [0.5, 0.25])
 
 
+def test_a_workers_state_round_trips_through_its_message_and_restores_its_table():
+    rng = random.Random(4)
+    table = WorkerTable(6, 2)
+    for s_, a in ((0, 1), (3, 0), (5, 1)):
+        table.update(s_, a, 1.0, (s_ + 1) % 6, False)
+    table.changed_pairs()  # sent: nothing changed since
+    state = msg.State(12, 3, 400, False, 1.25, 0.5, rng.getstate(), '{"x": 1}', *table.seen_pairs())
+    buf = np.empty(msg.state_nbytes(12), np.uint8)
+    got = msg.unpack_state(buf[:msg.pack_state(buf, state)])
+    assert (got.played, got.rounds, got.env_steps, got.last, got.compute_s, got.env_rng) == (12, 3, 400, False,
+                                                                                            1.25, '{"x": 1}')
+    assert got.rng == rng.getstate() and got.idx.tolist() == [1, 6, 11]
+    again = WorkerTable(6, 2)
+    again.restore(got.idx, got.q, got.eta)
+    assert np.array_equal(again.q, table.q) and np.array_equal(again.eta, table.eta)
+    assert np.array_equal(again.seen, table.seen) and again.changed_pairs()[0].size == 0
+
+
+def test_a_greedy_evaluation_that_loops_is_cut_and_counted():
+    """CliffWalking sets no step limit: a table whose best action is always 'up' walks to the top row and stays."""
+    from mpirl.algos.distql.server import evaluate
+    from mpirl.config import EnvConfig
+    from mpirl.envs.discrete import make_tabular_env
+    env = make_tabular_env(EnvConfig(id="CliffWalking-v1"), [8, 8, 8, 12], seed=0)
+    table = ServerTable(env.n_states, env.n_actions)
+    table.seen[:] = True
+    table.q[:, 0] = 1.0  # up
+    try:
+        out = evaluate(table, env, 3, np.random.default_rng(0), max_steps=50)
+    finally:
+        env.close()
+    assert out["capped"] == 3 and out["length_mean"] == 50 and out["return_mean"] == -50
+
+
 # ---- real jobs ----
 
 def _launch(tmp_path, n, *sets, timeout=240):
@@ -179,32 +214,117 @@ def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it
     assert watch.returncode == 0 and "1,200 of 1,200" in watch.stdout, watch.stdout
 
 
-def test_ctrl_c_stops_a_distql_job_early_and_every_rank_exits(tmp_path):
+def _checkpoints(run_dir):
+    return sorted((run_dir / "checkpoints").glob("ckpt-*.h5"))
+
+
+def _episodes(run_dir) -> dict[int, list[int]]:
+    """Each worker's episode indices as qserver.h5 holds them, in row order."""
+    with h5py.File(run_dir / "qserver.h5", "r") as f:
+        e = f["episodes"]
+        workers, index = e["worker"][()], e["episode"][()]
+    return {int(w): index[workers == w].tolist() for w in np.unique(workers)}
+
+
+def _wait_for_checkpoint(job, out, seconds=180):
+    """Until the run under ``out`` has a checkpoint, whatever the machine's speed."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        found = [c for run in out.glob("*/") for c in _checkpoints(run)]
+        if found:
+            return found
+        time.sleep(0.1)
+    pytest.fail(f"no checkpoint within {seconds} s\n{job.head[-3000:]}")
+
+
+@pytest.mark.parametrize("how", ["SIGUSR1", "kill -9 a worker", "kill -9 the server"])
+def test_a_stopped_or_killed_distql_job_resumes_and_counts_every_episode_once(tmp_path, how):
+    """Ctrl-C through mpirl launch (SIGUSR1 to the job) ends it preempted (exit 75) after a last checkpoint; a kill -9
+    of a worker or of the server leaves the periodic one (and perhaps a cut it had begun, which nothing reads). Either way --resume continues the same run: the merged table's counts
+    only grow, each worker's episodes are 0, 1, 2, ... once each, and the run completes."""
     from test_launcher import Launched, gone
     out = tmp_path / "runs"
+    sets = ["distql.workers=2", "distql.episodes=10000000", "log.flush_seconds=0.2", "distql.eval_episodes=0",
+            "checkpoint.every_seconds=0.5"]
     job = Launched(out, cmd=[sys.executable, "-m", "mpirl", "launch", "-n", "3", TAXI, "--set", f'run.out_dir="{out}"',
-                             "--set", "distql.workers=2", "--set", "distql.episodes=10000000",
-                             "--set", "log.flush_seconds=0.2", "--set", "distql.eval_episodes=0"])
+                             *[x for s in sets for x in ("--set", s)]])
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not list(out.glob("*/qserver.h5")):
-            time.sleep(0.1)
-        time.sleep(2.0)
-        job.signal(signal.SIGINT, terminal=True)
-        code, text, _ = job.finish(60)
-        assert code == 0, text[-3000:]
+        _wait_for_checkpoint(job, out)
+        if how == "SIGUSR1":
+            job.signal(signal.SIGINT, terminal=True)
+            code, text, _ = job.finish(120)
+            assert code == 75, text[-3000:]
+            assert "checkpoint written. Continue with: mpirl launch" in text
+        else:
+            os.kill(job.rank_pid(0 if how.endswith("server") else 2), signal.SIGKILL)
+            code, text, _ = job.finish(120)
+            assert code not in (0, 75), text[-3000:]
         assert gone(job.marker, 10)
-        with h5py.File(job.run_dir / "run.h5", "r") as f:
-            assert f.attrs["status"] == "stopped", dict(f.attrs)  # final, and not "preempted": nothing to resume
-            assert f.attrs["stop_reason"].startswith("stopped early by SIGUSR1"), dict(f.attrs)
-            assert "cannot be resumed" in f.attrs["stop_reason"]
-        with h5py.File(job.run_dir / "qserver.h5", "r") as f:
-            w = f["workers"]
-            byes = w["bye"][()]
-            assert sorted(w["worker"][byes].tolist()) == [1, 2] and (w["episodes"][byes] < 10000000).all()
-            assert "table/q" in f
     finally:
         job.kill()
+    run = job.run_dir
+    with h5py.File(run / "run.h5", "r") as f:
+        status = f.attrs["status"]
+    if how == "SIGUSR1":
+        assert status == "preempted"
+    else:
+        assert status == "running" and "status     dead" in run_cli("info", str(run)).stdout
+    last = _checkpoints(run)[-1]
+    with h5py.File(last, "r") as f:
+        before = f["server/merges"][()]
+        at_checkpoint = {int(w): int(f[f"workers/{w}"].attrs["played"]) for w in (1, 2)}
+        steps = sum(int(f[f"workers/{w}"].attrs["env_steps"]) for w in (1, 2))
+    # Resume with a bound on the env steps (a stop condition may change on resume): it ends on its own.
+    proc = run_cli("launch", "-n", "3", TAXI, "--set", f'run.out_dir="{out}"', *[x for s in sets for x in ("--set", s)],
+                   "--set", f"run.env_steps={steps + 20_000}", "--resume", str(run), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resuming {run} from {last.name} (merges " in proc.stdout
+    with h5py.File(run / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1
+        assert f.attrs["stop_reason"] == f"env_steps {steps + 20_000} reached"
+    with h5py.File(run / "qserver.h5", "r") as f:
+        after = f["table/merges"][()]
+        stats = f["workers"]
+        byes = stats["bye"][()]
+        final = {int(w): int(n) for w, n in zip(stats["worker"][byes], stats["episodes"][byes])}
+    assert (after >= before).all() and after.sum() > before.sum()
+    for w, index in _episodes(run).items():  # nothing lost, nothing twice, the resumed run went on
+        assert index == list(range(len(index))) and len(index) == final[w] > at_checkpoint[w], (w, index[-5:])
+
+
+def test_a_sync_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp_path):
+    """In sync mode a run is deterministic, and a checkpoint keeps all of it (tables, counters, the workers' and
+    their environments' generators): stopped by a stop condition and resumed, it ends with the very table and
+    episodes of a run that was never stopped."""
+    sets = ("distql.workers=2", "distql.exchange=sync", "distql.episodes=600", "run.seed=3", "distql.eval_episodes=0")
+    whole = _launch(tmp_path / "whole", 3, *sets)
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    part = _launch(tmp_path / "part", 3, *sets, "run.env_steps=20000")
+    assert part.returncode == 0, part.stdout[-3000:] + part.stderr[-3000:]
+    run = _run_dir(tmp_path / "part")
+    with h5py.File(run / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == "env_steps 20000 reached"
+    assert _checkpoints(run)
+    rest = run_cli("launch", "-n", "3", TAXI, "--set", f"run.out_dir={tmp_path / 'part'}",
+                   *[x for s in sets for x in ("--set", s)], "--set", "run.env_steps=0", "--resume", str(run),
+                   timeout=240)
+    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:]
+    got = []
+    for r in (_run_dir(tmp_path / "whole"), run):
+        with h5py.File(r / "qserver.h5", "r") as f:
+            e = f["episodes"]
+            order = np.lexsort((e["episode"][()], e["worker"][()]))
+            got.append((f["table/q"][()], f["table/merges"][()], e["return"][()][order], e["episode"][()][order]))
+    assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])
+    assert np.array_equal(got[0][2], got[1][2]) and np.array_equal(got[0][3], got[1][3])
+
+
+def test_run_stop_conditions_end_a_distql_job(tmp_path):
+    proc = _launch(tmp_path, 3, "distql.workers=2", "distql.episodes=10000000", "run.wall_seconds=1",
+                   "distql.eval_episodes=0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with h5py.File(_run_dir(tmp_path) / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["stop_reason"] == "wall_seconds 1 reached"
 
 
 def test_taxi_learns_with_two_workers(tmp_path):
@@ -260,7 +380,9 @@ BAD = [
     (("--set", "replay.capacity=10"), "replay.capacity: agent.algorithm = 'distql' does not use it"),
     (("--set", "topology.buffers=2"), "topology.buffers: agent.algorithm = 'distql' does not use it"),
     (("--set", "qmix.td_lambda=0.5"), "qmix.td_lambda: [qmix] belongs to agent.algorithm = 'qmix'"),
-    (("--resume", "auto"), "--resume: agent.algorithm = 'distql' keeps no checkpoint"),
+    (("--set", "run.train_steps=5"), "run.train_steps: agent.algorithm = 'distql' does not use it"),
+    (("--set", "checkpoint.every_steps=5"), "checkpoint.every_steps: agent.algorithm = 'distql' does not use it"),
+    (("--set", "distql.eval_max_steps=0"), "distql.eval_max_steps: must be an integer"),
 ]
 
 

@@ -61,9 +61,10 @@ def test_a_job_sets_only_keys_its_algorithm_reads():
     assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
     assert all(config.reads("qmix", key) for key in flat)
     cfg.agent.algorithm = "distql"
-    flat = cfg.flat()  # DistQL reads its section, env.id and the run's name, seed and directory
-    assert {"distql.tau", "env.id", "run.seed", "run.out_dir"} <= set(flat)
-    assert not {"topology.buffers", "run.train_steps", "checkpoint.keep", "replay.capacity"} & set(flat)
+    flat = cfg.flat()  # DistQL reads its section, env.id, the run's name, seed, directory and stop conditions but
+    # train steps, and the checkpoints' cadence but the train steps'
+    assert {"distql.tau", "env.id", "run.seed", "run.out_dir", "run.wall_seconds", "checkpoint.keep"} <= set(flat)
+    assert not {"topology.buffers", "run.train_steps", "checkpoint.every_steps", "replay.capacity"} & set(flat)
 
 
 def test_no_algorithm_imports_another_algorithm_s_folder():

@@ -100,6 +100,20 @@ class WorkerTable:
         return (np.array(idx, np.int32), np.array([q[i] for i in idx], np.float64),
                 np.array([eta[i] for i in idx], np.float64))
 
+    def seen_pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(flat index, Q, eta) of every pair the worker has seen: with the update counts in eta, its whole table
+        (an unseen pair always holds Q 0 and eta0)."""
+        idx = np.flatnonzero(np.array(self._seen, bool)).astype(np.int32)
+        q, eta = self._q, self._eta
+        return idx, np.array([q[i] for i in idx.tolist()], np.float64), np.array([eta[i] for i in idx.tolist()])
+
+    def restore(self, idx: np.ndarray, q: np.ndarray, eta: np.ndarray) -> None:
+        """The table :meth:`seen_pairs` described, nothing changed since its last send."""
+        mq, meta, seen = self._q, self._eta, self._seen
+        for i, v, e in zip(idx.tolist(), q.tolist(), eta.tolist()):
+            mq[i], meta[i], seen[i] = v, e, True
+        self._changed.clear()
+
     def apply_all(self, idx: np.ndarray, q: np.ndarray, eta: np.ndarray) -> None:
         """The server's whole table: its values overwrite; pairs this worker has not seen take value and eta."""
         mq, meta, seen = self._q, self._eta, self._seen
@@ -155,6 +169,10 @@ class ServerTable:
         return int(merge(self.q.ravel(), self.eta.ravel(), self.seen.ravel(), self.merges.ravel(),
                           np.asarray(idx, np.int32), np.asarray(q_i, np.float64), np.asarray(eta_i, np.float64),
                           self.eta_decay))
+
+    def restore(self, q: np.ndarray, eta: np.ndarray, seen: np.ndarray, merges: np.ndarray) -> None:
+        """The table a checkpoint saved."""
+        self.q[...], self.eta[...], self.seen[...], self.merges[...] = q, eta, seen, merges
 
     def reply_all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every pair the server holds."""

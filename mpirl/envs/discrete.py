@@ -6,6 +6,7 @@ A state is one integer in [0, n_states); the table of a learner is ``n_states x 
 
 from __future__ import annotations
 
+import json
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -60,6 +61,20 @@ class TabularEnv:
     def step(self, action: int):
         obs, reward, terminated, truncated, _ = self.env.step(action)
         return self._state(obs), float(reward), bool(terminated), bool(truncated)
+
+    def rng_state(self) -> str:
+        """The env's random generator state as JSON, for a checkpoint to continue it ('' before the first reset:
+        the seed it was made with still decides)."""
+        if self.seed is not None:
+            return ""
+        return json.dumps(self.env.unwrapped.np_random.bit_generator.state,
+                          default=lambda a: a.tolist() if isinstance(a, np.ndarray) else str(a))
+
+    def set_rng_state(self, text: str) -> None:
+        """Continue the generator :meth:`rng_state` described: later resets draw what they would have drawn."""
+        if text:
+            self.env.unwrapped.np_random.bit_generator.state = json.loads(text)
+            self.seed = None  # no reseeding at the next reset
 
     def close(self) -> None:
         self.env.close()

@@ -3,7 +3,8 @@
 Layout::
 
     run.h5
-      attrs: status ("running" | "completed" | "preempted" | "stopped" | "failed"),
+      attrs: status ("running" | "completed" | "preempted" | "failed"; "stopped" in runs of DistQL before it
+             kept checkpoints),
              restarts (resumes so far) and resume_<k>_{time,checkpoint,command},
              start_time, end_time (ISO 8601, local time with UTC offset),
              plus whatever finish_run_file adds (stop_reason, wall_seconds [s], ...)
@@ -120,7 +121,7 @@ def link_rank_files(run_dir: Path, links: Mapping[str, str]) -> None:
 def finish_run_file(run_dir: Path, status: str, **attrs: Any) -> None:
     """Mark the run finished: root ``status``, ``end_time`` and any extra attrs.
 
-    ``status`` is one of "completed", "stopped", "failed". Typical extras:
+    ``status`` is one of "completed", "preempted", "failed". Typical extras:
     ``stop_reason`` (str), ``wall_seconds`` (float, s). If ``wall_seconds`` is not
     given it is computed from ``start_time`` and now.
     """

@@ -224,8 +224,12 @@ class MetricsFile:
         return self._file is not None and time.monotonic() - self._last_flush >= self.flush_seconds
 
     def group(self, name: str) -> h5py.Group:
-        """A new group ``name`` of the file (for arrays written once, such as a final table)."""
-        return self._open_file().create_group(name)
+        """A new group ``name`` of the file (for arrays written once, such as a final table); a resumed run's
+        file may hold one from before: it is replaced."""
+        f = self._open_file()
+        if name in f and name not in self._tables:
+            del f[name]
+        return f.create_group(name)
 
     def flush_if_due(self) -> bool:
         """Flush if ``flush_seconds`` have passed since the last flush; True if it did."""

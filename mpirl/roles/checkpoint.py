@@ -1,10 +1,12 @@
 """Checkpoints of a run and resuming from them.
 
-Layout: ``RUN_DIR/checkpoints/ckpt-<train steps, 10 digits>.pt``, one file per
+Layout: ``RUN_DIR/checkpoints/ckpt-<step, 10 digits>.pt``, one file per
 checkpoint, written by the learner: its networks, optimizer, counters and RNG
 states, and the job time it was taken at. A file is written under a temporary
 name, synced and renamed, so a file with the final name is always complete; the
-newest ``checkpoint.keep`` are kept.
+newest ``checkpoint.keep`` are kept. An algorithm without torch writes HDF5 instead
+(``ckpt-<step>.h5``, DistQL: its step is the server's merges) with the same header
+(``identity``, ``job_time``, ``train_steps``, ``step_name``) in the root's attributes.
 
 Buffers and actors hold no state a checkpoint needs: on resume their counters
 (experiences, env steps per actor, bytes) continue from their own metrics rows
@@ -15,6 +17,7 @@ Replay memories start empty again and refill before training resumes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run, plain, read_status
 
 CKPT_DIR = "checkpoints"
-NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+NAME = re.compile(r"^ckpt-(\d{10})\.(pt|h5)$")
 FORMAT = 1
 # Keys a resumed job may change: when to stop, how to log, how to checkpoint.
 MAY_CHANGE = ("run.train_steps", "run.env_steps", "run.wall_seconds", "run.target_return", "run.out_dir")
@@ -59,16 +62,26 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return sorted((p for p in d.iterdir() if NAME.match(p.name)), key=lambda p: int(NAME.match(p.name).group(1)))
 
 
-def save(run_dir: Path, state: dict, keep: int) -> Path:
-    """Write ``state`` as the checkpoint of ``state['train_steps']``; keep the newest ``keep``."""
+def path_for(run_dir: Path, step: int, suffix: str = ".pt") -> Path:
+    """Where the checkpoint of ``step`` goes (its directory made)."""
     d = Path(run_dir) / CKPT_DIR
     d.mkdir(exist_ok=True)
-    path = d / f"ckpt-{int(state['train_steps']):010d}.pt"
+    return d / f"ckpt-{int(step):010d}{suffix}"
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints."""
+    for old in checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+
+
+def save(run_dir: Path, state: dict, keep: int) -> Path:
+    """Write ``state`` as the checkpoint of ``state['train_steps']``; keep the newest ``keep``."""
+    path = path_for(run_dir, state["train_steps"])
     import torch  # here, not at the top: every rank plans a resume, and a tabular job never imports torch
     with write_atomically(path) as f:
         torch.save({"format": FORMAT, **state}, f)
-    for old in checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+    prune(run_dir, keep)
     return path
 
 
@@ -78,15 +91,30 @@ def load(path: Path, map_location=None) -> dict:
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def header(path: Path) -> dict:
+    """What every checkpoint says about itself: ``identity``, ``job_time``, ``train_steps``, ``step_name``."""
+    if Path(path).suffix == ".h5":
+        with h5py.File(path, "r", locking=False) as f:
+            a = f.attrs
+            return {"identity": json.loads(plain(a["identity"])), "job_time": float(a["job_time"]),
+                    "train_steps": int(a["train_steps"]), "step_name": plain(a.get("step_name", "step"))}
+    return {"step_name": "train step", **load(path, map_location="cpu")}
+
+
 @dataclass
 class Resume:
     """What every rank needs to continue a run (rank 0 finds it, broadcasts it)."""
     run_dir: str
     checkpoint: str
     job_time: float  # the job's clock at the checkpoint (seconds since its start)
-    train_steps: int
+    train_steps: int  # the checkpoint's step (DistQL: the server's merges)
     restart: int  # 1 for the first resume
     actor_steps: dict = field(default_factory=dict)  # actor rank -> env steps at the checkpoint
+    step_name: str = "train step"  # what a step is, for messages
+
+    def where(self) -> str:
+        """``ckpt-0000001244.pt (train step 1244)``."""
+        return f"{Path(self.checkpoint).name} ({self.step_name} {self.train_steps})"
 
 
 def _last_at_or_before(table: dict, column: str, t: float, where=None):
@@ -123,7 +151,7 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
         raise ConfigError("--resume", f"{run_dir} has no complete checkpoint ({CKPT_DIR}/ckpt-*.pt); "
                           "start a new run without --resume")
     try:
-        state = load(found[-1], map_location="cpu")
+        state = header(found[-1])
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same answer
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError("--resume", f"{found[-1]} cannot be read ({type(err).__name__}: {first}); "
@@ -141,7 +169,8 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
             if steps is not None:
                 actor_steps[int(actor)] = int(steps)
     restart = int(read_status(run_dir).get("restarts", 0)) + 1
-    return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart, actor_steps)
+    return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart, actor_steps,
+                  state["step_name"])
 
 
 def _live(run_dir: Path) -> bool:

@@ -32,7 +32,7 @@ from mpirl.roles.checkpoint import Resume, plan_resume
 from mpirl.roles import memory
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
-from mpirl.roles.preemption import PREEMPTED, STOPPED, Preemption
+from mpirl.roles.preemption import PREEMPTED, Preemption
 
 
 EXIT_PREEMPTED = 75  # a preempted job: checkpointed, resume it (sysexits' EX_TEMPFAIL)
@@ -198,9 +198,8 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
             (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
             mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(),
                          command=" ".join(sys.argv), job_time=plan.job_time)
-            print(f"mpirl: resuming {run_dir} from {Path(plan.checkpoint).name} "
-                  f"(train step {plan.train_steps}, job time {plan.job_time:.1f} s; restart {plan.restart})",
-                  flush=True)
+            print(f"mpirl: resuming {run_dir} from {plan.where()}, job time {plan.job_time:.1f} s; "
+                  f"restart {plan.restart}", flush=True)
         else:
             if resume:
                 print(f"mpirl: --resume {resume}: no unfinished run of '{cfg.run.name}' with a checkpoint "
@@ -231,8 +230,7 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
     topo.free()
     if world.rank == 0:
         heart.stop()
-        status = ("preempted" if preempted else "stopped" if (stop_reason or "").startswith(STOPPED)
-                  else "completed")
+        status = "preempted" if preempted else "completed"
         finish_run_file(run_dir, status, stop_reason=stop_reason or "",
                         wall_seconds=time.time() - t0, peak_rss_bytes=peak)
         if not quiet:

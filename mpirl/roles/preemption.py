@@ -28,7 +28,6 @@ POLL_SECONDS = 0.05  # how often the learner tests for other ranks' notices: an 
 
 
 PREEMPTED = "preempted"  # how a stop reason starts when a signal stopped the job
-STOPPED = "stopped early"  # ... when a signal stopped a job that keeps no checkpoint (run.h5 status "stopped")
 
 
 class Preemption:

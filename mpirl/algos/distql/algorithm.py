@@ -2,7 +2,7 @@
 
 The topology is the shared one built with N hubs (buffers) and no leaves (actors): the exchange runs on its
 ``learner`` communicator (the server is rank 0 there, a worker's rank is its world rank), and the roles are
-named ``server`` and ``worker``. No rank imports torch.
+named ``server`` and ``worker``. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib
 from typing import NamedTuple
 
 from mpirl.agents.tabular import PAIR_BYTES
-from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes
+from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
 from mpirl.comm.topology import build
 from mpirl.config import ConfigError, JobConfig
@@ -19,7 +19,6 @@ from mpirl.roles import memory
 from mpirl.roles.checks import Checked
 
 SERVER, WORKER = "server", "worker"
-RESUMABLE = False  # no checkpoint: a run that stopped early starts again
 PROCESS = 80 * memory.MB  # a rank's memory before its tables: Python, numpy, gymnasium, mpi4py, h5py, no torch
 # (peak RSS of a Taxi worker 66 MB, of the server 74 MB before numba, in run.h5's peak_rss_bytes)
 
@@ -64,15 +63,17 @@ def spaces_of(cfg: JobConfig) -> TableSpaces:
 
 
 def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estimate:
-    """The server: its table (Q, eta, seen, merge counts), a receive and a reply buffer per worker; a worker: its
-    table (Q, eta, seen, changed, update counts) and its two buffers. Python, numpy, gymnasium, mpi4py, h5py."""
+    """The server: its table (Q, eta, seen, merge counts), a receive and a reply buffer per worker, a state buffer
+    for checkpoints; a worker: its table (Q, eta, seen, changed, update counts), its two buffers and its state's.
+    Python, numpy, gymnasium, mpi4py, h5py."""
     pairs = spaces.n_states * spaces.n_actions
     episodes = min(cfg.distql.tau, cfg.distql.episodes) + 1
     buffers = exchange_nbytes(pairs, episodes) + reply_nbytes(pairs)
-    server = PROCESS + memory.NUMBA + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
+    server = (PROCESS + memory.NUMBA + (8 + 8 + 1 + 8) * pairs + workers * buffers + 2 * PAIR_BYTES * pairs
+              + state_nbytes(pairs))
     # a worker's table is Python lists: a float object (24 B) and a list slot (8 B) per Q and eta, a slot per seen
     # flag (the bools are shared), a set entry per changed pair
-    worker = PROCESS + (2 * (24 + 8) + 8 + 8) * pairs + buffers
+    worker = PROCESS + (2 * (24 + 8) + 8 + 8) * pairs + buffers + state_nbytes(pairs)
     key = "distql.bins" if spaces.discretized else "env.id"
     return memory.Estimate(int(server), 0, 0, 0, 0, 0.0, int(25 * pairs), reserved=0, worker=int(worker),
                            workers=workers, network_key=key,

@@ -75,7 +75,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                      "first100_mean": _mean(eps.get("return", [])[:100]),
                      "last10pct_mean": (_mean(eps["return"][-max(1, len(eps["return"]) // 10):])
                                         if len(eps.get("return", ())) else NAN)},
-        "eval": ({k: float(ev[k][-1]) for k in ("merges", "return_mean", "return_std", "length_mean")}
+        "eval": ({k: float(ev[k][-1]) if k in ev else 0.0
+                  for k in ("merges", "return_mean", "return_std", "length_mean", "episodes", "capped")}
                  if len(ev.get("time", ())) else None),
         "table": table,
     }
@@ -100,8 +101,10 @@ def format_summary(s: dict[str, Any]) -> str:
            f"of the last 10 % {_f(e['last10pct_mean'], ',.1f')}"]
     ev = s["eval"]
     if ev:
+        capped = (f"; {int(ev['capped'])} of {int(ev['episodes'])} cut at distql.eval_max_steps "
+                  f"({_f(job.get('distql.eval_max_steps'))} steps)" if ev["capped"] else "")
         out.append(f"greedy     server's table after {_f(ev['merges'])} merges: return {_f(ev['return_mean'], ',.1f')} "
-                   f"± {_f(ev['return_std'], ',.1f')}, length {_f(ev['length_mean'], ',.1f')}")
+                   f"± {_f(ev['return_std'], ',.1f')}, length {_f(ev['length_mean'], ',.1f')}{capped}")
     tb = s["table"]
     if tb:
         out.append(f"table      {tb['seen']:,} of {tb['pairs']:,} pairs seen "

@@ -1,5 +1,7 @@
-"""DistQL's settings: the ``[distql]`` section. It reads no key of the shared sections but ``env.id`` and
-``env.max_episode_steps`` (and run's name, seed and out_dir, as every algorithm).
+"""DistQL's settings: the ``[distql]`` section. Of the shared sections it reads ``env.id`` and
+``env.max_episode_steps``, run's stop conditions besides ``distql.episodes`` (``wall_seconds``, ``env_steps``
+over all workers, ``target_return`` over the last ``return_window`` episodes of all workers) and the checkpoint
+cadence (and run's name, seed and out_dir, as every algorithm).
 
 The defaults are the source code's (DistQL §3-5 and its authors' code), which differ from the paper's text
 in places; ``variant = "textbook"`` is plain Q-learning instead (see mpirl/agents/tabular.py).
@@ -52,11 +54,16 @@ class DistqlConfig:
     # the end, as the source's reference learner did.
     eval_every: int = setting(0, ge=0, le=10**9, why="0: only at the end")
     eval_episodes: int = setting(20, ge=0, le=10**6, why="0: no evaluation")
+    # A greedy episode that lasts this long is cut (a greedy table can loop forever where the env sets no limit);
+    # the eval rows count the cut ones.
+    eval_max_steps: int = setting(10_000, ge=1, le=10**9, why="steps of one greedy episode")
 
 
 SECTIONS = {"distql": DistqlConfig}
 
-USES = {"env": ("id", "max_episode_steps")}
+USES = {"env": ("id", "max_episode_steps"),
+        "run": ("wall_seconds", "env_steps", "target_return", "return_window"),
+        "checkpoint": ("every_seconds", "keep")}
 
 
 def world_size(cfg) -> int:

@@ -4,7 +4,9 @@ episodes 0, tau, 2 tau, ... and after its last.
 An exchange sends the pairs changed since the previous one (with the worker's counters and finished
 episodes) and waits, with back-off polling, for the server's reply: at once in ``async`` mode, after every
 worker's same round in ``sync`` mode. The reply's pairs are applied (``all``: the server's whole table,
-``partial``: the pairs sent); a reply with the stop flag (the job was signalled) ends the worker.
+``partial``: the pairs sent). A reply with the checkpoint flag makes the worker send its state (table, counters,
+generators; :mod:`mpirl.algos.distql.checkpoint`); one with the stop flag ends it. A resumed worker starts from
+its state in the checkpoint, or ends at once if it had finished by then.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at, play_episode
 from mpirl.algos.distql import messages as msg
+from mpirl.algos.distql.checkpoint import read_worker
 from mpirl.comm.backoff import wait_until
 from mpirl.envs.discrete import make_tabular_env
 
@@ -51,12 +54,23 @@ def run_worker(ctx) -> str:
     each_step = delay.step if delay.seconds > 0 else None  # nothing added to an undelayed step
     out = np.empty(msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), np.uint8)
     back = np.empty(msg.reply_nbytes(S * A), np.uint8)
+    state_out = None  # made at the first checkpoint
     episodes: list[tuple] = []
     compute_s = wait_s = 0.0
     env_steps = rounds = played = 0
     stop = "done"
+    if ctx.resume:
+        saved = read_worker(ctx.resume.checkpoint, me)
+        if saved is None:  # it had finished: the server knows, and nothing is sent
+            env.close()
+            return "finished before the checkpoint"
+        table.restore(saved.idx, saved.q, saved.eta)
+        rng.setstate(saved.rng)
+        env.set_rng_state(saved.env_rng)
+        played, rounds, env_steps, compute_s, wait_s = (saved.played, saved.rounds, saved.env_steps,
+                                                        saved.compute_s, saved.wait_s)
     try:
-        for j in range(d.episodes):
+        for j in range(played, d.episodes):
             start = time.perf_counter()
             eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
             ret, env_ret, length = play_episode(env, table, eps, rng, penalty, textbook, each_step)
@@ -85,6 +99,12 @@ def run_worker(ctx) -> str:
                 table.apply_partial(reply.idx, reply.q)
             rounds += 1
             wait_s += time.perf_counter() - start
+            if reply.checkpoint:  # after the reply: the table the server's cut holds, nothing changed since
+                state_out = state_out if state_out is not None else np.empty(msg.state_nbytes(S * A), np.uint8)
+                n = msg.pack_state(state_out, msg.State(played, rounds, env_steps, last, compute_s, wait_s,
+                                                        rng.getstate(), env.rng_state(), *table.seen_pairs()))
+                send = comm.Isend(state_out[:n], dest=0, tag=msg.STATE)
+                wait_until(send.Test, first=50e-6, longest=5e-3)
             if reply.stop and not last:
                 stop = f"stopped by the server after episode {j + 1} of {d.episodes}"
                 break

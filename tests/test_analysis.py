@@ -24,7 +24,7 @@ def pair(tmp_path_factory):
 
 
 def script(*args):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def test_study_table_and_figures(pair):

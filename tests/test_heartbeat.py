@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,9 +30,11 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def beat(run_dir, ranks, age=0.0, every=heartbeat.EVERY):
-    (run_dir / heartbeat.HEARTBEAT).write_text(json.dumps({"time": time.time() - age, "every": every,
-                                                           "ranks": ranks}))
+def beat(run_dir, ranks, age=0.0, every=heartbeat.EVERY) -> float:
+    """A heartbeat ``age`` seconds old; returns the time it is that old at (for ``verdict(now=...)``)."""
+    now = time.time()
+    (run_dir / heartbeat.HEARTBEAT).write_text(json.dumps({"time": now - age, "every": every, "ranks": ranks}))
+    return now
 
 
 def a_run(tmp_path, name="run"):
@@ -43,15 +46,17 @@ def a_run(tmp_path, name="run"):
 def test_verdict_from_rank_0_and_the_heartbeat_age(tmp_path):
     run_dir = a_run(tmp_path)
     assert heartbeat.verdict(run_dir) == (None, "")  # no heartbeat: cannot tell
-    beat(run_dir, [[HERE, os.getpid()], [HERE, dead_pid()]])
-    assert heartbeat.verdict(run_dir) == (True, "")  # rank 0 (this python) alive, heartbeat fresh
-    beat(run_dir, [[HERE, dead_pid()], [HERE, os.getpid()]], age=3)
-    alive, why = heartbeat.verdict(run_dir)
+    # The ages are judged at the moment they were written for (now=): however long this takes here.
+    now = beat(run_dir, [[HERE, os.getpid()], [HERE, dead_pid()]])
+    assert heartbeat.verdict(run_dir, now=now) == (True, "")  # rank 0 (this python) alive, heartbeat fresh
+    now = beat(run_dir, [[HERE, dead_pid()], [HERE, os.getpid()]], age=3)
+    alive, why = heartbeat.verdict(run_dir, now=now)
     assert alive is False and why.startswith("no heartbeat for 3 s; its rank 0") and "is gone" in why
-    beat(run_dir, [["elsewhere", 1]], age=5)
-    assert heartbeat.verdict(run_dir)[0] is True  # another host: only the age can tell
-    beat(run_dir, [["elsewhere", 1]], age=heartbeat.STALE * heartbeat.EVERY + 30)
-    assert heartbeat.verdict(run_dir) == (False, f"no heartbeat for {heartbeat.STALE * heartbeat.EVERY + 30:.0f} s")
+    now = beat(run_dir, [["elsewhere", 1]], age=5)
+    assert heartbeat.verdict(run_dir, now=now)[0] is True  # another host: only the age can tell
+    now = beat(run_dir, [["elsewhere", 1]], age=heartbeat.STALE * heartbeat.EVERY + 30)
+    assert heartbeat.verdict(run_dir, now=now) == (False,
+                                                   f"no heartbeat for {heartbeat.STALE * heartbeat.EVERY + 30:.0f} s")
 
 
 def test_info_says_dead_and_resume_skips_or_refuses_a_live_run(tmp_path):
@@ -65,8 +70,9 @@ def test_info_says_dead_and_resume_skips_or_refuses_a_live_run(tmp_path):
     with pytest.raises(config.ConfigError, match="is still running"):
         plan_resume(cfg, 4, str(run_dir))
     beat(run_dir, [[HERE, dead_pid()]], age=12)
-    s = summarize(run_dir)
-    assert s["status"] == "dead" and s["stop_reason"].startswith("no heartbeat for 12 s")
+    s = summarize(run_dir)  # judged now: the heartbeat is 12 s old and older the longer this takes
+    age = re.match(r"no heartbeat for (\d+) s; its rank 0 ", s["stop_reason"] or "")
+    assert s["status"] == "dead" and age and int(age.group(1)) >= 12, s["stop_reason"]
     with pytest.raises(config.ConfigError, match="cannot be read"):  # dead: auto takes it up
         plan_resume(cfg, 4, "auto")
 

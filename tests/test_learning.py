@@ -2,6 +2,9 @@
 
 Marked ``learning``: it runs in CI (about a minute here) and fails with the
 reason in the message: the stop reason, the returns reached, the budget spent.
+The budgets are env steps and train steps, never wall time: a loaded machine
+takes longer to spend them, not fewer of them (the subprocess timeout is a
+hang's, not a budget).
 """
 
 import subprocess
@@ -23,12 +26,12 @@ ENV_STEP_BUDGET = 200_000
 @pytest.mark.parametrize("architecture", ["proposed", "baseline"])
 def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
     job = run_mpi(4, tmp_path, f"replay.architecture={architecture}", f"run.env_steps={ENV_STEP_BUDGET}",
-                  "run.wall_seconds=240", timeout=360)
+                  "run.wall_seconds=0", timeout=900)
     assert job.proc.returncode == 0, job.output
     s = summarize(job.run_dir)
     reached = "reached 195" in (s["stop_reason"] or "")
     assert reached, (f"{architecture}: did not reach mean return 195 over 20 episodes within "
-                     f"{ENV_STEP_BUDGET} env steps / 240 s: stopped by {s['stop_reason']!r}, "
+                     f"{ENV_STEP_BUDGET} env steps: stopped by {s['stop_reason']!r}, "
                      f"last-20 mean {s['episodes']['last20_mean']:.1f}, env steps {s['learner']['env_steps']}")
     eps = s["episodes"]
     assert eps["first20_mean"] < 60 < 195 <= s["learner"]["return_mean20"]  # returns rose from random play
@@ -39,7 +42,7 @@ def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
         assert ret[-1] >= 195
     # The analysis script agrees: the run's last episodes beat uniform random play (about 22) by far.
     proc = subprocess.run([sys.executable, "analysis/random_play.py", "jobs/cartpole.toml", "--episodes", "50",
-                           "--runs", str(job.run_dir)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                           "--runs", str(job.run_dir)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("all actors"))
     assert float(row[-1]) > 3, proc.stdout
@@ -55,8 +58,8 @@ def test_qmix_beats_random_play_on_predator_prey(tmp_path):
     from mpirl.algos.qmix.random_play import random_play
 
     job_file = ROOT / "jobs" / "predator_prey_qmix.toml"
-    job = run_mpi(5, tmp_path, "run.train_steps=200", "run.wall_seconds=420", "qmix.test_every=100",
-                  job=job_file, timeout=600)
+    job = run_mpi(5, tmp_path, "run.train_steps=200", "run.wall_seconds=0", "qmix.test_every=100",
+                  job=job_file, timeout=900)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["stop_reason"] == "train_steps 200 reached", (

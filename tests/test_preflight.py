@@ -54,7 +54,7 @@ def test_ranks_that_fit_alone_but_not_together_are_refused_by_launch_and_inside_
     launch = run_cli("launch", CARTPOLE, *sets)
     assert launch.returncode == 2 and len(error_lines(launch)) == 1, launch.stdout + launch.stderr
     assert "on this node (all ranks)" in error_lines(launch)[0]
-    job = run_mpi(5, tmp_path, "topology.buffers=2", f"replay.capacity={capacity}", timeout=120)
+    job = run_mpi(5, tmp_path, "topology.buffers=2", f"replay.capacity={capacity}", timeout=180)
     assert job.proc.returncode == 2, job.output
     lines = error_lines(job.proc)
     assert len(lines) == 1 and lines[0].startswith("mpirl: error: replay.capacity: the job needs about ")
@@ -74,7 +74,7 @@ def test_the_same_refusal_through_every_launch_path(tmp_path, case):
     flags = [x for s in sets for x in ("--set", s)]
     validate = run_cli("validate", CARTPOLE, "--set", f'run.out_dir="{tmp_path}"', *flags, *args)
     launch = run_cli("launch", CARTPOLE, "--set", f'run.out_dir="{tmp_path}"', *flags, *args)
-    job = run_mpi(4, tmp_path, *sets, args=args, timeout=120)  # plain mpiexec: the check runs inside the job
+    job = run_mpi(4, tmp_path, *sets, args=args, timeout=180)  # plain mpiexec: the check runs inside the job
     procs = (validate, launch, job.proc)
     lines = [error_lines(p) for p in procs]
     assert [p.returncode for p in procs] == [2, 2, 2], lines
@@ -128,7 +128,7 @@ def test_every_exit_2_under_plain_mpiexec_is_one_line_and_open_mpis_box_as_the_r
     """A key refused while loading the job (not an in-job check) under plain mpiexec: the one line, then Open MPI's
     box about the non-zero exit; the README says so for every exit 2."""
     from conftest import ROOT
-    job = run_mpi(2, tmp_path, "replay.capcity=3", timeout=120)
+    job = run_mpi(2, tmp_path, "replay.capcity=3", timeout=180)
     assert job.proc.returncode == 2 and len(error_lines(job.proc)) == 1, job.output
     assert error_lines(job.proc)[0].startswith("mpirl: error: replay.capcity: unknown key")
     assert "exited with non-zero status" in " ".join(job.output.split())  # Open MPI's box

@@ -4,10 +4,12 @@
 
 The default CartPole job (``jobs/cartpole.toml``) on 4 ranks (learner, buffer, two
 actors; this machine's cores shared by all four), with ``agent.epsilon_alpha = 0``
-so both actors explore with the same epsilon, for 30 s of wall time after a 5 s
-warm-up. Each actor's env steps/s comes from the buffer's ``actors`` table (the
-counts the actor reports in its messages); the figure is the faster actor's rate
-over the slower one's, one job per repetition. Ape-X's spread of epsilons only
+so both actors explore with the same epsilon, for 30 s of each actor's rows after
+the warm-up: start-up and the replay's fill, i.e. the rows from the learner's first
+row with training on. The job runs until both actors' rows span that long, however
+long this machine takes, then stops cleanly. Each actor's env steps/s comes from the
+buffer's ``actors`` table (the counts the actor reports in its messages); the figure
+is the faster actor's rate over the slower one's, one job per repetition. Ape-X's spread of epsilons only
 means something if actors with different epsilons do step alike.
 """
 
@@ -20,38 +22,56 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.bench.run_mpi import run_job
+from mpirl.bench.run_mpi import run_job_until, spanned
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "cartpole.toml"
-WARM = 5.0
+DEADLINE = 600.0  # the job's own wall-time limit: a backstop, it is stopped once its rows are in
 
 
-def rates(run_dir: Path) -> list[float]:
-    """Each actor's env steps/s between its first row after the warm-up and its last."""
-    with h5py.File(run_dir / "buffer_1.h5", "r") as f:
+def actor_rows(run_dir: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per actor the (times, env steps) of its rows from the learner's first row with training on; {} before.
+
+    Reads the files while the job may still write them (no lock)."""
+    with h5py.File(run_dir / "learner.h5", "r", locking=False) as f:
+        lt, ls = f["train/time"][()], f["train/train_steps"][()]
+    n = min(len(lt), len(ls))  # a row being appended: not all its columns may be there yet
+    trained = lt[:n][ls[:n] > 0]
+    if not len(trained):
+        return {}
+    start = float(trained[0])
+    with h5py.File(run_dir / "buffer_1.h5", "r", locking=False) as f:
+        actors = [int(a) for a in f.attrs["actors"]]
         a = f["actors"]
         t, who, steps = a["time"][()], a["actor"][()], a["env_steps"][()]
-    out = []
-    for actor in np.unique(who):
-        keep = (who == actor) & (t >= WARM)
-        if keep.sum() < 2:
-            raise RuntimeError(f"{run_dir}: actor {actor} has {keep.sum()} rows after {WARM:.0f} s")
-        out.append(float((steps[keep][-1] - steps[keep][0]) / (t[keep][-1] - t[keep][0])))
-    return out
+    n = min(len(t), len(who), len(steps))
+    t, who, steps = t[:n], who[:n], steps[:n]
+    return {actor: (t[(who == actor) & (t >= start)], steps[(who == actor) & (t >= start)]) for actor in actors}
+
+
+def rates(run_dir: Path, seconds: float) -> list[float]:
+    """Each actor's env steps/s between its first row after the warm-up and its last."""
+    rows = actor_rows(run_dir)
+    if not spanned(rows, seconds):
+        spans = {a: f"{len(ts)} rows over {ts[-1] - ts[0] if len(ts) > 1 else 0:.1f} s" for a, (ts, _) in rows.items()}
+        raise RuntimeError(f"{run_dir}: the job ended before both actors' rows after the learner's first train step "
+                           f"spanned {seconds:g} s ({spans or 'no row with training'})")
+    return [float((st[-1] - st[0]) / (ts[-1] - ts[0])) for ts, st in rows.values()]
 
 
 def one(seed: int, seconds: float, out: Path) -> list[float]:
-    sets = [f"run.seed={seed}", "agent.epsilon_alpha=0", f"run.wall_seconds={seconds + WARM}",
+    sets = [f"run.seed={seed}", "agent.epsilon_alpha=0", f"run.wall_seconds={DEADLINE:g}",
             "run.target_return=nan", "run.env_steps=0"]
-    return rates(run_job(4, str(JOB), sets, out, f"fair-s{seed}", seconds + 180, "fairness"))
+    run_dir = run_job_until(4, str(JOB), sets, out, f"fair-s{seed}", lambda d: spanned(actor_rows(d), seconds),
+                            DEADLINE + 180, "fairness")
+    return rates(run_dir, seconds)
 
 
 def run(reps: int = MIN_REPS, seconds: float = 30.0) -> list[Row]:
     r = Row("two identical CartPole actors, 4 ranks on this machine's cores: faster / slower", "ratio",
             "faster actor / slower actor", "equal rates", higher_is_better=False, at_most=1.5,
-            note=f"jobs/cartpole.toml, agent.epsilon_alpha = 0, {seconds:g} s after a {WARM:g} s warm-up, "
-                 "one job per repetition")
+            note=f"jobs/cartpole.toml, agent.epsilon_alpha = 0, {seconds:g} s of each actor's rows after the "
+                 "learner's first train step, one job per repetition")
     steps = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):

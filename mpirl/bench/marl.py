@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -122,8 +123,25 @@ class PerfCount:
         if self.event:
             self.proc = subprocess.Popen(["perf", "stat", "-x", ",", "-e", self.event, "-p", str(os.getpid())],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            time.sleep(0.3)  # let perf attach
+            self._wait_attached()
         return self
+
+    def _wait_attached(self, seconds: float = 60.0) -> None:
+        """Until perf holds a counter on every thread of this process (its perf_event descriptors), or has ended:
+        however long perf takes to start on this machine, the block is counted from its first instruction."""
+        fds, tasks = Path(f"/proc/{self.proc.pid}/fd"), Path(f"/proc/{os.getpid()}/task")
+        if not fds.is_dir():  # no /proc: nothing to watch, give perf a moment
+            time.sleep(0.3)
+            return
+        deadline = time.monotonic() + seconds
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                counters = sum(1 for fd in fds.iterdir() if os.readlink(fd) == "anon_inode:[perf_event]")
+                if counters and counters >= len(list(tasks.iterdir())):
+                    return
+            except OSError:  # a descriptor closed while listed
+                pass
+            time.sleep(0.01)
 
     def __exit__(self, *exc):
         if self.proc is None:

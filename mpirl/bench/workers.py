@@ -20,11 +20,13 @@ repetition:
   games, the workers batch the forward passes (DMCAF's actor-worker-learner).
 
 A job's rate is what its buffer heard: per sender (actor or worker) the env steps between its first
-row after a warm-up and its last, over that time, summed. The settings: the job's own shape (3 actors
-for QMIX, 2 for Breakout, 4 games each) with one worker, and DMCAF's AWL shape (3 actors per worker)
-with as many workers as the machine has cores to spare. DMCAF measured 1.6-2.0x (AW) and 6.4-7.6x (AWL,
-4 workers x 3 actors) over its single-process sampler on SMAC, on a many-core machine; the ratios here
-are printed beside those.
+row once every sender has sent one (start-up, the first parameters and the first games' set-up are then
+behind them all) and its last, over that time, summed. Each job runs until every sender's rows from
+there span ``seconds``, however long this machine takes to get there, then stops cleanly. The settings:
+the job's own shape (3 actors for QMIX, 2 for Breakout, 4 games each) with one worker, and DMCAF's AWL
+shape (3 actors per worker) with as many workers as the machine has cores to spare. DMCAF measured
+1.6-2.0x (AW) and 6.4-7.6x (AWL, 4 workers x 3 actors) over its single-process sampler on SMAC, on a
+many-core machine; the ratios here are printed beside those.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.bench.run_mpi import run_job
+from mpirl.bench.run_mpi import run_job_until, spanned
 
 ROOT = Path(__file__).resolve().parents[2]
-WARM = 4.0  # seconds of each job not counted (start-up, first parameters, the first games' set-up)
+START = 1.0  # seconds of single-process play not counted (the first games' set-up, the first forward passes)
+DEADLINE = 600.0  # a job's own wall-time limit: a backstop, it is stopped once its rows are in
 SINGLE, ACTORS, AW, AWL = "single process", "actors infer", "AW", "AWL"
 SOURCE = {AW: "DMCAF: AW 1.6-2.0x", AWL: "DMCAF: AWL 6.4-7.6x"}
 
@@ -75,7 +78,7 @@ def _checked(algorithm: str, job: Path, games: int):
 
 def _timed(step, count, seconds: float) -> float:
     """Steps/s of ``step()`` over ``seconds`` after a warm-up (``count()``: env steps so far)."""
-    t_end = time.perf_counter() + WARM / 4
+    t_end = time.perf_counter() + START
     while time.perf_counter() < t_end:
         step()
     steps0, t0 = count(), time.perf_counter()
@@ -120,27 +123,40 @@ def single_process(case: Case, games: int, seconds: float, seed: int = 1) -> flo
         g.close()
 
 
-def job_rate(run_dir: Path) -> float:
-    """Env steps/s the buffer heard from its senders after the warm-up."""
-    with h5py.File(run_dir / "buffer_1.h5", "r") as f:
+def sender_rows(run_dir: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per sender the (times, env steps) of its rows since every sender has sent one; {} until then.
+
+    Reads the buffer's file while the job may still write it (no lock)."""
+    with h5py.File(run_dir / "buffer_1.h5", "r", locking=False) as f:
+        senders = [int(s) for s in f.attrs["actors"]]
         a = f["actors"]
         t, who, steps = a["time"][()], a["actor"][()], a["env_steps"][()]
-    total = 0.0
-    for s in np.unique(who):
-        keep = (who == s) & (t >= WARM)
-        if keep.sum() < 2:
-            raise RuntimeError(f"{run_dir}: sender {s} has {keep.sum()} rows after {WARM:.0f} s; raise --seconds")
-        ts, st = t[keep], steps[keep]
-        total += (st[-1] - st[0]) / (ts[-1] - ts[0])
-    return total
+    n = min(len(t), len(who), len(steps))  # a row being appended: not all its columns may be there yet
+    t, who, steps = t[:n], who[:n], steps[:n]
+    if not senders or any(not (who == s).any() for s in senders):
+        return {}
+    start = max(float(t[who == s].min()) for s in senders)  # the last sender's first row
+    return {s: (t[(who == s) & (t >= start)], steps[(who == s) & (t >= start)]) for s in senders}
+
+
+def job_rate(run_dir: Path, seconds: float) -> float:
+    """Env steps/s the buffer heard from its senders once every sender was collecting."""
+    rows = sender_rows(run_dir)
+    if not spanned(rows, seconds):
+        spans = {s: f"{len(ts)} rows over {ts[-1] - ts[0] if len(ts) > 1 else 0:.1f} s" for s, (ts, _) in rows.items()}
+        raise RuntimeError(f"{run_dir}: the job ended before every sender's rows spanned {seconds:g} s "
+                           f"({spans or 'a sender sent no row'})")
+    return sum(float((st[-1] - st[0]) / (ts[-1] - ts[0])) for ts, st in rows.values())
 
 
 def one_job(case: Case, actors: int, workers, seconds: float, out: Path, name: str) -> float:
     """``workers``: 0 (actors infer), "learner" (AW) or K worker ranks (AWL)."""
-    sets = [*COLLECT, *case.collect, f"run.wall_seconds={seconds + WARM}", f"topology.workers={workers}",
+    sets = [*COLLECT, *case.collect, f"run.wall_seconds={DEADLINE:g}", f"topology.workers={workers}",
             "env.envs_per_actor=4"]
     ranks = 2 + actors + (workers if isinstance(workers, int) else 0)
-    return job_rate(run_job(ranks, str(case.job), sets, out, name, seconds + 240, "workers"))
+    run_dir = run_job_until(ranks, str(case.job), sets, out, name, lambda d: spanned(sender_rows(d), seconds),
+                            DEADLINE + 240, "workers")
+    return job_rate(run_dir, seconds)
 
 
 def settings(case: Case) -> list[tuple[str, int, int]]:

@@ -17,3 +17,19 @@ def test_two_commands_and_ci_runs_the_second():
     assert "pytest" in test
     ci = (ROOT / ".ci" / "run").read_text()
     assert test in ci.splitlines()
+
+
+def test_the_readme_links_every_docs_page_and_every_link_resolves():
+    """Studies and tables live in docs/, one page per family; the README is the page a new user reads."""
+    readme = (ROOT / "README.md").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert pages and all(f"(docs/{name})" in readme for name in pages), pages
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+\.md)\)", path.read_text()):
+            assert (path.parent / target).is_file(), f"{path.name} links {target}, which does not exist"
+
+
+def test_distql_documents_what_its_semantics_do_on_sparse_rewards():
+    page = " ".join((ROOT / "docs" / "distql.md").read_text().split())
+    assert "**Sparse rewards.**" in page and "FrozenLake8x8-v1" in page and "`distql.epsilon = 1.0`" in page
+    assert all(f"| `{variant}` | {eps}" in page for variant in ("source", "textbook") for eps in ("0.1", "1.0"))

@@ -501,18 +501,7 @@ def test_an_envs_own_episode_limit_is_read_off_the_env(env_id, kwargs, limit):
 
 
 def test_an_env_that_keeps_no_limit_says_so():
-    from pettingzoo import ParallelEnv
+    from endless_team_env import Endless
 
     from mpirl.envs.pettingzoo import own_episode_limit
-
-    class Endless(ParallelEnv):
-        metadata = {"name": "endless_v0"}
-        possible_agents = ["a", "b"]
-
-        def observation_space(self, agent):
-            return spaces.Box(0, 1, (3,), np.float32)
-
-        def action_space(self, agent):
-            return spaces.Discrete(2)
-
     assert own_episode_limit(TeamEnv(Endless())) is None

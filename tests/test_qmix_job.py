@@ -353,29 +353,11 @@ def test_a_set_limit_reaches_the_env_that_keeps_one():
 def test_an_env_that_keeps_no_limit_needs_max_episode_steps(monkeypatch, capsys):
     """An env id by import path whose env keeps no max_cycles: 0 cannot keep a limit it does not have."""
     import sys
-    import types
 
-    from gymnasium import spaces
-    from pettingzoo import ParallelEnv
+    import endless_team_env
 
     from mpirl import cli
-
-    class Endless(ParallelEnv):
-        metadata = {"name": "endless_v0"}
-        possible_agents = ["a", "b"]
-
-        def observation_space(self, agent):
-            return spaces.Box(0, 1, (3,), np.float32)
-
-        def action_space(self, agent):
-            return spaces.Discrete(2)
-
-        def close(self):
-            pass
-
-    module = types.ModuleType("mpe2.endless_v0")
-    module.parallel_env = lambda **kwargs: Endless()
-    monkeypatch.setitem(sys.modules, "mpe2.endless_v0", module)
+    monkeypatch.setitem(sys.modules, "mpe2.endless_v0", endless_team_env)
     assert cli.main(["validate", str(JOB), "-n", "5", "--set", "env.id=mpe2.endless_v0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mpirl: error: env.max_episode_steps: 0 keeps the environment's "

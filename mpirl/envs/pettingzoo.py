@@ -102,8 +102,9 @@ def install_hint(module: str, env_id: str = "") -> str:
     return f"pip install {top}  (the package that provides the module {top!r})"
 
 
-def missing_package(what: str, module: str, env_id: str = "") -> MarlDependencyError:
-    return MarlDependencyError(f"{what} needs the Python package {module!r}, which is not installed: "
+def missing_package(env_id: str, module: str) -> MarlDependencyError:
+    """The error for ``env_id`` missing the Python module ``module``, naming the install that provides it."""
+    return MarlDependencyError(f"{env_id} needs the Python package {module!r}, which is not installed: "
                                f"{install_hint(module, env_id)}", name=module)
 
 
@@ -111,7 +112,7 @@ def _import(module: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise missing_package(what, getattr(err, "name", None) or module, what) from None
+        raise missing_package(what, getattr(err, "name", None) or module) from None
 
 
 def _pz_env_classes():
@@ -367,7 +368,7 @@ def _pursuit(kwargs: dict) -> TeamEnv:
         env = pz.make("parallel", "sisl/pursuit-v5", **kwargs)
     except errors.FailedToImport as err:
         missing = getattr(err.__cause__, "name", None) or "pygame"
-        raise missing_package("pettingzoo.sisl.pursuit_v5", missing, "pettingzoo.sisl.pursuit_v5") from None
+        raise missing_package("pettingzoo.sisl.pursuit_v5", missing) from None
     return TeamEnv(env, reward="mean", noop=4)  # pursuit's action 4: stay
 
 
@@ -385,7 +386,7 @@ def _any_parallel(env_id: str, kwargs: dict) -> TeamEnv:
         if err.name and env_id.startswith(err.name):
             raise ValueError(f"no module {env_id!r}; known ids: {', '.join(TEAM_ENVS)}, or a PettingZoo env "
                              "module such as pettingzoo.sisl.pursuit_v5") from None
-        raise missing_package(env_id, err.name, env_id) from None
+        raise missing_package(env_id, err.name) from None
     if not callable(getattr(mod, "parallel_env", None)):
         raise ValueError(f"{env_id} has no parallel_env(): it is an AEC (turn-based) env only, and QMIX steps "
                          "every agent at once (a ParallelEnv)")

@@ -41,10 +41,10 @@ def spaces_of(cfg: JobConfig) -> Spaces:
     from mpirl.envs import pettingzoo as pz
     try:
         env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
-    except ModuleNotFoundError as err:  # the message names the install that provides it
-        missing = err if isinstance(err, pz.MarlDependencyError) else pz.missing_package(cfg.env.id, err.name or "?",
-                                                                                  cfg.env.id)
-        raise ConfigError("env.id", str(missing)) from None
+    except pz.MarlDependencyError as err:  # its message names the install that provides the package
+        raise ConfigError("env.id", str(err)) from None
+    except ModuleNotFoundError as err:
+        raise ConfigError("env.id", str(pz.missing_package(cfg.env.id, err.name or "?"))) from None
     except (ValueError, TypeError) as err:
         raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
     try:

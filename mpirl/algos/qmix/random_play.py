@@ -11,9 +11,9 @@ from mpirl.config import JobConfig
 def random_play(cfg: JobConfig, episodes: int = 32, seed: int = 12345) -> dict:
     """``episodes`` episodes of uniformly random legal actions: per-episode ``returns``, ``captures``,
     ``lone_catches`` (NaN where the env does not count them) and ``lengths`` as arrays."""
+    from mpirl.algos.qmix.algorithm import spaces_of
     from mpirl.algos.qmix.learner import episode_stats
     rng = np.random.default_rng(seed)
-    from mpirl.algos.qmix.algorithm import spaces_of
     spaces = spaces_of(cfg)
     game = make(cfg, seed, spaces)
     limit = spaces.episode_limit

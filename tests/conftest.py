@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,16 +115,64 @@ def train_steps_so_far(out_dir: Path) -> int:
     return 0
 
 
+def _progress(out_dir: Path) -> tuple:
+    """What a running job has done so far: its learner's train steps once it trains, before that the bytes its
+    files hold (the replay filling)."""
+    steps = train_steps_so_far(out_dir)
+    if steps:
+        return ("train steps", steps)
+    return ("bytes", sum(p.stat().st_size for p in out_dir.glob("*/*.h5") if p.is_file()))
+
+
+def _watched(cmd: list, out_dir: Path, stall: float, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` for as long as its job keeps making progress (:func:`_progress`); a job that made none for
+    ``stall`` seconds, or ran ``timeout`` in all, is killed and the test fails as hung."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=mpi_env(), cwd=ROOT,
+                                start_new_session=True)
+        start = moved = time.monotonic()
+        last, why = None, ""
+        try:
+            while proc.poll() is None:
+                now, seen = time.monotonic(), _progress(out_dir)
+                if seen != last:
+                    last, moved = seen, now
+                if now - moved > stall:
+                    why = f"made no progress for {stall:.0f} s (still at {last[0]} {last[1]})"
+                elif now - start > timeout:
+                    why = f"did not finish within {timeout:.0f} s"
+                if why:
+                    break
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+    if why:
+        pytest.fail(f"MPI job {why} (hang?): {' '.join(cmd)}\n{text[-3000:]}\n{errors[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, text, errors)
+
+
 def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", timeout: float = 180,
-            args: tuple = ()) -> Job:
-    """``mpiexec -n n python -m mpirl run job --set ...``; a hang is a failed test, never a hung CI."""
+            args: tuple = (), stall: float | None = None) -> Job:
+    """``mpiexec -n n python -m mpirl run job --set ...``; a hang is a failed test, never a hung CI. With
+    ``stall`` (long learning runs), the job may take as long as a loaded machine needs up to ``timeout``, but
+    fails as hung once it made no progress for ``stall`` seconds."""
     cmd = mpi_command(n, out_dir, *sets, job=job, args=args)
+
+    def once() -> subprocess.CompletedProcess:
+        if stall is not None:
+            return _watched(cmd, out_dir, stall, timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+        proc = once()
         if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:
             # mpiexec itself failed to start (before any rank ran): seen once in this project's test runs so far.
             print(f"mpiexec did not start ({LAUNCHER_HICCUP!r}); trying once more", file=sys.stderr)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
+            proc = once()
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"MPI job did not finish within {timeout} s (hang?): {' '.join(cmd)}\n"
                     f"{(err.stdout or b'').decode(errors='replace')[-3000:]}\n{(err.stderr or b'').decode(errors='replace')[-3000:]}")

@@ -3,8 +3,8 @@
 Marked ``learning``: it runs in CI (about a minute here) and fails with the
 reason in the message: the stop reason, the returns reached, the budget spent.
 The budgets are env steps and train steps, never wall time: a loaded machine
-takes longer to spend them, not fewer of them (the subprocess timeout is a
-hang's, not a budget).
+takes longer to spend them, not fewer of them. A job that stops making progress
+(no train step, or before training no file growing, for 5 minutes) fails as hung.
 """
 
 import subprocess
@@ -26,7 +26,7 @@ ENV_STEP_BUDGET = 200_000
 @pytest.mark.parametrize("architecture", ["proposed", "baseline"])
 def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
     job = run_mpi(4, tmp_path, f"replay.architecture={architecture}", f"run.env_steps={ENV_STEP_BUDGET}",
-                  "run.wall_seconds=0", timeout=900)
+                  "run.wall_seconds=0", timeout=3600, stall=300)
     assert job.proc.returncode == 0, job.output
     s = summarize(job.run_dir)
     reached = "reached 195" in (s["stop_reason"] or "")
@@ -59,7 +59,7 @@ def test_qmix_beats_random_play_on_predator_prey(tmp_path):
 
     job_file = ROOT / "jobs" / "predator_prey_qmix.toml"
     job = run_mpi(5, tmp_path, "run.train_steps=200", "run.wall_seconds=0", "qmix.test_every=100",
-                  job=job_file, timeout=900)
+                  job=job_file, timeout=3600, stall=300)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["stop_reason"] == "train_steps 200 reached", (

@@ -2,6 +2,7 @@
 
 import time
 
+import ale_py  # noqa: F401  (in the test extra: a missing one fails)
 import numpy as np
 import pytest
 
@@ -9,12 +10,6 @@ from mpirl.config import ConfigError, EnvConfig
 from mpirl.envs.factory import env_spaces
 from mpirl.envs.vector import AtariVector, GymVector, StepResult, ale_game, make_vector, vector_spaces
 
-try:
-    import ale_py  # noqa: F401
-    HAVE_ALE = True
-except ImportError:
-    HAVE_ALE = False
-needs_ale = pytest.mark.skipif(not HAVE_ALE, reason="ale-py is not installed (pip install 'mpirl[atari]')")
 
 
 def run_until_episode_end(vec, rng, max_steps):
@@ -95,12 +90,10 @@ def test_vector_spaces_for_gym_ids_match_env_spaces():
 @pytest.mark.parametrize("env_id, game", [("ALE/Breakout-v5", "breakout"), ("ALE/SpaceInvaders-v5", "space_invaders"),
                                           ("ALE/MsPacman-v5", "ms_pacman"), ("ALE/TicTacToe3D-v5", "tic_tac_toe_3d"),
                                           ("ALE/Pong", "pong"), ("ALE/space_invaders-v4", "space_invaders")])
-@needs_ale
 def test_ale_id_to_game(env_id, game):
     assert ale_game(env_id) == game
 
 
-@needs_ale
 def test_unknown_atari_game_names_env_id_and_close_games():
     with pytest.raises(ConfigError) as err:
         make_vector(EnvConfig(id="ALE/Breakot-v5"), seed=0)
@@ -110,7 +103,6 @@ def test_unknown_atari_game_names_env_id_and_close_games():
     assert err.value.key == "env.id" and "RAM" in str(err.value)
 
 
-@needs_ale
 def test_env_spaces_for_atari():
     t = time.perf_counter()
     assert env_spaces(EnvConfig(id="ALE/Breakout-v5")) == ((4, 84, 84), np.dtype(np.uint8), 4)
@@ -118,7 +110,6 @@ def test_env_spaces_for_atari():
     print(f"env_spaces for two ALE ids: {time.perf_counter() - t:.2f} s")
 
 
-@needs_ale
 def test_atari_vector_breakout_episode_end():
     vec = make_vector(EnvConfig(id="ALE/Breakout-v5", envs_per_actor=2), seed=3)
     assert isinstance(vec, AtariVector)
@@ -138,7 +129,6 @@ def test_atari_vector_breakout_episode_end():
     vec.close()
 
 
-@needs_ale
 def test_atari_vector_rewards_unclipped_and_arrays_fresh():
     vec = AtariVector(EnvConfig(id="ALE/Breakout-v5"), 2, seed=4)
     vec.reset()
@@ -158,7 +148,6 @@ def test_atari_vector_rewards_unclipped_and_arrays_fresh():
     assert set(np.unique(rewards)) <= {0.0, 1.0, 4.0, 7.0}
 
 
-@needs_ale
 def test_atari_truncation_from_max_episode_steps():
     vec = AtariVector(EnvConfig(id="ALE/Breakout-v5", max_episode_steps=20), 1, seed=5)
     prev = vec.reset()
@@ -171,7 +160,6 @@ def test_atari_truncation_from_max_episode_steps():
     np.testing.assert_array_equal(res.final_obs[0, :3], prev[0, 1:])
 
 
-@needs_ale
 def test_atari_config_errors_name_the_field():
     with pytest.raises(ConfigError) as err:
         vector_spaces(_with(frameskip=0))
@@ -189,7 +177,6 @@ def _with(**fields) -> EnvConfig:
     return cfg
 
 
-@needs_ale
 def test_atari_vector_speed(capsys):
     """Steps/s of 4 games on 1 thread (printed, not asserted: machines differ)."""
     vec = AtariVector(_with(env_threads=1), 4, seed=6)
@@ -207,7 +194,6 @@ def test_atari_vector_speed(capsys):
 
 
 def test_atari_life_loss_cuts_bootstrap_and_fires_again():
-    pytest.importorskip("ale_py")
     from mpirl.config import EnvConfig
     from mpirl.envs.vector import make_vector
     envs = make_vector(EnvConfig(id="ALE/Breakout-v5", envs_per_actor=2), seed=0)

@@ -4,6 +4,7 @@ duplicates, replies carry a batch's distinct frames, and every stack comes back 
 from collections import deque
 from pathlib import Path
 
+import ale_py  # noqa: F401  (in the test extra: a missing one fails)
 import numpy as np
 import pytest
 import torch
@@ -20,7 +21,6 @@ from mpirl.replay.shard import PrioritizedShard
 from mpirl.roles.experience import ExperiencePacker, store_experience
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-ale = pytest.importorskip("ale_py")
 SPEC = transition_spec((4, 84, 84), np.uint8)
 
 

@@ -53,7 +53,6 @@ def test_cartpole_reaches_195_on_4_ranks(tmp_path, architecture):
 def test_qmix_beats_random_play_on_predator_prey(tmp_path):
     """The shorter variant of jobs/predator_prey_qmix.toml: 200 train steps on 5 ranks (about 3 minutes
     here), then the final greedy round (32 episodes) against 32 episodes of random legal actions."""
-    pytest.importorskip("pettingzoo")
     from mpirl import config
     from mpirl.algos.qmix.random_play import random_play
 

@@ -8,24 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("pettingzoo", reason="PettingZoo is not installed (pip install 'mpirl[marl]')")
+from gymnasium import spaces
+from pettingzoo.test import parallel_api_test, parallel_seed_test
+from pettingzoo.utils.env import ParallelEnv
 
-from gymnasium import spaces  # noqa: E402
-from pettingzoo.test import parallel_api_test, parallel_seed_test  # noqa: E402
-from pettingzoo.utils.env import ParallelEnv  # noqa: E402
-
-from mpirl.envs.pettingzoo import (  # noqa: E402
+from mpirl.envs.pettingzoo import (
     INSTALL_HINT, MarlDependencyError, TeamEnv, TeamStep, check_team_env, describe, make_team_env,
     team_env_spaces,
 )
-from mpirl.envs.predator_prey import CATCH, DOWN, LEFT, RIGHT, STAY, UP, PredatorPrey  # noqa: E402
-
-try:
-    import mpe2  # noqa: F401
-    HAVE_MPE2 = True
-except ImportError:
-    HAVE_MPE2 = False
-needs_mpe2 = pytest.mark.skipif(not HAVE_MPE2, reason="mpe2 is not installed (pip install 'mpirl[marl]')")
+from mpirl.envs.predator_prey import CATCH, DOWN, LEFT, RIGHT, STAY, UP, PredatorPrey
 
 PURSUIT = "pettingzoo.sisl.pursuit_v5"
 
@@ -251,7 +242,6 @@ def test_pursuit_passes_pettingzoo_api_and_seed_tests():
     parallel_seed_test(lambda: make_team_env(PURSUIT, max_cycles=20).env)
 
 
-@needs_mpe2
 def test_simple_spread_passes_pettingzoo_api_and_seed_tests():
     parallel_api_test(make_team_env("mpe2.simple_spread_v3").env, num_cycles=1000)
     parallel_seed_test(lambda: make_team_env("mpe2.simple_spread_v3").env)
@@ -432,7 +422,6 @@ def test_check_team_env_refusals():
     assert describe(PredatorPrey(n_predators=16)).n_agents == 16
 
 
-@needs_mpe2
 def test_check_team_env_refuses_continuous_mpe2():
     from mpe2 import simple_spread_v3
     with pytest.raises(ValueError, match="Discrete.*continuous_actions=False"):

@@ -220,7 +220,6 @@ def test_long_haul_link_delays_every_batch(tmp_path):
 
 
 def test_atari_frames_stay_uint8_end_to_end(tmp_path):
-    pytest.importorskip("ale_py", reason="ale-py is part of the test extra")
     from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
                   "env.envs_per_actor=2", job=JOBS / "breakout_proposed_small.toml", timeout=240)
@@ -248,7 +247,6 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
 
 
 def test_atari_baseline_dumps_carry_each_frame_once(tmp_path):
-    pytest.importorskip("ale_py", reason="ale-py is part of the test extra")
     from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=40", "replay.learning_starts=300", "replay.capacity=1024",
                   "replay.n_replay=20", "env.envs_per_actor=2", job=JOBS / "breakout_baseline_small.toml",
@@ -283,8 +281,6 @@ def test_rate_shares_follow_the_faster_shard(tmp_path):
 
 
 def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
-    pytest.importorskip("ale_py")
-    pytest.importorskip("zstandard")
     from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
                   "env.envs_per_actor=2", "comm.link.compression=zstd", "comm.link.latency_ms=1",

@@ -111,8 +111,6 @@ PREDATOR_PREY = str(JOBS / "predator_prey_qmix.toml")
 def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tmp_path, job, n, sets, key):
     """The estimate counts parameters without allocating them (torch's meta device): a network of many GB is
     refused in a moment with the estimate and the setting that makes it big, through validate and launch."""
-    if job == PREDATOR_PREY:
-        pytest.importorskip("pettingzoo", reason="the marl extra (in the test extra)")
     flags = [x for s in sets for x in ("--set", s)]
     for command in ("validate", "launch"):
         proc = run_cli(command, job, "-n", str(n), "--set", f'run.out_dir="{tmp_path}"', *flags)

@@ -11,8 +11,6 @@ from mpirl import config
 
 from conftest import JOBS, run_cli, run_mpi
 
-pytest.importorskip("pettingzoo", reason="QMIX jobs need the marl extra (the README's test command installs it)")
-
 JOB = JOBS / "predator_prey_qmix.toml"
 # A few train steps on small episodes: the point is the plumbing, not the learning (test_learning.py).
 SHORT = ("run.train_steps=24", "run.wall_seconds=0", "env.max_episode_steps=25", "replay.batch_size=8",

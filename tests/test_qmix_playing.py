@@ -4,14 +4,11 @@ any subset of them, record exactly the episodes each actor records on its own.""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from mpirl import config
 from mpirl.algos import algorithm
 
-pytest.importorskip("pettingzoo", reason="QMIX needs the marl extra (the README's test command installs it)")
-
-from conftest import JOBS  # noqa: E402
+from conftest import JOBS
 
 
 def job(*sets):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
 
 
-def mpiexec() -> str:
+def _venv_mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     if not beside.exists():
         pytest.fail(f"no mpiexec beside {sys.executable}: install the project with its [mpi] extra "
@@ -28,10 +29,18 @@ def mpiexec() -> str:
     return str(beside)
 
 
+def mpiexec() -> str:
+    """The venv's mpiexec, to start a job from a test marked ``mpi`` (one that is not fails: see
+    :func:`_mpi_marker_is_true`)."""
+    if _running and not _running[0].get_closest_marker("mpi"):
+        pytest.fail(f"{_running[0].nodeid} starts mpiexec: mark it @pytest.mark.mpi")
+    return _venv_mpiexec()
+
+
 @functools.lru_cache(maxsize=1)
 def _launch_env() -> tuple[tuple, dict]:
     """mpiexec's flags and what its environment adds (the project's one place for both: mpirl.launcher)."""
-    flags, env = launch_env(mpiexec())
+    flags, env = launch_env(_venv_mpiexec())
     return tuple(flags), {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
@@ -182,3 +191,70 @@ def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpirl", *args], capture_output=True, text=True,
                           timeout=timeout, env=mpi_env(), cwd=ROOT)
+
+
+# ---------------------------------------------------------------- the mpi marker
+LAUNCHERS = {"mpiexec", "mpirun", "prterun"}  # the venv's mpiexec execs prterun (Open MPI 5): same process
+
+
+def _mpiexec_jobs_below(root: int) -> list[str]:
+    """Command lines of the mpiexec jobs (``-n`` given) among the descendants of process ``root``."""
+    parent, comm = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                name, rest = (entry / "stat").read_text().rsplit(")", 1)
+                parent[int(entry.name)], comm[int(entry.name)] = int(rest.split()[1]), name.split("(", 1)[1]
+            except (OSError, IndexError, ValueError):
+                pass
+    jobs = []
+    for pid, name in comm.items():
+        if name not in LAUNCHERS:
+            continue
+        up, seen = parent.get(pid), 0
+        while up and up != root and seen < 64:
+            up, seen = parent.get(up), seen + 1
+        if up == root:
+            try:
+                argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if "-n" in argv or "-np" in argv:
+                jobs.append(" ".join(argv)[:200])
+    return jobs
+
+
+class _MpiexecWatch(threading.Thread):
+    """Looks for mpiexec jobs this pytest process started (directly, through ``mpirl launch`` or a bench) while
+    one test runs; a job takes seconds to start and run, so looking every 50 ms sees every one."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.done, self.seen = threading.Event(), []
+
+    def run(self) -> None:
+        while not self.seen and not self.done.wait(0.05):
+            self.seen = _mpiexec_jobs_below(os.getpid())
+
+
+_running: list = []  # the test running now (its pytest item), for mpiexec() to check its marker
+
+
+@pytest.fixture(autouse=True)
+def _mpi_marker_is_true(request):
+    """Every test that starts ``mpiexec`` carries the ``mpi`` marker (``pytest -m "not mpi"`` is then a run without
+    MPI): a test without it that starts a job, by any path, fails."""
+    _running[:] = [request.node]
+    if request.node.get_closest_marker("mpi") or not Path("/proc/self/stat").exists():
+        yield
+        return
+    watch = _MpiexecWatch()
+    watch.start()
+    try:
+        yield
+    finally:
+        watch.done.set()
+        watch.join()
+    if watch.seen:
+        pytest.fail(f"{request.node.nodeid} started mpiexec without the mpi marker "
+                    f"(@pytest.mark.mpi or the module's pytestmark): {watch.seen[0]}")

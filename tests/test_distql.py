@@ -187,6 +187,7 @@ def _run_dir(tmp_path):
     return run
 
 
+@pytest.mark.mpi
 def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it(tmp_path):
     proc = _launch(tmp_path, 9, "distql.episodes=150")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -237,6 +238,7 @@ def _wait_for_checkpoint(job, out, seconds=180):
     pytest.fail(f"no checkpoint within {seconds} s\n{job.head[-3000:]}")
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("how", ["SIGUSR1", "kill -9 a worker", "kill -9 the server"])
 def test_a_stopped_or_killed_distql_job_resumes_and_counts_every_episode_once(tmp_path, how):
     """Ctrl-C through mpirl launch (SIGUSR1 to the job) ends it preempted (exit 75) after a last checkpoint; a kill -9
@@ -292,6 +294,7 @@ def test_a_stopped_or_killed_distql_job_resumes_and_counts_every_episode_once(tm
         assert index == list(range(len(index))) and len(index) == final[w] > at_checkpoint[w], (w, index[-5:])
 
 
+@pytest.mark.mpi
 def test_a_sync_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp_path):
     """In sync mode a run is deterministic, and a checkpoint keeps all of it (tables, counters, the workers' and
     their environments' generators): stopped by a stop condition and resumed, it ends with the very table and
@@ -319,6 +322,7 @@ def test_a_sync_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp
     assert np.array_equal(got[0][2], got[1][2]) and np.array_equal(got[0][3], got[1][3])
 
 
+@pytest.mark.mpi
 def test_run_stop_conditions_end_a_distql_job(tmp_path):
     proc = _launch(tmp_path, 3, "distql.workers=2", "distql.episodes=10000000", "run.wall_seconds=1",
                    "distql.eval_episodes=0")
@@ -327,6 +331,7 @@ def test_run_stop_conditions_end_a_distql_job(tmp_path):
         assert f.attrs["status"] == "completed" and f.attrs["stop_reason"] == "wall_seconds 1 reached"
 
 
+@pytest.mark.mpi
 def test_taxi_learns_with_two_workers(tmp_path):
     proc = _launch(tmp_path, 3, "distql.workers=2", "distql.eval_every=20")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -339,6 +344,7 @@ def test_taxi_learns_with_two_workers(tmp_path):
     assert ev[0] < 0 < ev[-1], ev
 
 
+@pytest.mark.mpi
 def test_sync_runs_are_deterministic_and_partial_replies_carry_the_sent_pairs(tmp_path):
     sets = ("distql.workers=2", "distql.exchange=sync", "distql.mode=partial", "distql.episodes=120",
             "run.seed=5", "distql.eval_episodes=0")
@@ -359,6 +365,7 @@ def test_sync_runs_are_deterministic_and_partial_replies_carry_the_sent_pairs(tm
     assert np.array_equal(got[0][0], got[1][0]) and np.array_equal(got[0][1], got[1][1])
 
 
+@pytest.mark.mpi
 def test_a_failing_worker_aborts_the_job(tmp_path):
     proc = _launch(tmp_path, 3, "distql.workers=2", "env.id=tests.faulty_env:FaultyTaxi-v0",
                    "distql.eval_episodes=0", timeout=120)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mpirl.bench.run_mpi import RunningJob, train_steps, wait_until
 from mpirl.launcher import launch_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,23 +110,43 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def train_steps_so_far(out_dir: Path) -> int:
-    """The learner's last recorded train steps of the run under ``out_dir`` (0 before its first row)."""
-    import h5py
-    for f in out_dir.glob("*/learner.h5"):
-        try:
-            with h5py.File(f, "r", locking=False) as h:
-                steps = h["train/train_steps"][()]
-                return int(steps[-1]) if len(steps) else 0
-        except (OSError, KeyError):
-            return 0
-    return 0
+def start_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", args: tuple = ()) -> RunningJob:
+    """``mpiexec -n n python -m mpirl run job --set ...`` started in the background, for a test that acts on the
+    job while it runs: ``with start_mpi(...) as job:``, then :func:`wait_for` what it must have done first
+    (:func:`wait_for_train_steps`). Leaving the ``with`` kills whatever of the job is left."""
+    return RunningJob(mpi_command(n, out_dir, *sets, job=job, args=args), env=mpi_env(), cwd=ROOT)
+
+
+def wait_for(job: RunningJob | subprocess.Popen, enough, what: str, timeout: float = 300) -> None:
+    """Until ``enough()`` holds while ``job`` (a :class:`RunningJob`, or the Popen of ``mpirl launch``) runs; a job
+    that ended first, or made it not within ``timeout`` seconds (a hang, however loaded the machine), fails the
+    test with the job's output."""
+    proc = job.proc if isinstance(job, RunningJob) else job
+    if not wait_until(proc, enough, timeout):
+        ended = proc.poll()
+        why = f"ended (exit {ended}) before" if ended is not None else f"did not get there within {timeout:.0f} s:"
+        output = job.output[-3000:] if isinstance(job, RunningJob) else ""
+        pytest.fail(f"the job {why} {what}: {' '.join(map(str, proc.args))}\n{output}")
+
+
+def wait_for_train_steps(job: RunningJob | subprocess.Popen, out_dir: Path, steps: int, timeout: float = 300) -> None:
+    """Until the job's learner (its run under ``out_dir``) has recorded ``steps`` train steps; see :func:`wait_for`."""
+    wait_for(job, lambda: train_steps(out_dir) >= steps, f"{steps} train steps", timeout)
+
+
+def finish(job: RunningJob, timeout: float = 180) -> tuple[int, str]:
+    """The job's exit code and output once it ends; one still running after ``timeout`` seconds fails the test."""
+    code = job.finish(timeout)
+    if code is None:
+        job.kill()
+        pytest.fail(f"the job did not end within {timeout:.0f} s (hang?): {' '.join(job.cmd)}\n{job.output[-3000:]}")
+    return code, job.output
 
 
 def _progress(out_dir: Path) -> tuple:
     """What a running job has done so far: its learner's train steps once it trains, before that the bytes its
     files hold (the replay filling)."""
-    steps = train_steps_so_far(out_dir)
+    steps = train_steps(out_dir)
     if steps:
         return ("train steps", steps)
     return ("bytes", sum(p.stat().st_size for p in out_dir.glob("*/*.h5") if p.is_file()))
@@ -136,33 +155,26 @@ def _progress(out_dir: Path) -> tuple:
 def _watched(cmd: list, out_dir: Path, stall: float, timeout: float) -> subprocess.CompletedProcess:
     """Run ``cmd`` for as long as its job keeps making progress (:func:`_progress`); a job that made none for
     ``stall`` seconds, or ran ``timeout`` in all, is killed and the test fails as hung."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=mpi_env(), cwd=ROOT,
-                                start_new_session=True)
-        start = moved = time.monotonic()
-        last, why = None, ""
-        try:
-            while proc.poll() is None:
-                now, seen = time.monotonic(), _progress(out_dir)
-                if seen != last:
-                    last, moved = seen, now
-                if now - moved > stall:
-                    why = f"made no progress for {stall:.0f} s (still at {last[0]} {last[1]})"
-                elif now - start > timeout:
-                    why = f"did not finish within {timeout:.0f} s"
-                if why:
-                    break
-                time.sleep(1.0)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        out.seek(0)
-        err.seek(0)
-        text, errors = out.read(), err.read()
-    if why:
-        pytest.fail(f"MPI job {why} (hang?): {' '.join(cmd)}\n{text[-3000:]}\n{errors[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, text, errors)
+    start = moved = time.monotonic()
+    last, why = None, ""
+
+    def stuck() -> bool:
+        nonlocal last, moved, why
+        now, seen = time.monotonic(), _progress(out_dir)
+        if seen != last:
+            last, moved = seen, now
+        if now - moved > stall:
+            why = f"made no progress for {stall:.0f} s (still at {last[0]} {last[1]})"
+        elif now - start > timeout:
+            why = f"did not finish within {timeout:.0f} s"
+        return bool(why)
+    with RunningJob(cmd, env=mpi_env(), cwd=ROOT) as job:
+        job.wait_until(stuck, timeout + stall, poll=1.0)
+        code = None if why else job.finish(0)
+        text = job.output
+    if why or code is None:
+        pytest.fail(f"MPI job {why or 'did not end'} (hang?): {' '.join(cmd)}\n{text[-6000:]}")
+    return subprocess.CompletedProcess(cmd, code, text, "")
 
 
 def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", timeout: float = 180,
@@ -175,16 +187,17 @@ def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml
     def once() -> subprocess.CompletedProcess:
         if stall is not None:
             return _watched(cmd, out_dir, stall, timeout)
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=ROOT)
-    try:
+        with RunningJob(cmd, env=mpi_env(), cwd=ROOT) as running:  # a hung job is killed whole, every rank
+            code = running.finish(timeout)
+            text = running.output
+        if code is None:
+            pytest.fail(f"MPI job did not finish within {timeout} s (hang?): {' '.join(cmd)}\n{text[-6000:]}")
+        return subprocess.CompletedProcess(cmd, code, text, "")
+    proc = once()
+    if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:
+        # mpiexec itself failed to start (before any rank ran): seen once in this project's test runs so far.
+        print(f"mpiexec did not start ({LAUNCHER_HICCUP!r}); trying once more", file=sys.stderr)
         proc = once()
-        if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:
-            # mpiexec itself failed to start (before any rank ran): seen once in this project's test runs so far.
-            print(f"mpiexec did not start ({LAUNCHER_HICCUP!r}); trying once more", file=sys.stderr)
-            proc = once()
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"MPI job did not finish within {timeout} s (hang?): {' '.join(cmd)}\n"
-                    f"{(err.stdout or b'').decode(errors='replace')[-3000:]}\n{(err.stderr or b'').decode(errors='replace')[-3000:]}")
     return Job(proc, out_dir)
 
 

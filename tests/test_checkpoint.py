@@ -8,8 +8,6 @@ continue without a duplicated or missing train step.
 
 import os
 import signal
-import subprocess
-import time
 
 import h5py
 import numpy as np
@@ -19,7 +17,7 @@ import torch
 from mpirl.config import load
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, mpi_command, mpi_env, ranks_of, run_cli, run_mpi, train_steps_so_far
+from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, wait_for_train_steps
 
 CARTPOLE = JOBS / "cartpole.toml"
 
@@ -116,28 +114,17 @@ def _budget(sets, steps: int) -> tuple:
 
 
 def _preempt(tmp_path, signum, rank=None, sets=LONG):
-    """Start the long job, signal it once it has trained a while; returns the finished process. Its budget is one
-    it never reaches, however fast this machine trains: the signal ends it (a resume may change the budget)."""
+    """Start the long job, signal it once it has trained a while; returns its exit code and output. Its budget is
+    one it never reaches, however fast this machine trains: the signal ends it (a resume may change the budget)."""
     out = tmp_path / "runs"
-    cmd = mpi_command(4, out, *_budget(sets, 100_000))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 300
-        while train_steps_so_far(out) < 700 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert proc.poll() is None and train_steps_so_far(out) >= 700, "the job did not train 700 steps in 300 s"
+    with start_mpi(4, out, *_budget(sets, 100_000)) as job:
+        wait_for_train_steps(job, out, 700)
         if rank is None:
-            proc.send_signal(signum)  # mpiexec forwards SIGUSR1 to every rank
+            job.proc.send_signal(signum)  # mpiexec forwards SIGUSR1 to every rank
         else:
-            os.kill(ranks_of(proc.pid)[rank], signum)
-        text, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the preempted job did not exit within 180 s")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc, text, out
+            os.kill(ranks_of(job.pid)[rank], signum)
+        code, text = finish(job, 180)
+    return code, text, out
 
 
 def _learner_steps(run_dir):
@@ -227,8 +214,8 @@ def _assert_metrics_continue(run_dir, resumed_at, train_steps):
                          ids=["replay refilled", "replay checkpointed", "baseline"])
 def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, replay):
     sets = (*LONG, f"checkpoint.replay={str(replay).lower()}", f"replay.architecture={architecture}")
-    proc, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=sets)
-    assert proc.returncode == 75, text  # EX_TEMPFAIL: checkpointed, try again
+    code, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=sets)
+    assert code == 75, text  # EX_TEMPFAIL: checkpointed, try again
     run_dir = next(out.glob("*/run.h5")).parent
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "preempted", dict(f.attrs)
@@ -277,8 +264,8 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, 
 
 @pytest.mark.mpi
 def test_sigterm_to_one_actor_stops_the_job_cleanly(tmp_path):
-    proc, text, out = _preempt(tmp_path, signal.SIGTERM, rank=3)
-    assert proc.returncode == 75, text
+    code, text, out = _preempt(tmp_path, signal.SIGTERM, rank=3)
+    assert code == 75, text
     run_dir = next(out.glob("*/run.h5")).parent
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "preempted"

@@ -2,8 +2,6 @@
 
 import os
 import signal
-import subprocess
-import time
 
 import h5py
 import numpy as np
@@ -14,7 +12,7 @@ from mpirl.agents.dqn import DQNLearner
 from mpirl.config import AgentConfig
 from mpirl.roles import checkpoint
 
-from conftest import ROOT, mpi_command, mpi_env, ranks_of, run_mpi, train_steps_so_far
+from conftest import finish, ranks_of, run_mpi, start_mpi, train_steps, wait_for
 
 SHORT = ("run.train_steps=800", "run.target_return=nan", "run.env_steps=0", "replay.learning_starts=300")
 
@@ -123,45 +121,35 @@ def test_a_rank_that_dies_ends_the_job_and_resume_recovers(tmp_path):
     sets = ("run.target_return=nan", "run.env_steps=0", "run.wall_seconds=0",
             "replay.learning_starts=300", "checkpoint.every_steps=700", "log.interval=0.2", "log.flush_seconds=0.2")
     # The first run's budget is never reached: it ends when its learner is killed, however fast this machine is.
-    cmd = mpi_command(4, out, "run.train_steps=100000", *sets)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(),
-                            cwd=ROOT)
-    killed = learner = None
-    try:
-        deadline = time.monotonic() + 300
-        while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-            if train_steps_so_far(out) < 1000:
-                continue
-            # The learner held still while its files are read: the newest checkpoint and the rows after it
-            # are what the kill leaves behind.
-            learner = ranks_of(proc.pid)[0]
-            os.kill(learner, signal.SIGSTOP)
-            run_dir = next(out.glob("*/run.h5")).parent
-            newest = checkpoint.checkpoints(run_dir)
-            try:
-                with h5py.File(run_dir / "learner.h5", "r", locking=False) as f:
-                    rows = int(f["batches/train_step"][-1])
-            except (OSError, KeyError, IndexError):
-                rows = 0
-            if newest and rows > int(newest[-1].name[5:15]):
-                # The learner dies (no chance to checkpoint): the newest checkpoint is a periodic one, and the
-                # metrics rows written after it must be dropped on resume.
-                os.kill(learner, signal.SIGKILL)
-                killed = rows
-            else:  # caught between a checkpoint and its next rows: let it write them
-                os.kill(learner, signal.SIGCONT)
-        assert killed, f"the job did not train 1000 steps within 300 s (exit {proc.poll()})"
-        text, _ = proc.communicate(timeout=120)  # the job ends: never a hang
-    finally:
-        if proc.poll() is None:
-            if learner is not None and not killed:  # never leave a stopped learner behind
-                try:
-                    os.kill(learner, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.kill()
-    assert proc.returncode != 0
+    killed = None
+
+    def kill_the_learner_between_a_checkpoint_and_its_next_rows() -> bool:
+        nonlocal killed
+        if train_steps(out) < 1000:
+            return False
+        # The learner held still while its files are read: the newest checkpoint and the rows after it
+        # are what the kill leaves behind.
+        learner = ranks_of(job.pid)[0]
+        os.kill(learner, signal.SIGSTOP)
+        run_dir = next(out.glob("*/run.h5")).parent
+        newest = checkpoint.checkpoints(run_dir)
+        try:
+            with h5py.File(run_dir / "learner.h5", "r", locking=False) as f:
+                rows = int(f["batches/train_step"][-1])
+        except (OSError, KeyError, IndexError):
+            rows = 0
+        if newest and rows > int(newest[-1].name[5:15]):
+            # The learner dies (no chance to checkpoint): the newest checkpoint is a periodic one, and the
+            # metrics rows written after it must be dropped on resume.
+            os.kill(learner, signal.SIGKILL)
+            killed = rows
+            return True
+        os.kill(learner, signal.SIGCONT)  # caught between a checkpoint and its next rows: let it write them
+        return False
+    with start_mpi(4, out, "run.train_steps=100000", *sets) as job:  # leaving it: nothing of the job is left
+        wait_for(job, kill_the_learner_between_a_checkpoint_and_its_next_rows, "1000 train steps and the kill")
+        code, text = finish(job, 120)  # the job ends: never a hang
+    assert code != 0
     assert "ranks: 0 learner; 1 buffer, 2-3 actors of buffer 1" in text
     assert "rank 0" in text and "signal 9" in text, text[-3000:]
     run_dir = next(out.glob("*/run.h5")).parent

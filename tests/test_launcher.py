@@ -22,7 +22,7 @@ import pytest
 
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, mpi_env, processes_mentioning, ranks_of, train_steps_so_far
+from conftest import JOBS, ROOT, mpi_env, processes_mentioning, ranks_of, wait_for_train_steps
 
 pytestmark = pytest.mark.mpi
 
@@ -41,10 +41,7 @@ class Launched:
         self.head = ""  # output read before finish() (wait_for_output)
 
     def wait_for_training(self, steps=300, seconds=300):
-        deadline = time.monotonic() + seconds
-        while train_steps_so_far(self.out) < steps and time.monotonic() < deadline and self.proc.poll() is None:
-            time.sleep(0.2)
-        assert train_steps_so_far(self.out) >= steps, f"no training within {seconds} s"
+        wait_for_train_steps(self.proc, self.out, steps, seconds)
 
     def wait_for(self, path, seconds=120):
         deadline = time.monotonic() + seconds

@@ -18,7 +18,7 @@ import pytest
 from mpirl.config import ReplayConfig
 from mpirl.metrics.summary import summarize
 
-from conftest import JOBS, ROOT, mpi_env, processes_mentioning, run_cli, run_mpi
+from conftest import JOBS, ROOT, mpi_env, processes_mentioning, run_cli, run_mpi, wait_for
 
 pytestmark = pytest.mark.mpi
 
@@ -140,29 +140,17 @@ def test_a_failing_rank_aborts_the_job_instead_of_hanging(tmp_path):
 
 
 def test_files_stay_readable_after_kill_9(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+    from conftest import ranks_of, start_mpi, wait_for
 
-    from conftest import ROOT, mpi_command, mpi_env, ranks_of
-    cmd = mpi_command(4, tmp_path, "run.target_return=nan", "log.interval=0.2", "log.flush_seconds=0.5")
-    proc = subprocess.Popen(cmd, env=mpi_env(), cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline, rows = time.time() + 300, 0
-        while time.time() < deadline and rows < 5:
-            time.sleep(0.5)
-            runs = list(tmp_path.glob("*/run.h5"))
-            if runs:
-                learner = summarize(runs[0].parent)["learner"]
-                rows = learner["rows"] if learner else 0
-        assert rows >= 5, "the job wrote no learner rows within 300 s"
-    finally:
-        pids = list(ranks_of(proc.pid).values())
-        os.killpg(proc.pid, signal.SIGKILL)  # every rank and mpiexec, no goodbye
-        proc.wait(timeout=30)
+    def learner_rows() -> int:
+        runs = list(tmp_path.glob("*/run.h5"))
+        learner = summarize(runs[0].parent)["learner"] if runs else None
+        return learner["rows"] if learner else 0
+    with start_mpi(4, tmp_path, "run.target_return=nan", "log.interval=0.2", "log.flush_seconds=0.5") as job:
+        wait_for(job, lambda: learner_rows() >= 5, "5 learner rows")
+        pids = list(ranks_of(job.pid).values())
+        os.killpg(job.pid, signal.SIGKILL)  # every rank and mpiexec, no goodbye
+        job.proc.wait(timeout=30)
     deadline = time.time() + 120  # SIGKILLed ranks may take a moment to leave the process table
     while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
         time.sleep(0.1)
@@ -354,12 +342,8 @@ def test_terminated_launch_takes_its_ranks_along(tmp_path):
                              "--set", "run.env_steps=0", "--set", "run.wall_seconds=300"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=mpi_env(), cwd=ROOT)
     try:
-        deadline = time.monotonic() + 300
-        while not list(out.glob("*/learner.h5")) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert list(out.glob("*/learner.h5")), "the job did not start within 300 s"
-        time.sleep(2)
-        assert len(processes_mentioning(str(out))) >= 5  # mpiexec and the ranks are running
+        wait_for(proc, lambda: list(out.glob("*/learner.h5")), "its learner.h5")
+        wait_for(proc, lambda: len(processes_mentioning(str(out))) >= 5, "mpiexec and its 4 ranks running")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 75  # the clean stop (tests/test_launcher.py checks its checkpoint)
         left = processes_mentioning(str(out))

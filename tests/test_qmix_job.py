@@ -130,29 +130,19 @@ def test_validate_describes_the_qmix_job():
 @pytest.mark.mpi
 def test_a_preempted_qmix_job_resumes_with_its_replay(tmp_path):
     import signal
-    import subprocess
-    import time
 
-    from conftest import ROOT, mpi_command, mpi_env, train_steps_so_far
+    from conftest import finish, start_mpi, wait_for_train_steps
     from mpirl.roles import checkpoint
 
     out = tmp_path / "runs"
     # A budget the first run never reaches: it ends by the signal, however fast this machine trains.
     sets = (*[s for s in SHORT if not s.startswith("run.train_steps")], "run.train_steps=100000",
             "checkpoint.replay=true", "checkpoint.every_steps=10")
-    proc = subprocess.Popen(mpi_command(4, out, *sets, job=JOB), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=mpi_env(), cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 300
-        while train_steps_so_far(out) < 30 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert proc.poll() is None and train_steps_so_far(out) >= 30, "the job did not train 30 steps in 300 s"
-        proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank: a clean stop
-        text, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, text
+    with start_mpi(4, out, *sets, job=JOB) as job:
+        wait_for_train_steps(job, out, 30)
+        job.proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank: a clean stop
+        code, text = finish(job, 180)
+    assert code == 75, text
     run_dir = next(out.glob("*/run.h5")).parent
     stopped_at = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])["train_steps"]
     assert 30 <= stopped_at < 100000  # stopped by the signal, not the budget
@@ -267,30 +257,19 @@ def test_the_worker_on_the_learners_rank_serves_the_actors_between_train_steps(t
 def test_a_killed_worker_ends_the_job_and_resume_continues(tmp_path):
     import os
     import signal
-    import subprocess
-    import time
 
-    from conftest import ROOT, mpi_command, mpi_env, ranks_of, train_steps_so_far
+    from conftest import finish, ranks_of, start_mpi, wait_for_train_steps
 
     from mpirl.roles import checkpoint
 
     out = tmp_path / "runs"
     sets = (*SHORT[1:], "checkpoint.every_steps=20", "log.flush_seconds=0.2", "topology.workers=1")
     # The first run's budget is never reached: it ends when its worker is killed, however fast this machine is.
-    proc = subprocess.Popen(mpi_command(5, out, "run.train_steps=100000", *sets, job=JOB), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 300
-        while train_steps_so_far(out) < 30 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert train_steps_so_far(out) >= 30, "the job did not train 30 steps within 300 s"
-        os.kill(ranks_of(proc.pid)[2], signal.SIGKILL)  # the worker
-        text, _ = proc.communicate(timeout=180)  # the job ends: never a hang
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode != 0, proc.returncode
+    with start_mpi(5, out, "run.train_steps=100000", *sets, job=JOB) as job:
+        wait_for_train_steps(job, out, 30)
+        os.kill(ranks_of(job.pid)[2], signal.SIGKILL)  # the worker
+        code, text = finish(job, 180)  # the job ends: never a hang
+    assert code != 0, code
     assert "ranks: 0 learner; 1 buffer, 2 worker of buffer 1; 3-4 actors of worker 2" in text, text[-3000:]
     assert "rank 2" in text and "signal 9" in text, text[-3000:]
     run_dir = next(out.glob("*/run.h5")).parent

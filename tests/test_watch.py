@@ -11,7 +11,7 @@ import pytest
 
 from mpirl.metrics.watch import bar, progress
 
-from conftest import ROOT, mpi_command, mpi_env, ranks_of, run_cli
+from conftest import ROOT, finish, mpi_env, ranks_of, run_cli, start_mpi, wait_for
 
 
 def test_progress_toward_each_stop_condition():
@@ -30,38 +30,35 @@ def test_watch_refuses_what_is_not_a_run(tmp_path):
 
 @pytest.mark.mpi
 def test_watch_follows_a_running_job_and_ends_with_it(tmp_path):
-    cmd = mpi_command(4, tmp_path, "run.train_steps=1500", "run.target_return=nan", "run.env_steps=0",
-                      "log.interval=0.3", "log.flush_seconds=0.5")
-    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=mpi_env(), cwd=ROOT)
     w = None
-    try:
-        deadline = time.monotonic() + 300
-        while not list(tmp_path.glob("*/run.h5")) and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.1)
-        run_dir = next(tmp_path.glob("*/run.h5")).parent
-        # The buffer held still until watch has drawn two frames: the learner gets no batch, so the job cannot
-        # end before watch has seen it running, however slow watch is to start on this machine.
-        buffer = ranks_of(job.pid)[1]
-        os.kill(buffer, signal.SIGSTOP)
+    with start_mpi(4, tmp_path, "run.train_steps=1500", "run.target_return=nan", "run.env_steps=0",
+                   "log.interval=0.3", "log.flush_seconds=0.5") as job:
         try:
-            w = subprocess.Popen([sys.executable, "-m", "mpirl", "watch", str(run_dir), "--interval", "0.5"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=mpi_env(), cwd=ROOT)
-            head, deadline = b"", time.monotonic() + 120
-            while head.count(b"mpirl watch  cartpole") < 2 and time.monotonic() < deadline and w.poll() is None:
-                if select.select([w.stdout], [], [], 0.1)[0]:
-                    head += os.read(w.stdout.fileno(), 65536)
-        finally:
+            wait_for(job, lambda: list(tmp_path.glob("*/run.h5")), "its run.h5")
+            run_dir = next(tmp_path.glob("*/run.h5")).parent
+            # The buffer held still until watch has drawn two frames: the learner gets no batch, so the job cannot
+            # end before watch has seen it running, however slow watch is to start on this machine.
+            buffer = ranks_of(job.pid)[1]
+            os.kill(buffer, signal.SIGSTOP)
             try:
-                os.kill(buffer, signal.SIGCONT)
-            except ProcessLookupError:  # the job is gone: the assertions below say why
-                pass
-        out, err = w.communicate(timeout=300)
-        assert job.wait(timeout=300) == 0
-    finally:
-        for p in (w, job):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+                w = subprocess.Popen([sys.executable, "-m", "mpirl", "watch", str(run_dir), "--interval", "0.5"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=mpi_env(), cwd=ROOT)
+                head, deadline = b"", time.monotonic() + 120
+                while head.count(b"mpirl watch  cartpole") < 2 and time.monotonic() < deadline and w.poll() is None:
+                    if select.select([w.stdout], [], [], 0.1)[0]:
+                        head += os.read(w.stdout.fileno(), 65536)
+            finally:
+                try:
+                    os.kill(buffer, signal.SIGCONT)
+                except ProcessLookupError:  # the job is gone: the assertions below say why
+                    pass
+            out, err = w.communicate(timeout=300)
+            code, text = finish(job, 300)
+            assert code == 0, text[-3000:]
+        finally:
+            if w is not None and w.poll() is None:
+                w.kill()
+                w.wait()
     assert w.returncode == 0, err.decode(errors="replace")
     stdout = (head + out).decode()
     frames = stdout.split("mpirl watch  cartpole")[1:]

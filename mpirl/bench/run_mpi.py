@@ -59,12 +59,96 @@ def _new_run(out: Path, name: str, before: set) -> Path | None:
     return runs[-1].parent if runs else None
 
 
-def _holds(enough: Callable[[Path], bool], run_dir: Path) -> bool:
-    """``enough(run_dir)`` on files a running job is writing: a half-written file is "not yet"."""
+def _holds(enough: Callable[[], object]) -> bool:
+    """``enough()`` on files a running job is writing: a half-written file is "not yet"."""
     try:
-        return bool(enough(run_dir))
+        return bool(enough())
     except (OSError, KeyError, ValueError, IndexError):
         return False
+
+
+def train_steps(out_dir: Path) -> int:
+    """The learner's last recorded train steps of the run under ``out_dir`` (0 before its first row)."""
+    import h5py
+    for f in Path(out_dir).glob("*/learner.h5"):
+        try:
+            with h5py.File(f, "r", locking=False) as h:
+                steps = h["train/train_steps"][()]
+                return int(steps[-1]) if len(steps) else 0
+        except (OSError, KeyError):
+            return 0
+    return 0
+
+
+def wait_until(proc: subprocess.Popen, enough: Callable[[], object], timeout: float, poll: float = 0.2) -> bool:
+    """True as soon as ``enough()`` holds while ``proc`` (a job) runs, ``enough`` reading the files the job writes
+    (opened with ``locking=False``; a half-written one is "not yet"); False if the job ended first or ``timeout``
+    seconds passed. Waits for the event, however long this machine takes up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if _holds(enough):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        try:
+            proc.wait(timeout=poll)
+        except subprocess.TimeoutExpired:
+            pass
+    return False
+
+
+class RunningJob:
+    """An ``mpiexec`` job started in a session of its own, its output going to a file (nobody reads a pipe while
+    it runs): what waits for the rows it writes, and ends it. Used as a context manager, leaving it kills
+    whatever of the job is left, so nothing of a job outlives its caller: a hung job is an error, never a hang."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None, cwd: Path | str | None = None) -> None:
+        self.cmd = cmd
+        self._log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                                     start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        """``mpiexec``'s PID (its ranks are its children)."""
+        return self.proc.pid
+
+    def wait_until(self, enough: Callable[[], object], timeout: float, poll: float = 0.2) -> bool:
+        """:func:`wait_until` on this job."""
+        return wait_until(self.proc, enough, timeout, poll)
+
+    def until_trained(self, out_dir: Path, steps: int, timeout: float) -> bool:
+        """:meth:`wait_until` the learner of the run under ``out_dir`` has recorded ``steps`` train steps."""
+        return self.wait_until(lambda: train_steps(out_dir) >= steps, timeout)
+
+    def finish(self, timeout: float) -> int | None:
+        """The job's exit code once it ends, or None if it is still running after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    @property
+    def output(self) -> str:
+        """Everything the job wrote so far (stdout and stderr)."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the job; returns once none is left."""
+        from mpirl.launcher import _kill_job
+        if self.proc.poll() is None:
+            _kill_job(self.proc)
+
+    def __enter__(self) -> RunningJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.kill()
+        finally:
+            self._log.close()
 
 
 def run_job_until(n: int, job: str, sets: list[str], out: Path, name: str, enough: Callable[[Path], bool],
@@ -78,39 +162,24 @@ def run_job_until(n: int, job: str, sets: list[str], out: Path, name: str, enoug
     ``run.wall_seconds`` backstop) counts if ``enough`` holds then. ``timeout``: seconds until the job is
     taken for hung and killed. Returns the run directory, or RuntimeError naming ``what`` bench it was for.
     """
-    from mpirl.launcher import _kill_job
     cmd, env = launch_command(find_mpiexec(), n, str(job), [*sets, f'run.out_dir="{out}"', f'run.name="{name}"'], [])
     cmd.append("--quiet")
     before = {p.parent for p in Path(out).glob(f"{name}-*/run.h5")}
     deadline = time.monotonic() + timeout
-    hung = False
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: nobody reads while the job runs
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
-        try:
-            run_dir, stopped = None, False
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    hung = True
-                    break
-                run_dir = run_dir or _new_run(out, name, before)
-                if not stopped and run_dir is not None and _holds(enough, run_dir):
-                    proc.send_signal(signal.SIGUSR1)
-                    stopped = True
-                try:
-                    proc.wait(timeout=poll)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:  # hung, or this raised: nothing of the job may outlive the bench
-                _kill_job(proc)
-        log.seek(0)
-        text = log.read()
-    if hung:
+
+    def ready() -> bool:
+        run_dir = _new_run(out, name, before)
+        return run_dir is not None and enough(run_dir)
+    with RunningJob(cmd, env) as running:
+        if running.wait_until(ready, timeout, poll):
+            running.proc.send_signal(signal.SIGUSR1)
+        code = running.finish(max(0.0, deadline - time.monotonic()))
+        text = running.output
+    if code is None:
         raise RuntimeError(f"{what} bench job did not give its rows and stop within {timeout:.0f} s: "
                            f"{' '.join(cmd)}\n{text[-2000:]}")
-    if proc.returncode not in (0, EXIT_STOPPED):
-        raise RuntimeError(f"{what} bench job failed (exit {proc.returncode}): {text[-2000:]}")
+    if code not in (0, EXIT_STOPPED):
+        raise RuntimeError(f"{what} bench job failed (exit {code}): {text[-2000:]}")
     run_dir = _new_run(out, name, before)
     if run_dir is None:
         raise RuntimeError(f"{what} bench job wrote no run under {out}: {text[-2000:]}")

@@ -239,14 +239,15 @@ def _mpiexec_jobs_below(root: int) -> list[str]:
 
 class _MpiexecWatch(threading.Thread):
     """Looks for mpiexec jobs this pytest process started (directly, through ``mpirl launch`` or a bench) while
-    one test runs; a job takes seconds to start and run, so looking every 50 ms sees every one."""
+    one test runs; a job takes seconds to start and run, so looking every 0.25 s sees every one (a look reads
+    /proc, a few ms: a test shorter than that is never looked at)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.done, self.seen = threading.Event(), []
 
     def run(self) -> None:
-        while not self.seen and not self.done.wait(0.05):
+        while not self.seen and not self.done.wait(0.25):
             self.seen = _mpiexec_jobs_below(os.getpid())
 
 

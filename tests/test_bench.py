@@ -142,6 +142,7 @@ def test_workers_bench_single_process_apex_plays_and_counts_env_steps(monkeypatc
     assert counted == [2]  # a step plays each of the 2 games once
 
 
+@pytest.mark.mpi
 def test_distql_bench_measures_the_merge_and_both_reply_modes_from_real_jobs():
     from mpirl.bench import distql
     rows = {r.name.split(":")[0] + ":" + r.name.split(":")[1][:12]: r

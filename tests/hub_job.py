@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.hub import Hub
+from mpirl.comm.hub import Hub, ask
 
 ROUNDS, TAG, REPLY = 4, 7, 8
 HEAD = 16  # int64 k, int64 last
@@ -46,8 +46,7 @@ def peer_main(comm: MPI.Comm, rounds: int) -> list:
             time.sleep(0.05)
         out[:HEAD].view(np.int64)[:] = (k, 0)
         out[HEAD:HEAD + 8 * (k + 1)].view(np.float64)[:] = value(me, k)
-        comm.Send([out[:HEAD + 8 * (k + 1)], MPI.BYTE], dest=0, tag=TAG)
-        comm.Recv([back, MPI.BYTE], source=0, tag=REPLY)
+        ask(comm, 0, out[:HEAD + 8 * (k + 1)], back, TAG, REPLY)
         kk, credited, total = back.view(np.float64)
         replies.append([int(kk), float(credited), float(total)])
     out[:HEAD].view(np.int64)[:] = (rounds, 1)
@@ -58,7 +57,7 @@ def peer_main(comm: MPI.Comm, rounds: int) -> list:
 def server_main(comm: MPI.Comm, mode: str) -> dict:
     peers = list(range(1, comm.size))
     most = ROUNDS + len(peers) - 1
-    hub = Hub(comm, peers, TAG, HEAD + 8 * (most + 1), REPLY, 24, mode=mode)
+    hub: Hub[tuple[int, float]] = Hub(comm, peers, TAG, HEAD + 8 * (most + 1), REPLY, 24, mode=mode)
     total, handled, rounds = 0.0, [], []
     first_seen: set[int] = set()
     releasing = [False]
@@ -127,7 +126,7 @@ def main() -> None:
         sys.stderr.flush()
         comm.Abort(1)
     everything = comm.gather(mine, root=0)
-    if comm.rank == 0:
+    if everything is not None:  # rank 0
         server, *replies = everything
         with open(out, "w") as f:
             json.dump({"server": server, "replies": {str(p): r for p, r in enumerate(replies, 1)}}, f)

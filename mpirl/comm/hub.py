@@ -28,19 +28,23 @@ No algorithm here: what a message means, and when a peer has sent its last, are 
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import numpy as np
 from mpi4py import MPI
 
+from mpirl.comm.backoff import wait_until
 from mpirl.comm.layout import Layout
 
 MODES = ("arrival", "rounds")
+Item = TypeVar("Item")  # what the owner joins to a round with a message (its decoded form, say)
 
 
 def _size(nbytes: int | Layout) -> int:
     return nbytes.max_nbytes if isinstance(nbytes, Layout) else int(nbytes)
 
 
-class Hub:
+class Hub(Generic[Item]):
     """``peers`` (ranks of ``comm``) send messages of up to ``nbytes`` with ``tag``; each is answered with a reply
     of up to ``reply_nbytes`` with ``reply_tag``. ``finished``: peers that have already sent their last (a resumed
     run); no receive is posted for them."""
@@ -60,7 +64,7 @@ class Hub:
         self.sends: dict[int, MPI.Request] = {}
         self.received = [0] * len(self.peers)  # bytes of each peer's message in its inbox
         self.held: list[int] = []
-        self.joined: dict[int, object] = {}  # rounds: the current round's peers (and what the owner joined)
+        self.joined: dict[int, Item] = {}  # rounds: the current round's peers (and what the owner joined)
         for p in self.peers:
             if p not in self.done:
                 self._post(p)
@@ -119,7 +123,7 @@ class Hub:
         out, self.held = self.held, []
         return out
 
-    def join(self, peer: int, item: object = None) -> None:
+    def join(self, peer: int, item: Item) -> None:
         """``"rounds"``: ``peer``'s message is in the current round; ``item`` is whatever the owner wants back
         with it (its decoded message, say)."""
         if self.mode != "rounds":
@@ -128,7 +132,7 @@ class Hub:
             raise RuntimeError(f"peer {peer} sent twice in one round")
         self.joined[peer] = item
 
-    def round(self) -> dict[int, object] | None:
+    def round(self) -> dict[int, Item] | None:
         """``"rounds"``: once every live peer has joined, the round (peer -> item, in rank order as given), and the
         next round starts empty; None before then, or when no peer is live."""
         live = self.live
@@ -152,3 +156,12 @@ class Hub:
                 req.Cancel()
         MPI.Request.Waitall(self.recvs)
         self.recvs = [MPI.REQUEST_NULL] * len(self.peers)
+
+
+def ask(comm: MPI.Comm, hub: int, message: np.ndarray, reply: np.ndarray, tag: int, reply_tag: int,
+        first: float = 50e-6, longest: float = 5e-3) -> None:
+    """A peer's exchange with the hub on rank ``hub``: send ``message`` (bytes) and wait, polling with back-off (no
+    core held while the hub is busy with the others), until its reply is in ``reply`` and the send has completed."""
+    send = comm.Isend([message, MPI.BYTE], dest=hub, tag=tag)
+    recv = comm.Irecv([reply, MPI.BYTE], source=hub, tag=reply_tag)
+    wait_until(lambda: recv.Test() and send.Test(), first=first, longest=longest)

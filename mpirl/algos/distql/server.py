@@ -125,8 +125,9 @@ def run_server(ctx) -> str:
             rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
     # One pre-posted receive per worker still playing (the finished ones of a resumed run have said goodbye); an
     # exchange stays in its inbox until answered: while its round fills up (sync), or held during a cut.
-    hub = Hub(comm, workers, msg.EXCHANGE, msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), msg.REPLY,
-              msg.reply_nbytes(S * A), mode="rounds" if d.exchange == "sync" else "arrival", finished=finished)
+    hub: Hub[msg.Exchange] = Hub(comm, workers, msg.EXCHANGE, msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1),
+                                 msg.REPLY, msg.reply_nbytes(S * A), finished=finished,
+                                 mode="rounds" if d.exchange == "sync" else "arrival")
     sizes: dict[int, int] = {}
     cut: Cut | None = None
     state_recv = MPI.REQUEST_NULL

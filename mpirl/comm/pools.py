@@ -169,8 +169,8 @@ class RecvPool:
         if not done:
             return []
         arrived = self.arrived
-        for i in done:
-            arrived[i] = statuses[i].Get_count(MPI.BYTE)
+        for j, i in enumerate(done):  # MPI fills the statuses in the order of the indices it returns
+            arrived[i] = statuses[j].Get_count(MPI.BYTE)
         out = []
         for src in {self.slots[i][0] for i in done}:
             posted = self.posted[src]

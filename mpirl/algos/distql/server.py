@@ -1,9 +1,10 @@
 """The DistQL Q-server (rank 0): merges the workers' pairs into its table (DistQL Eq. 1) and answers each
 exchange with the whole table (``mode = "all"``) or the pairs sent (``"partial"``).
 
-Receives are pre-posted, one per worker. ``exchange = "async"``: each exchange is merged and answered as it
-arrives (``Testsome``). ``"sync"``: the server waits until every worker still playing has sent its round k,
-merges them in rank order and answers all; the workers meanwhile wait for their reply.
+The workers' exchanges come through a :class:`~mpirl.comm.hub.Hub` (one pre-posted receive per worker).
+``exchange = "async"``: each exchange is merged and answered as it arrives (the hub's ``"arrival"`` mode).
+``"sync"``: the server waits until every worker still playing has sent its round k, merges them in rank order and
+answers all (``"rounds"``); the workers meanwhile wait for their reply.
 
 The run ends when every worker has played ``distql.episodes``, or early: at a stop condition of ``[run]``
 (``wall_seconds``, ``env_steps`` over all workers, ``target_return`` over the last ``return_window`` episodes) or
@@ -31,6 +32,7 @@ from mpirl.agents.tabular import ServerTable
 from mpirl.algos.distql import messages as msg
 from mpirl.algos.distql.checkpoint import Cut, read_server
 from mpirl.comm.backoff import Backoff
+from mpirl.comm.hub import Hub
 from mpirl.envs.discrete import make_tabular_env
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.checkpoint import identity
@@ -94,10 +96,7 @@ def run_server(ctx) -> str:
     workers = list(range(1, comm.size))
     S, A = ctx.spaces.n_states, ctx.spaces.n_actions
     table = ServerTable(S, A, d.server_eta, d.eta_decay)
-    inbox = {w: np.empty(msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), np.uint8) for w in workers}
-    outbox = {w: np.empty(msg.reply_nbytes(S * A), np.uint8) for w in workers}
     state_in = np.empty(msg.state_nbytes(S * A), np.uint8)  # one worker's state at a time, during a cut
-    sends: dict[int, MPI.Request] = {}
     eval_env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed(2)) if d.eval_episodes else None
     eval_rng = np.random.default_rng(ctx.seed(3))
     f = MetricsFile(ctx.run_dir / "qserver.h5", {"role": "qserver", "rank": 0, "n_states": S, "n_actions": A,
@@ -109,16 +108,14 @@ def run_server(ctx) -> str:
     stats = Rows(f.table("workers", WORKERS, UNITS))
     evals = Rows(f.table("eval", EVAL, UNITS))
     tables = (merges, episodes, stats, evals)
-    done: set[int] = set()  # workers that said goodbye
-    finished: set[int] = set()  # ... having played all their episodes (not stopped early)
+    finished: set[int] = set()  # workers that said goodbye having played all their episodes (not stopped early)
     env_steps = dict.fromkeys(workers, 0)  # each worker's, as of its last exchange
     returns: deque = deque(maxlen=r.return_window)  # the last episodes' env returns, over all workers
     merged = 0
     if ctx.resume:  # the table, counters and generators of the checkpoint; rows after it describe work done again
         saved = read_server(ctx.resume.checkpoint)
         table.restore(saved["q"], saved["eta"], saved["seen"], saved["merges"])
-        merged, done = saved["merged"], set(saved["finished"])
-        finished = set(done)
+        merged, finished = saved["merged"], set(saved["finished"])
         returns.extend(saved["returns"].tolist())
         env_steps.update({int(w): n for w, n in saved["server"]["env_steps"].items()})
         eval_rng.bit_generator.state = saved["server"]["eval_rng"]
@@ -126,9 +123,11 @@ def run_server(ctx) -> str:
             eval_env.set_rng_state(saved["server"]["eval_env"])
         for rows in tables:
             rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
-    recvs = [MPI.REQUEST_NULL if w in done else comm.Irecv(inbox[w], source=w, tag=msg.EXCHANGE) for w in workers]
-    pending: dict[int, msg.Exchange] = {}  # sync: the round's exchanges that are in
-    held: list[int] = []  # exchanges (still in their inbox) from workers already in the cut
+    # One pre-posted receive per worker still playing (the finished ones of a resumed run have said goodbye); an
+    # exchange stays in its inbox until answered: while its round fills up (sync), or held during a cut.
+    hub: Hub[msg.Exchange] = Hub(comm, workers, msg.EXCHANGE, msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1),
+                                 msg.REPLY, msg.reply_nbytes(S * A), finished=finished,
+                                 mode="rounds" if d.exchange == "sync" else "arrival")
     sizes: dict[int, int] = {}
     cut: Cut | None = None
     state_recv = MPI.REQUEST_NULL
@@ -156,16 +155,14 @@ def run_server(ctx) -> str:
         return new, time.perf_counter() - start
 
     def reply(w: int, ex: msg.Exchange, new: int, merge_s: float, full=None) -> None:
-        if w in sends:
-            sends.pop(w).Wait()  # long done: the worker has had that reply
+        out = hub.outbox(w)
         idx, q, eta = full if full is not None else (table.reply_all() if d.mode == "all"
                                                      else table.reply_partial(ex.idx))
         joins = cut is not None and cut.join(w)  # this reply takes the worker into the cut
-        n = msg.pack_reply(outbox[w], ex.round, joins and cut.stop, idx, q, eta, checkpoint=joins)
-        sends[w] = comm.Isend(outbox[w][:n], dest=w, tag=msg.REPLY)
+        n = msg.pack_reply(out, ex.round, joins and cut.stop, idx, q, eta, checkpoint=joins)
+        hub.reply(w, n)  # and the receive of the bye, or the next round
         merges.add(time=ctx.now(), worker=w, round=ex.round, pairs_in=len(ex.idx), new_pairs=new,
                    reply_pairs=len(idx), bytes_in=sizes[w], bytes_out=n, merge_s=merge_s)
-        recvs[w - 1] = comm.Irecv(inbox[w], source=w, tag=msg.EXCHANGE)  # the bye, or the next round
 
     def evaluate_now() -> None:
         evals.add(time=ctx.now(), merges=merged, **evaluate(table, eval_env, d.eval_episodes, eval_rng,
@@ -173,14 +170,14 @@ def run_server(ctx) -> str:
 
     def handle(w: int) -> None:
         """The exchange in worker ``w``'s inbox: just arrived, or released from hold after a cut."""
-        ex = msg.unpack_exchange(inbox[w])
+        ex = msg.unpack_exchange(hub.inbox(w))
         if not ex.bye and cut is not None and w in cut.members:
-            held.append(w)  # its next round: after the cut's commit
+            hub.hold(w)  # its next round: after the cut's commit
             return
         sizes[w] = msg.exchange_nbytes(len(ex.idx), len(ex.episode))
         record(w, ex)
         if ex.bye:
-            done.add(w)
+            hub.finish(w)
             if ex.episodes_done >= d.episodes:
                 finished.add(w)
         elif d.exchange == "async":
@@ -188,21 +185,20 @@ def run_server(ctx) -> str:
             if eval_env is not None and d.eval_every and merged % d.eval_every == 0:
                 evaluate_now()
         else:
-            pending[w] = ex
+            hub.join(w, ex)
 
     def close_round() -> None:
         """sync: once every worker still playing has sent round k, merge them in rank order and answer all."""
-        active = [w for w in workers if w not in done]
-        if d.exchange != "sync" or not active or len(pending) != len(active):
+        exchanges = hub.round()
+        if exchanges is None:
             return
-        rounds = {ex.round for ex in pending.values()}
+        rounds = {ex.round for ex in exchanges.values()}
         if len(rounds) != 1:
             raise RuntimeError(f"sync exchange with workers at rounds {sorted(rounds)}")
-        results = {w: merge(w, pending[w]) for w in sorted(pending)}  # rank order
+        results = {w: merge(w, ex) for w, ex in exchanges.items()}  # rank order
         full = table.reply_all() if d.mode == "all" else None
-        for w in sorted(pending):
-            reply(w, pending[w], *results[w], full=full)
-        pending.clear()
+        for w, ex in exchanges.items():
+            reply(w, ex, *results[w], full=full)
         if eval_env is not None and d.eval_every and merged // d.eval_every > (merged - len(results)) // d.eval_every:
             evaluate_now()
 
@@ -231,12 +227,12 @@ def run_server(ctx) -> str:
 
     def begin_cut(stop: bool) -> None:
         nonlocal cut, state_recv, stop_cut_due
-        cut = Cut(ctx.run_dir, {w for w in workers if w not in done}, stop=stop)
+        cut = Cut(ctx.run_dir, set(hub.live), stop=stop)
         state_recv = comm.Irecv(state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
         stop_cut_due = False
 
     try:
-        while len(done) < len(workers) or cut is not None:
+        while not hub.finished or cut is not None:
             if not stop_reason:
                 stop_reason = stop_condition()
                 stop_cut_due = bool(stop_reason)
@@ -249,19 +245,18 @@ def run_server(ctx) -> str:
                 cut.add_state(status.Get_source(), msg.unpack_state(state_in))
                 state_recv = comm.Irecv(state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
                 busy = True
-            arrived = MPI.Request.Testsome(recvs, statuses=None) or []
-            for i in arrived:  # arrival order (within one test, rank order)
-                handle(workers[i])
+            arrived = hub.poll()
+            for w in arrived:  # arrival order (within one test, rank order)
+                handle(w)
             close_round()
-            if cut is not None and cut.complete(done):
+            if cut is not None and cut.complete(hub.done):
                 state_recv.Cancel()
                 state_recv.Wait()
                 commit()
                 cut, last_cut = None, time.perf_counter()
                 if stop_cut_due:  # a stop that came during a periodic cut: its own cut, the held ones first in it
                     begin_cut(True)
-                release, held[:] = list(held), []
-                for w in release:
+                for w in hub.release():
                     handle(w)
                 close_round()
                 busy = True
@@ -272,8 +267,7 @@ def run_server(ctx) -> str:
                 backoff.sleep()
                 continue
             _flush_due(f, tables)
-        for req in sends.values():
-            req.Wait()
+        hub.close()
         if eval_env is not None:
             evaluate_now()
         for rows in tables:

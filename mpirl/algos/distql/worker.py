@@ -21,6 +21,7 @@ from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at, play_epis
 from mpirl.algos.distql import messages as msg
 from mpirl.algos.distql.checkpoint import read_worker
 from mpirl.comm.backoff import wait_until
+from mpirl.comm.hub import ask
 from mpirl.envs.discrete import make_tabular_env
 
 
@@ -87,9 +88,7 @@ def run_worker(ctx) -> str:
             n = msg.pack_exchange(out, rounds, env_steps, played, last, "torch" in sys.modules, compute_s, wait_s,
                                   idx, q, eta, *(np.asarray(c) for c in ep))
             episodes.clear()
-            send = comm.Isend(out[:n], dest=0, tag=msg.EXCHANGE)
-            recv = comm.Irecv(back, source=0, tag=msg.REPLY)
-            wait_until(lambda: recv.Test() and send.Test(), first=50e-6, longest=5e-3)
+            ask(comm, 0, out[:n], back, msg.EXCHANGE, msg.REPLY)
             reply = msg.unpack_reply(back)
             if reply.round != rounds:
                 raise RuntimeError(f"the server answered round {reply.round}, this worker sent round {rounds}")

@@ -40,6 +40,20 @@ class ConfigError(ValueError):
 class _Job:
     """What every job has beside its sections (the dataclass itself is built below, see ``JobConfig``)."""
 
+    if typing.TYPE_CHECKING:  # the sections, for the type checker: the dataclass is made from the registry below
+        run: RunConfig
+        topology: TopologyConfig
+        env: EnvConfig
+        agent: AgentConfig
+        replay: ReplayConfig
+        comm: CommConfig
+        log: LogConfig
+        checkpoint: CheckpointConfig
+
+        def __init__(self) -> None: ...
+
+        def __getattr__(self, section: str) -> typing.Any: ...  # an algorithm's own section ([qmix], [distql])
+
     @property
     def world_size(self) -> int:
         """Ranks the job needs by default: its algorithm's settings say (``world_size(cfg)``)."""
@@ -70,12 +84,15 @@ GENERIC = ("log",)
 COMMON = ("run.name", "run.seed", "run.out_dir")
 
 # The whole job: the shared sections, then every algorithm's own (filled with defaults when absent).
-JobConfig = dataclasses.make_dataclass(
-    "JobConfig",
-    [(name, kind, field(default_factory=kind)) for name, kind in
-     [*SHARED.items(), *((s, k) for mod in SETTINGS.values() for s, k in mod.SECTIONS.items())]],
-    bases=(_Job,))
-JobConfig.__module__ = __name__
+if typing.TYPE_CHECKING:
+    JobConfig = _Job
+else:
+    JobConfig = dataclasses.make_dataclass(
+        "JobConfig",
+        [(name, kind, field(default_factory=kind)) for name, kind in
+         [*SHARED.items(), *((s, k) for mod in SETTINGS.values() for s, k in mod.SECTIONS.items())]],
+        bases=(_Job,))
+    JobConfig.__module__ = __name__
 
 
 def _close(word: str, options) -> str:

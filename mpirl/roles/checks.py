@@ -35,7 +35,7 @@ def check_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) 
     checked = algo.check(cfg, world_size, job_path)
     check_out_dir(cfg)
     est = checked.memory
-    memory.check_fits(cfg, est, memory.LIBRARIES + max(est.learner, est.buffer, est.actor, est.worker),
+    memory.check_fits(cfg, est, memory.LIBRARIES + est.largest(),
                       "one node (its largest rank alone)", memory.available_bytes())
     return checked
 

@@ -15,6 +15,7 @@ from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
+from mpirl.roles.replay_layout import star_estimate
 
 
 def _slot_bytes(spec: dict, dedup: bool) -> float:
@@ -98,8 +99,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
         pool = max(pool, (rp.capacity * sum(d for d, _ in framed.values())
                           + actors_per_buffer * window_frames(c.send_batch, games, cfg.agent.n_step, framed)) * frame)
-    return Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, params, pool, worker=int(worker),
-                    workers=t.worker_ranks)
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool)
 
 
 class _Obs:

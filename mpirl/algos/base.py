@@ -1,0 +1,135 @@
+"""The algorithm contract: what a folder of :mod:`mpirl.algos` provides, as types a checker holds it to.
+
+An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (run by the test suite,
+``tests/test_types.py``) checks every folder against them through :mod:`mpirl.algos`' registry:
+
+* ``settings.py`` — :class:`Settings`: the sections it owns, the shared keys it reads, its cross-field checks and
+  its default world size (standard library and :mod:`mpirl.domain` only: the config layer imports it).
+* ``algorithm.py`` — :class:`Algorithm`: its checks (world size, environment, network, memory: no MPI), its
+  :class:`Layout` (which roles, which ranks, who talks to whom: data, before any communicator exists), the
+  communicators, its role loops, its rank files, its validate line and its end-of-job summary.
+* ``info.py`` — :class:`Info`: ``mpirl info``'s summary and ``mpirl watch``'s frame, from the HDF5 files alone.
+
+Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.roles.job`, :mod:`mpirl.cli`) never
+asks whether an algorithm has something, and never names one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from mpirl.comm.topology import Topology
+    from mpirl.config import JobConfig
+    from mpirl.roles.checks import Checked
+    from mpirl.roles.context import RoleContext
+
+# What travels on a link: experience (records to a memory or a queue), requests (samples asked for and replied),
+# parameters (broadcasts), gradients (to be applied or averaged), observations (served actions), exchange (a
+# tabular algorithm's table deltas and replies).
+LinkKind = Literal["experience", "requests", "parameters", "gradients", "observations", "exchange"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """``source`` ranks send ``kind`` to ``target`` ranks (a parameter broadcast: the publisher is the source)."""
+    kind: LinkKind
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's shape as data: each role's world ranks (in order; every rank has exactly one role) and the links
+    between roles."""
+    ranks: Mapping[str, tuple[int, ...]]
+    links: tuple[Link, ...]
+
+    def __post_init__(self) -> None:
+        seen = sorted(r for ranks in self.ranks.values() for r in ranks)
+        if seen != list(range(len(seen))):
+            raise ValueError(f"a layout's ranks are 0..N-1, each in one role; got {dict(self.ranks)}")
+        unknown = {name for link in self.links for name in (link.source, link.target)} - set(self.ranks)
+        if unknown:
+            raise ValueError(f"links name roles the layout does not have: {sorted(unknown)}")
+
+    @property
+    def size(self) -> int:
+        return sum(len(r) for r in self.ranks.values())
+
+    def role_of(self, rank: int) -> str:
+        for role, ranks in self.ranks.items():
+            if rank in ranks:
+                return role
+        raise ValueError(f"rank {rank} is outside the layout's {self.size} ranks")
+
+    def count(self, role: str) -> int:
+        return len(self.ranks.get(role, ()))
+
+    def talks(self, kind: LinkKind) -> list[Link]:
+        return [link for link in self.links if link.kind == kind]
+
+
+RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
+
+
+class Settings(Protocol):
+    """``mpirl/algos/<name>/settings.py``."""
+    @property
+    def SECTIONS(self) -> Mapping[str, type]:
+        """The job-file sections it owns: ``{"qmix": QmixConfig}``."""
+
+    @property
+    def USES(self) -> Mapping[str, tuple[str, ...]]:
+        """The keys of the shared sections it reads (a job that sets any other is refused)."""
+
+    def check(self, cfg: JobConfig) -> None:
+        """Cross-field checks (no MPI, no torch); a ConfigError names the field and the fix."""
+
+    def world_size(self, cfg: JobConfig) -> int:
+        """The ranks the job needs by default (``mpirl launch`` without ``-n``)."""
+
+
+class Algorithm(Protocol):
+    """``mpirl/algos/<name>/algorithm.py``."""
+    @property
+    def ROLES(self) -> Mapping[str, RoleLoop]:
+        """Role name (as the layout names it) -> its loop."""
+
+    def check(self, cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+        """World size, environment, network and each role's memory (no MPI); ConfigError on a bad job."""
+
+    def layout(self, cfg: JobConfig, world_size: int) -> Layout:
+        """Which rank plays which role and who talks to whom (after :meth:`check` passed; no MPI)."""
+
+    def build_topology(self, world: MPI.Comm, cfg: JobConfig) -> Topology:
+        """The communicators of :meth:`layout` (collective over ``world``)."""
+
+    def rank_files(self, topo: Topology) -> dict[str, str]:
+        """The per-rank HDF5 files ``run.h5`` links: {link name: file name}."""
+
+    def role_map(self, topo: Topology) -> str:
+        """Who is who, for messages that name ranks: ``0 learner; 1 buffer, 2-3 actors of buffer 1``."""
+
+    def describe(self, cfg: JobConfig, world_size: int, checked: Checked) -> str:
+        """``mpirl validate``'s line."""
+
+    def summary(self, run_dir: Path) -> str:
+        """The end-of-job summary (what ``mpirl info`` prints)."""
+
+
+class Info(Protocol):
+    """``mpirl/algos/<name>/info.py``: reads the run's files only (no torch, no MPI)."""
+
+    def summarize(self, run_dir: Path) -> dict[str, Any]:
+        """The run's figures; ``status`` is among them."""
+
+    def format_summary(self, s: dict[str, Any]) -> str:
+        """``mpirl info``'s text."""
+
+    def frame(self, s: dict[str, Any]) -> str:
+        """One screen of ``mpirl watch``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import sys
 import typing
 from dataclasses import field
 from pathlib import Path
@@ -20,9 +21,9 @@ from mpirl.domain import problem
 from mpirl.sections import (ALGORITHMS, AgentConfig, CheckpointConfig, CommConfig, EnvConfig,  # noqa: F401
                             LinkConfig, LogConfig, PredatorPreyConfig, ReplayConfig, RunConfig, TopologyConfig)
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 

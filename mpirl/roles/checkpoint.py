@@ -59,7 +59,8 @@ def checkpoints(run_dir: Path) -> list[Path]:
     d = Path(run_dir) / CKPT_DIR
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if NAME.match(p.name)), key=lambda p: int(NAME.match(p.name).group(1)))
+    numbered = ((p, NAME.match(p.name)) for p in d.iterdir())
+    return [p for _, p in sorted((int(m.group(1)), p) for p, m in numbered if m)]
 
 
 def path_for(run_dir: Path, step: int, suffix: str = ".pt") -> Path:

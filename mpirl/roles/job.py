@@ -187,12 +187,13 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
         link_rank_files(run_dir, algo.rank_files(topo))
         print(f"mpirl: run directory {run_dir}", flush=True)
         print(f"mpirl: ranks: {algo.role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
+    preempt = Preemption(world)
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, spaces=checked.spaces, spec=checked.spec,
-                      n_params=checked.n_params, t0=t0, preempt=Preemption(world), resume=plan)
+                      n_params=checked.n_params, t0=t0, preempt=preempt, resume=plan)
     role = algo.ROLES[topo.role]
     # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
     pids = world.gather((socket.gethostname(), os.getpid()))
-    heart = Heartbeat(run_dir, pids) if world.rank == 0 else None
+    heart = Heartbeat(run_dir, pids) if pids is not None else None  # gathered on rank 0
     try:
         stop_reason = role(ctx)
     except BaseException as err:  # the caller aborts the job; the run must not look alive or finished
@@ -203,11 +204,11 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)
-    ctx.preempt.close()
+    preempt.close()
     preempted = world.bcast((stop_reason or "").startswith(PREEMPTED) if world.rank == 0 else None)
     peak = world.gather(_peak_rss_bytes())
     topo.free()
-    if world.rank == 0:
+    if heart is not None:  # rank 0
         heart.stop()
         status = "preempted" if preempted else "completed"
         finish_run_file(run_dir, status, stop_reason=stop_reason or "",

@@ -16,9 +16,10 @@ asks whether an algorithm has something, and never names one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+from mpirl.comm.topology import Layout, Link, LinkKind  # noqa: F401 - the layout's data, part of the contract
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -27,52 +28,6 @@ if TYPE_CHECKING:
     from mpirl.config import JobConfig
     from mpirl.roles.checks import Checked
     from mpirl.roles.context import RoleContext
-
-# What travels on a link: experience (records to a memory or a queue), requests (samples asked for and replied),
-# parameters (broadcasts), gradients (to be applied or averaged), observations (served actions), exchange (a
-# tabular algorithm's table deltas and replies).
-LinkKind = Literal["experience", "requests", "parameters", "gradients", "observations", "exchange"]
-
-
-@dataclass(frozen=True)
-class Link:
-    """``source`` ranks send ``kind`` to ``target`` ranks (a parameter broadcast: the publisher is the source)."""
-    kind: LinkKind
-    source: str
-    target: str
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The job's shape as data: each role's world ranks (in order; every rank has exactly one role) and the links
-    between roles."""
-    ranks: Mapping[str, tuple[int, ...]]
-    links: tuple[Link, ...]
-
-    def __post_init__(self) -> None:
-        seen = sorted(r for ranks in self.ranks.values() for r in ranks)
-        if seen != list(range(len(seen))):
-            raise ValueError(f"a layout's ranks are 0..N-1, each in one role; got {dict(self.ranks)}")
-        unknown = {name for link in self.links for name in (link.source, link.target)} - set(self.ranks)
-        if unknown:
-            raise ValueError(f"links name roles the layout does not have: {sorted(unknown)}")
-
-    @property
-    def size(self) -> int:
-        return sum(len(r) for r in self.ranks.values())
-
-    def role_of(self, rank: int) -> str:
-        for role, ranks in self.ranks.items():
-            if rank in ranks:
-                return role
-        raise ValueError(f"rank {rank} is outside the layout's {self.size} ranks")
-
-    def count(self, role: str) -> int:
-        return len(self.ranks.get(role, ()))
-
-    def talks(self, kind: LinkKind) -> list[Link]:
-        return [link for link in self.links if link.kind == kind]
-
 
 RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
 

@@ -6,17 +6,23 @@ exposes for it."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from mpirl.algos.base import Layout, Link, RoleLoop
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, WORKER, Topology, build
+from mpirl.algos.base import RoleLoop
+from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
 from mpirl.roles.memory import Estimate
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
-def build_topology(world, cfg: JobConfig):
-    t = cfg.topology
-    return build(world, t.buffers, t.node_local, t.worker_ranks, on_learner=t.on_learner)
+
+LEARNER, BUFFER, WORKER, ACTOR = "learner", "buffer", "worker", "actor"
+
+
+def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
+    return build(world, layout(cfg, world.size), cfg.topology.node_local)
 
 
 def inference(t) -> str:
@@ -45,8 +51,10 @@ def layout(cfg: JobConfig, world_size: int) -> Layout:
              ACTOR: tuple(range(1 + b + w, world_size))}
     server = WORKER if w else LEARNER if t.on_learner else ""
     sender = server or ACTOR
-    links = [Link("experience", sender, BUFFER), Link("parameters", BUFFER, sender),
-             Link("requests", LEARNER, BUFFER), Link("parameters", LEARNER, BUFFER)]
+    links = [Link("experience", sender, BUFFER), Link("requests", LEARNER, BUFFER, hub="source"),
+             Link("parameters", LEARNER, BUFFER, hub="source")]
+    if sender != LEARNER:  # the learner's rank, when it is the one worker, has its parameters of its own
+        links.insert(1, Link("parameters", BUFFER, sender, hub="source"))
     if server:
         links.append(Link("observations", ACTOR, server))
     return Layout({role: r for role, r in ranks.items() if r}, tuple(links))

@@ -1,8 +1,7 @@
 """DistQL behind the algorithm seam: rank 0 the Q-server, ranks 1..N the workers.
 
-The topology is the shared one built with N hubs (buffers) and no leaves (actors): the exchange runs on its
-``learner`` communicator (the server is rank 0 there, a worker's rank is its world rank), and the roles are
-named ``server`` and ``worker``. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
+Its layout is one link, each worker's exchange with the server: the communicator of that link has the server as
+rank 0 and each worker at its world rank. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from mpirl.agents.tabular import PAIR_BYTES
 from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.algos.base import Layout, Link, RoleLoop
-from mpirl.comm.topology import Topology, build
+from mpirl.algos.base import RoleLoop
+from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
@@ -93,7 +92,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
-    return build(world, world.size - 1, node_local=False, names={"learner": SERVER, "buffer": WORKER})
+    return build(world, layout(cfg, world.size), node_local=False)
 
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:

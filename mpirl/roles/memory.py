@@ -61,10 +61,11 @@ class Estimate:
         parts = []
         for role, b in self.per_rank.items():
             n, name = self.ranks.get(role, 0), self.labels.get(role, role)
+            gib = f"{b / 2**30:.{1 if b >= 2**30 else 2}f} GiB"
             if n == 1:
-                parts.append(f"{name} {b / 2**30:.2f} GiB")
+                parts.append(f"{name} {gib}")
             elif n:
-                parts.append(f"{n} {name}(s) {b / 2**30:.2f} GiB each")
+                parts.append(f"{n} {name}(s) {gib} each")
         return ", ".join(parts)
 
     def fix(self, cfg: JobConfig) -> tuple[str, str]:

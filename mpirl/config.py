@@ -79,6 +79,9 @@ SHARED = {"run": RunConfig, "topology": TopologyConfig, "env": EnvConfig, "agent
 # declares the sections it owns (SECTIONS) and the keys of the shared sections it reads (USES).
 SETTINGS = {name: importlib.import_module(f"mpirl.algos.{name}.settings") for name in ALGORITHMS}
 OWNER = {section: name for name, mod in SETTINGS.items() for section in mod.SECTIONS}
+# Keys of the shared sections that moved into an algorithm's own: old dotted key -> new one.
+MOVED = {old: new for mod in SETTINGS.values() for old, new in mod.MOVED.items()}
+MOVED_FROM = {new: old for old, new in MOVED.items()}
 # Sections every algorithm reads whole, and the keys every algorithm reads; any other key of the shared sections
 # that the job's algorithm does not list in its USES is refused.
 GENERIC = ("log",)
@@ -113,6 +116,10 @@ def _fill(obj, body: dict, prefix: str) -> None:
     types = typing.get_type_hints(type(obj))
     for key, value in body.items():
         full = f"{prefix}.{key}" if prefix else key
+        if key not in types and full in MOVED:
+            new = MOVED[full]
+            raise ConfigError(full, f"moved to {new}; set it as {new.split('.', 1)[1]} under "
+                                    f"[{new.split('.', 1)[0]}]")
         if key not in types:
             where = f"[{prefix}] takes" if prefix else "sections are"
             raise ConfigError(full, f"unknown {'key' if prefix else 'section'}{_close(key, types)}; "
@@ -209,7 +216,7 @@ def validate(cfg: JobConfig, given=()) -> None:
 
 
 def reads(algorithm: str, key: str) -> bool:
-    """Whether ``algorithm`` reads the setting ``key`` (``"agent.n_step"``, ``"comm.link.latency_ms"``)."""
+    """Whether ``algorithm`` reads the setting ``key`` (``"env.id"``, ``"comm.link.latency_ms"``)."""
     section, rest = key.split(".", 1) if "." in key else (key, "")
     if (section in GENERIC or key in COMMON or key == "agent.algorithm"
             or section in SETTINGS[algorithm].SECTIONS):

@@ -57,10 +57,10 @@ def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
 
 def test_a_job_sets_only_keys_its_algorithm_reads():
     cfg = config.JobConfig()
-    assert "agent.n_step" in cfg.flat() and "qmix.td_lambda" not in cfg.flat()
+    assert "apex.n_step" in cfg.flat() and "qmix.td_lambda" not in cfg.flat()
     cfg.agent.algorithm = "qmix"
     flat = cfg.flat()
-    assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
+    assert "qmix.td_lambda" in flat and "apex.n_step" not in flat and "replay.alpha" not in flat
     assert all(config.reads("qmix", key) for key in flat)
     cfg.agent.algorithm = "distql"
     flat = cfg.flat()  # DistQL reads its section, env.id, the run's name, seed, directory and stop conditions but

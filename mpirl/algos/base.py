@@ -42,6 +42,11 @@ class Settings(Protocol):
     def USES(self) -> Mapping[str, tuple[str, ...]]:
         """The keys of the shared sections it reads (a job that sets any other is refused)."""
 
+    @property
+    def MOVED(self) -> Mapping[str, str]:
+        """Keys of the shared sections that moved into its own (``"agent.n_step": "apex.n_step"``): a job that
+        sets an old one is refused, saying where it went."""
+
     def check(self, cfg: JobConfig) -> None:
         """Cross-field checks (no MPI, no torch); a ConfigError names the field and the fix."""
 

@@ -150,7 +150,7 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.qmix")
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
-        (cfg.qmix.loss_weights, rp.sampler)]
+        (cfg.qmix.loss_weights, cfg.qmix.sampler)]
     workers = inference(t)
     return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
             f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "

@@ -46,7 +46,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     job = s.get("job", {})
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}.get(
-        (job.get("qmix.loss_weights"), job.get("replay.sampler")), "QMIX")
+        (job.get("qmix.loss_weights"), job.get("qmix.sampler", job.get("replay.sampler"))), "QMIX")  # older runs: replay.*
     q = s["qmix"]
     out = [shared.format_summary(s), "",
            f"{variant:<13} on {job.get('env.id', '-')}",

@@ -24,11 +24,13 @@ from pathlib import Path
 
 import h5py
 
+from mpirl.config import MOVED
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "jobs" / "predator_prey_qmix.toml"
-VARIANTS = {"qmix": ["qmix.loss_weights=none", "replay.sampler=uniform"],
-            "macpo": ["qmix.loss_weights=macpo", "replay.sampler=uniform"],
-            "accmer": ["qmix.loss_weights=macpo", "replay.sampler=accmer"]}
+VARIANTS = {"qmix": ["qmix.loss_weights=none", "qmix.sampler=uniform"],
+            "macpo": ["qmix.loss_weights=macpo", "qmix.sampler=uniform"],
+            "accmer": ["qmix.loss_weights=macpo", "qmix.sampler=accmer"]}
 SOURCE = {8: -17.0, 16: -19.8, 32: -25.4}  # AccMER's time change vs MAC-PO, %
 
 
@@ -65,7 +67,7 @@ def finished(out: Path, name: str, sets: list[str]) -> Path | None:
         with h5py.File(run_h5, "r", locking=False) as f:
             if f.attrs.get("status") != "completed":
                 continue
-            job = f["job"].attrs
+            job = {MOVED.get(k, k): v for k, v in f["job"].attrs.items()}  # runs older than a move: its old key
             if all(key in job and same(job[key], value) for key, value in (s.split("=", 1) for s in sets)):
                 return run_h5.parent
     return None

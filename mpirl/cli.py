@@ -12,9 +12,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpirl import config
 from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
+
+if TYPE_CHECKING:
+    from mpirl.algos.base import Info
 
 EXIT_BAD_INPUT = 2
 
@@ -114,12 +118,18 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def _summary(run_dir: Path) -> str:
-    """The run's algorithm's summary (``agent.algorithm`` in run.h5's job; runs older than the seam are Ape-X)."""
+def _run_info(run_dir: Path) -> Info:
+    """The info module of the run's algorithm (``agent.algorithm`` in run.h5's job; a run without it ran the
+    setting's default, as a job without it does)."""
     from mpirl import algos
     from mpirl.metrics.run_file import read_algorithm
     name = read_algorithm(run_dir)
-    mod = algos.info(name if name in config.ALGORITHMS else "apex")
+    return algos.info(name if name in config.ALGORITHMS else config.AgentConfig().algorithm)
+
+
+def _summary(run_dir: Path) -> str:
+    """The run's algorithm's summary."""
+    mod = _run_info(run_dir)
     return mod.format_summary(mod.summarize(run_dir))
 
 
@@ -142,13 +152,9 @@ def cmd_watch(args) -> int:
         return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
     if not (args.interval > 0 and math.isfinite(args.interval)):
         return _fail(f"--interval: seconds between frames must be > 0, got {args.interval}")
-    from mpirl import algos
-    from mpirl.metrics.run_file import read_algorithm
-    name = read_algorithm(path)
-    info = algos.info(name if name in config.ALGORITHMS else "apex")
-    view = {"summarize_fn": info.summarize, "frame_fn": info.frame} if hasattr(info, "frame") else {}
+    info = _run_info(path)
     try:
-        return watch(path, args.interval, once=args.once, **view)
+        return watch(path, info.summarize, info.frame, args.interval, once=args.once)
     except KeyboardInterrupt:
         return 0
 

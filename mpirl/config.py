@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import sys
 import typing
 from dataclasses import field
 from pathlib import Path
@@ -20,9 +21,9 @@ from mpirl.domain import problem
 from mpirl.sections import (ALGORITHMS, AgentConfig, CheckpointConfig, CommConfig, EnvConfig,  # noqa: F401
                             LinkConfig, LogConfig, PredatorPreyConfig, ReplayConfig, RunConfig, TopologyConfig)
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 
@@ -39,6 +40,20 @@ class ConfigError(ValueError):
 
 class _Job:
     """What every job has beside its sections (the dataclass itself is built below, see ``JobConfig``)."""
+
+    if typing.TYPE_CHECKING:  # the sections, for the type checker: the dataclass is made from the registry below
+        run: RunConfig
+        topology: TopologyConfig
+        env: EnvConfig
+        agent: AgentConfig
+        replay: ReplayConfig
+        comm: CommConfig
+        log: LogConfig
+        checkpoint: CheckpointConfig
+
+        def __init__(self) -> None: ...
+
+        def __getattr__(self, section: str) -> typing.Any: ...  # an algorithm's own section ([qmix], [distql])
 
     @property
     def world_size(self) -> int:
@@ -64,18 +79,24 @@ SHARED = {"run": RunConfig, "topology": TopologyConfig, "env": EnvConfig, "agent
 # declares the sections it owns (SECTIONS) and the keys of the shared sections it reads (USES).
 SETTINGS = {name: importlib.import_module(f"mpirl.algos.{name}.settings") for name in ALGORITHMS}
 OWNER = {section: name for name, mod in SETTINGS.items() for section in mod.SECTIONS}
+# Keys of the shared sections that moved into an algorithm's own: old dotted key -> new one.
+MOVED = {old: new for mod in SETTINGS.values() for old, new in mod.MOVED.items()}
+MOVED_FROM = {new: old for old, new in MOVED.items()}
 # Sections every algorithm reads whole, and the keys every algorithm reads; any other key of the shared sections
 # that the job's algorithm does not list in its USES is refused.
 GENERIC = ("log",)
 COMMON = ("run.name", "run.seed", "run.out_dir")
 
 # The whole job: the shared sections, then every algorithm's own (filled with defaults when absent).
-JobConfig = dataclasses.make_dataclass(
-    "JobConfig",
-    [(name, kind, field(default_factory=kind)) for name, kind in
-     [*SHARED.items(), *((s, k) for mod in SETTINGS.values() for s, k in mod.SECTIONS.items())]],
-    bases=(_Job,))
-JobConfig.__module__ = __name__
+if typing.TYPE_CHECKING:
+    JobConfig = _Job
+else:
+    JobConfig = dataclasses.make_dataclass(
+        "JobConfig",
+        [(name, kind, field(default_factory=kind)) for name, kind in
+         [*SHARED.items(), *((s, k) for mod in SETTINGS.values() for s, k in mod.SECTIONS.items())]],
+        bases=(_Job,))
+    JobConfig.__module__ = __name__
 
 
 def _close(word: str, options) -> str:
@@ -95,6 +116,10 @@ def _fill(obj, body: dict, prefix: str) -> None:
     types = typing.get_type_hints(type(obj))
     for key, value in body.items():
         full = f"{prefix}.{key}" if prefix else key
+        if key not in types and full in MOVED:
+            new = MOVED[full]
+            raise ConfigError(full, f"moved to {new}; set it as {new.split('.', 1)[1]} under "
+                                    f"[{new.split('.', 1)[0]}]")
         if key not in types:
             where = f"[{prefix}] takes" if prefix else "sections are"
             raise ConfigError(full, f"unknown {'key' if prefix else 'section'}{_close(key, types)}; "
@@ -191,7 +216,7 @@ def validate(cfg: JobConfig, given=()) -> None:
 
 
 def reads(algorithm: str, key: str) -> bool:
-    """Whether ``algorithm`` reads the setting ``key`` (``"agent.n_step"``, ``"comm.link.latency_ms"``)."""
+    """Whether ``algorithm`` reads the setting ``key`` (``"env.id"``, ``"comm.link.latency_ms"``)."""
     section, rest = key.split(".", 1) if "." in key else (key, "")
     if (section in GENERIC or key in COMMON or key == "agent.algorithm"
             or section in SETTINGS[algorithm].SECTIONS):

@@ -130,7 +130,6 @@ class AgentConfig:
     # Which algorithm the job runs: a folder of mpirl/algos/ (its settings, roles and records).
     algorithm: str = setting("apex", choices=ALGORITHMS)
     gamma: float = setting(0.99, gt=0, le=1)
-    n_step: int = setting(3, ge=1, le=1000)
     lr: float = setting(1e-3, gt=0)
     adam_eps: float = setting(1e-8, gt=0)
     hidden: list = setting([128, 128], items=Domain(ge=1, le=1_000_000),
@@ -142,10 +141,6 @@ class AgentConfig:
     # Clip each reward to [-reward_clip, reward_clip] before the n-step return (0: no clipping).
     # Episode returns are always reported unclipped.
     reward_clip: float = setting(0.0, ge=0, why="0: no clipping")
-    # Ape-X exploration: actor i of N uses epsilon ** (1 + epsilon_alpha * i / (N - 1)); with
-    # several games per actor, each game counts as one Ape-X actor (game j of actor i is i*k + j).
-    epsilon: float = setting(0.4, ge=0, le=1)
-    epsilon_alpha: float = setting(7.0, ge=0, le=1000)
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     torch_threads: int = setting(1, ge=1, le=1024)
     # "bf16": the learner's forward and backward passes run under bfloat16 autocast (weights,
@@ -177,11 +172,6 @@ class ReplayConfig:
     # Keep each distinct image frame once (Atari: ~7 KB a slot instead of 56 KB for obs + next_obs
     # stacks); baseline dumps then carry each frame once too. No effect on vector observations.
     dedup_frames: bool = setting(True)
-    # Episode replay (QMIX): "uniform" picks, or AccMER's reuse of the highest-weight episodes for a window of
-    # floor(d / b) train steps plus (1 - accmer_alpha) * b uniform picks (needs qmix.loss_weights = "macpo").
-    sampler: str = setting("uniform", choices=("uniform", "accmer"))
-    accmer_alpha: float = setting(0.5, ge=0, le=1, why="the reused share of a batch")
-    accmer_discount: float = setting(0.8, gt=0, le=1, why="every weight is multiplied by it after each step")
 
 
 @dataclass

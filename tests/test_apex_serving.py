@@ -26,7 +26,7 @@ def drain(staging, take, into: list) -> None:
 
 
 def test_a_worker_records_what_each_apex_actor_records_alone():
-    cfg, _ = config.load(JOBS / "cartpole.toml", ["env.envs_per_actor=2", "agent.n_step=3"])
+    cfg, _ = config.load(JOBS / "cartpole.toml", ["env.envs_per_actor=2", "apex.n_step=3"])
     ch = algorithm("apex").check(cfg, 6, "job.toml")
     s = ch.spaces
     seeds, n_actors = [5, 6, 7], 3

@@ -95,7 +95,7 @@ def test_every_shipped_job_validates(job):
     assert n_actions >= 2
     if job.startswith("breakout_") and "small" not in job:
         # The paper's setting.
-        assert (cfg.replay.batch_size, cfg.replay.capacity, cfg.agent.n_step, cfg.comm.n_update) == (512, 65_536, 3, 16)
+        assert (cfg.replay.batch_size, cfg.replay.capacity, cfg.apex.n_step, cfg.comm.n_update) == (512, 65_536, 3, 16)
         assert n == 11 and cfg.topology.actors == 8 and obs_dtype == "uint8"
         assert cfg.replay.architecture in job
 
@@ -114,3 +114,36 @@ def test_a_key_the_algorithm_does_not_read_is_refused_naming_what_it_reads(job, 
     with pytest.raises(ConfigError) as err:
         config.load(JOBS / job, [key])
     assert err.value.key == key.split("=")[0] and str(err.value).endswith(reads), str(err.value)
+
+
+@pytest.mark.parametrize("job, old, new", [
+    ("cartpole.toml", "agent.n_step", "apex.n_step"),
+    ("cartpole.toml", "agent.epsilon", "apex.epsilon"),
+    ("cartpole.toml", "agent.epsilon_alpha", "apex.epsilon_alpha"),
+    ("predator_prey_qmix.toml", "replay.sampler", "qmix.sampler"),
+    ("predator_prey_qmix.toml", "replay.accmer_alpha", "qmix.accmer_alpha"),
+    ("predator_prey_qmix.toml", "replay.accmer_discount", "qmix.accmer_discount"),
+])
+def test_a_key_that_moved_to_its_algorithms_section_is_refused_saying_where(tmp_path, job, old, new):
+    value = {"replay.sampler": '"uniform"', "agent.n_step": "5"}.get(old, "0.5")
+    with pytest.raises(ConfigError) as err:  # from --set
+        config.load(JOBS / job, [f"{old}={value}"])
+    assert err.value.key == old and str(err.value).startswith(f"{old}: moved to {new}")
+    section, name = old.split(".")
+    path = tmp_path / "old.toml"  # from a job file written before the move
+    path.write_text((JOBS / job).read_text().replace(f"[{section}]\n", f"[{section}]\n{name} = {value}\n", 1))
+    with pytest.raises(ConfigError, match=f"^{old}: moved to {new}"):
+        config.load(path)
+    cfg, _ = config.load(JOBS / job, [f"{new}={value}"])  # where it lives now
+    assert str(getattr(getattr(cfg, new.split(".")[0]), name)) == value.strip('"')
+
+
+def test_a_checkpoint_that_names_a_moved_key_by_its_old_name_still_resumes():
+    from mpirl.roles.checkpoint import identity, mismatch
+    cfg, _ = config.load(JOBS / "cartpole.toml")
+    now = identity(cfg, 4)
+    before = {config.MOVED_FROM.get(k, k): v for k, v in now.items()}  # as the code before the move wrote it
+    assert "agent.n_step" in before and "apex.n_step" not in before
+    assert mismatch(before, now) == ""
+    before["agent.n_step"] = repr(5)
+    assert mismatch(before, now).startswith("apex.n_step was 5")

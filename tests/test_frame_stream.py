@@ -26,7 +26,7 @@ SPEC = transition_spec((4, 84, 84), np.uint8)
 
 def breakout(dedup: bool, **over):
     sets = {"env.envs_per_actor": 2, "env.max_episode_steps": 40, "env.terminal_on_life_loss": True,
-            "agent.n_step": 3, "comm.send_batch": 8, "replay.dedup_frames": dedup, **over}
+            "apex.n_step": 3, "comm.send_batch": 8, "replay.dedup_frames": dedup, **over}
     cfg, _ = config.load(JOBS / "breakout_proposed_small.toml", [f"{k}={str(v).lower()}" for k, v in sets.items()])
     return cfg
 
@@ -91,7 +91,7 @@ def stored(shard, n=None):
 
 def shard_for(spec, capacity, cfg):
     framed = framed_fields(spec)
-    extra = window_frames(cfg.comm.send_batch, cfg.env.envs_per_actor, cfg.agent.n_step, framed)
+    extra = window_frames(cfg.comm.send_batch, cfg.env.envs_per_actor, cfg.apex.n_step, framed)
     shard = PrioritizedShard(spec, capacity, alpha=0.6, dedup_frames=True, stream_frames=extra)
     return shard, FrameWindows(shard.store.pool), framed
 

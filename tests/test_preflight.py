@@ -27,11 +27,11 @@ def test_the_estimate_is_near_the_peaks_measured_on_the_default_job():
     cfg, _ = config.load(JOBS / "cartpole.toml")
     est = apex_memory.estimate(cfg, 4, (4,), "float32", 2)
     # Measured peaks (run.h5 peak_rss_bytes, default job): learner 398 MB, buffer 360 MB, actors 318 MB.
-    for got, measured in ((est.learner, 398), (est.buffer, 360), (est.actor, 318)):  # RSS counts shared pages
+    for got, measured in ((est.of("learner"), 398), (est.of("buffer"), 360), (est.of("actor"), 318)):  # RSS counts shared pages
         assert 0.8 * measured <= (got + memory.LIBRARIES) / 2**20 <= 1.3 * measured
     cfg.replay.capacity *= 10
     bigger = apex_memory.estimate(cfg, 4, (4,), "float32", 2)
-    assert bigger.buffer - est.buffer == pytest.approx(9 * 50_000 * est.slot_bytes, rel=0.01)
+    assert bigger.of("buffer") - est.of("buffer") == pytest.approx(9 * 50_000 * est.slot_bytes, rel=0.01)
 
 
 def test_a_replay_no_node_can_hold_is_refused_by_validate():

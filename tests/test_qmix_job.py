@@ -24,7 +24,7 @@ def check_run(job, *, steps=24, buffers=1):
         assert f.attrs["status"] == "completed", f.attrs["stop_reason"]
         assert f["job"].attrs["agent.algorithm"] == "qmix"
         assert f["provenance"].attrs["pettingzoo"]  # the PettingZoo version the run used
-        assert "agent.n_step" not in f["job"].attrs  # Ape-X's settings are not QMIX's
+        assert "apex.n_step" not in f["job"].attrs  # Ape-X's settings are not QMIX's
         train, test = f["learner/train"], f["learner/test"]
         assert train["train_steps"][-1] == steps
         for col in ("loss", "td_abs", "q_tot", "grad_norm"):
@@ -48,7 +48,7 @@ def check_run(job, *, steps=24, buffers=1):
                                                    ("accmer", "proposed"), ("accmer", "baseline")])
 def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
     sets = {"qmix": (), "macpo": ("qmix.loss_weights=macpo",),
-            "accmer": ("qmix.loss_weights=macpo", "replay.sampler=accmer")}[variant]
+            "accmer": ("qmix.loss_weights=macpo", "qmix.sampler=accmer")}[variant]
     job = run_mpi(4, tmp_path, *SHORT, f"replay.architecture={architecture}", *sets, job=JOB, timeout=240)
     run_dir = check_run(job)
     with h5py.File(run_dir / "learner.h5", "r") as f:
@@ -80,10 +80,10 @@ def test_two_buffers_share_the_episode_batch(tmp_path):
 
 
 @pytest.mark.parametrize("sets, key", [
-    (("agent.n_step=3",), "agent.n_step"),                          # an Ape-X setting under qmix
+    (("apex.n_step=3",), "apex.n_step"),                            # an Ape-X setting under qmix
     (("replay.alpha=0.6",), "replay.alpha"),
-    (("replay.sampler=accmer",), "replay.sampler"),                 # accmer without macpo
-    (("replay.accmer_alpha=1.5",), "replay.accmer_alpha"),          # alpha outside [0, 1]
+    (("qmix.sampler=accmer",), "qmix.sampler"),                     # accmer without macpo
+    (("qmix.accmer_alpha=1.5",), "qmix.accmer_alpha"),              # alpha outside [0, 1]
     (("replay.learning_starts=4",), "replay.learning_starts"),      # b > d when sampling starts
     (("replay.capacity=8", "replay.batch_size=16", "replay.learning_starts=16"), "replay.capacity"),
     (("agent.algorithm=a3c",), "agent.algorithm"),                  # unknown algorithm

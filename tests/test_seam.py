@@ -26,11 +26,11 @@ def test_every_algorithm_offers_the_interface(name):
         assert set(keys) <= fields, (name, section, set(keys) - fields)
     algo = importlib.import_module(f"mpirl.algos.{name}.algorithm")
     assert callable(settings.world_size)
-    for attr in ("check", "build_topology", "rank_files", "rank_role", "describe", "summary"):
+    for attr in ("check", "layout", "build_topology", "rank_files", "role_map", "describe", "summary"):
         assert callable(getattr(algo, attr)), (name, attr)
     assert set(algo.ROLES) and all(callable(loop) for loop in algo.ROLES.values())
     info = importlib.import_module(f"mpirl.algos.{name}.info")
-    assert callable(info.summarize) and callable(info.format_summary)
+    assert callable(info.summarize) and callable(info.format_summary) and callable(info.frame)
 
 
 def test_the_shared_wiring_never_names_an_algorithm():
@@ -49,16 +49,18 @@ def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout)  # noqa: S307 - our own printout
-    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS for m in loaded), loaded
+    # the algorithms' settings (the config layer reads them) and the contract they are typed against
+    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS or m == "mpirl.algos.base"
+               for m in loaded), loaded
     assert not [m for m in loaded if m.startswith(("torch", "pettingzoo"))], loaded
 
 
 def test_a_job_sets_only_keys_its_algorithm_reads():
     cfg = config.JobConfig()
-    assert "agent.n_step" in cfg.flat() and "qmix.td_lambda" not in cfg.flat()
+    assert "apex.n_step" in cfg.flat() and "qmix.td_lambda" not in cfg.flat()
     cfg.agent.algorithm = "qmix"
     flat = cfg.flat()
-    assert "qmix.td_lambda" in flat and "agent.n_step" not in flat and "replay.alpha" not in flat
+    assert "qmix.td_lambda" in flat and "apex.n_step" not in flat and "replay.alpha" not in flat
     assert all(config.reads("qmix", key) for key in flat)
     cfg.agent.algorithm = "distql"
     flat = cfg.flat()  # DistQL reads its section, env.id, the run's name, seed, directory and stop conditions but

@@ -36,7 +36,7 @@ def acting_for(env_id: str, envs: int) -> tuple[Acting, JobConfig, dict]:
         cfg.agent.hidden, cfg.agent.reward_clip, cfg.comm.send_batch = [512], 1.0, 64
     obs_shape, obs_dtype, n_actions = vector_spaces(cfg.env)
     spec = transition_spec(obs_shape, obs_dtype)
-    eps = env_epsilons(0, 2, envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    eps = env_epsilons(0, 2, envs, cfg.apex.epsilon, cfg.apex.epsilon_alpha)
     return Acting(cfg, obs_shape, n_actions, spec, eps, seed=1), cfg, spec
 
 

@@ -3,7 +3,7 @@
     mpirl bench fairness [--reps 5]
 
 The default CartPole job (``jobs/cartpole.toml``) on 4 ranks (learner, buffer, two
-actors; this machine's cores shared by all four), with ``agent.epsilon_alpha = 0``
+actors; this machine's cores shared by all four), with ``apex.epsilon_alpha = 0``
 so both actors explore with the same epsilon, for 30 s of each actor's rows after
 the warm-up: start-up and the replay's fill, i.e. the rows from the learner's first
 row with training on. The job runs until both actors' rows span that long, however
@@ -60,7 +60,7 @@ def rates(run_dir: Path, seconds: float) -> list[float]:
 
 
 def one(seed: int, seconds: float, out: Path) -> list[float]:
-    sets = [f"run.seed={seed}", "agent.epsilon_alpha=0", f"run.wall_seconds={DEADLINE:g}",
+    sets = [f"run.seed={seed}", "apex.epsilon_alpha=0", f"run.wall_seconds={DEADLINE:g}",
             "run.target_return=nan", "run.env_steps=0"]
     run_dir = run_job_until(4, str(JOB), sets, out, f"fair-s{seed}", lambda d: spanned(actor_rows(d), seconds),
                             DEADLINE + 180, "fairness")
@@ -70,7 +70,7 @@ def one(seed: int, seconds: float, out: Path) -> list[float]:
 def run(reps: int = MIN_REPS, seconds: float = 30.0) -> list[Row]:
     r = Row("two identical CartPole actors, 4 ranks on this machine's cores: faster / slower", "ratio",
             "faster actor / slower actor", "equal rates", higher_is_better=False, at_most=1.5,
-            note=f"jobs/cartpole.toml, agent.epsilon_alpha = 0, {seconds:g} s of each actor's rows after the "
+            note=f"jobs/cartpole.toml, apex.epsilon_alpha = 0, {seconds:g} s of each actor's rows after the "
                  "learner's first train step, one job per repetition")
     steps = []
     with tempfile.TemporaryDirectory() as tmp:

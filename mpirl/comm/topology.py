@@ -1,35 +1,33 @@
-"""Who is who in the job, and the communicators between neighbours.
+"""Who is who in the job, and the communicators between them, made from the algorithm's declared layout.
 
-Rank 0 is the learner, ranks 1..R the buffers, the rest actors. Each actor is
-assigned to a buffer on its own node where one has room (node-local first),
-otherwise to the buffer with the fewest actors. ``COMM_WORLD`` is split once:
+An algorithm declares its :class:`Layout` as data (its ``layout(cfg, world_size)``, :mod:`mpirl.algos.base`): each role's world ranks and the
+links between roles (``Link("experience", "actor", "buffer")``). Each link is a set of star groups: the ranks
+of its hub side are the hubs, every rank of the other side joins one hub (spread evenly, node-local first,
+deterministic from the host list) and ``COMM_WORLD`` is split once per link, the hub rank 0 of its group.
+Two links between the same two roles group the same ranks the same way (an experience link and the parameter
+broadcast back along it), each on its own communicator.
 
-* ``group``/``group_params``: a buffer and its actors (buffer is rank 0 there);
-  experiences travel on ``group``, parameter broadcasts on its duplicate.
-* ``learner``/``learner_params``: the learner and the buffers (learner is rank 0);
-  requests, batches and priorities on the first, parameter broadcasts on the second.
+The learner-buffer-actor layout of the replay algorithms (:mod:`mpirl.roles.replay_layout`) reads its groups
+under the names it has always had:
 
-With K inference workers (``topology.workers``, DMCAF's actor-worker-learner), ranks
-R+1..R+K are workers and the rest actors. The workers take the actors' place in the
-buffer groups (they send experience and receive parameters: ``buffer_of`` maps each
-*sender* to its buffer), and each actor is assigned to a worker, node-local first, the
-same way. One more communicator:
+* ``group``/``group_params``: a buffer and its senders (buffer is rank 0 there); experiences travel on
+  ``group``, parameter broadcasts on ``group_params``.
+* ``learner``/``learner_params``: the learner and the buffers (learner is rank 0); requests, batches and
+  priorities on the first, parameter broadcasts on the second.
+* ``serve``: an inference worker and its actors (worker is rank 0): observations up, actions down.
 
-* ``serve``: a worker and its actors (worker is rank 0): observations up, actions down.
-
-With the worker on the learner's rank (``topology.workers = "learner"``, DMCAF's actor-worker)
-and one buffer, rank 0 serves every actor: it is the one sender of buffer 1's ``group`` (but
-not a member of ``group_params``: its parameters are its own) and rank 0 of ``serve``.
+With K inference workers (``topology.workers``, DMCAF's actor-worker-learner) the workers are the buffers'
+senders (``buffer_of`` maps each *sender* to its buffer) and each actor joins a worker. With the worker on the
+learner's rank (``topology.workers = "learner"``) rank 0 is the one sender of buffer 1 and the hub of ``serve``;
+its parameters are its own, so the layout declares no broadcast to it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 from mpi4py import MPI
-
-LEARNER, BUFFER, WORKER, ACTOR = "learner", "buffer", "worker", "actor"
-
 
 def spread(hosts: list[str], servers: list[int], clients: list[int], node_local: bool = True) -> dict[int, int]:
     """Client world rank -> server world rank, deterministic from the host list alone.
@@ -50,59 +48,137 @@ def spread(hosts: list[str], servers: list[int], clients: list[int], node_local:
     return out
 
 
-def assign_actors(hosts: list[str], buffers: int, node_local: bool = True) -> dict[int, int]:
-    """Actor world rank -> buffer world rank: every rank after the buffers is an actor."""
-    return spread(hosts, list(range(1, 1 + buffers)), list(range(1 + buffers, len(hosts))), node_local)
+LinkKind = Literal["experience", "requests", "parameters", "gradients", "observations", "exchange"]
 
 
-def assign_workers(hosts: list[str], buffers: int, workers: int,
-                   node_local: bool = True) -> tuple[dict[int, int], dict[int, int]]:
-    """With ``workers`` inference workers after the buffers: (worker -> buffer, actor -> worker)."""
-    worker_ranks = list(range(1 + buffers, 1 + buffers + workers))
-    if not worker_ranks:  # the worker on the learner's rank: it serves everyone and sends to the one buffer
-        return {0: 1}, {a: 0 for a in range(1 + buffers, len(hosts))}
-    buffer_of = spread(hosts, list(range(1, 1 + buffers)), worker_ranks, node_local)
-    worker_of = spread(hosts, worker_ranks, list(range(1 + buffers + workers, len(hosts))), node_local)
-    return buffer_of, worker_of
+@dataclass(frozen=True)
+class Link:
+    """``source`` ranks send ``kind`` to ``target`` ranks. ``hub``: which side is rank 0 of each group (the
+    side a rank of the other side joins): the target for flows into a centre (experience into a buffer,
+    observations into a worker, gradients into a server), the source for broadcasts and requests."""
+    kind: LinkKind
+    source: str
+    target: str
+    hub: Literal["source", "target"] = "target"
+
+    @property
+    def hubs(self) -> str:
+        return self.target if self.hub == "target" else self.source
+
+    @property
+    def members(self) -> str:
+        return self.source if self.hub == "target" else self.target
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's shape as data: each role's world ranks (in order; every rank has exactly one role) and the links
+    between roles."""
+    ranks: Mapping[str, tuple[int, ...]]
+    links: tuple[Link, ...]
+
+    def __post_init__(self) -> None:
+        seen = sorted(r for ranks in self.ranks.values() for r in ranks)
+        if seen != list(range(len(seen))):
+            raise ValueError(f"a layout's ranks are 0..N-1, each in one role; got {dict(self.ranks)}")
+        unknown = {name for link in self.links for name in (link.source, link.target)} - set(self.ranks)
+        if unknown:
+            raise ValueError(f"links name roles the layout does not have: {sorted(unknown)}")
+
+    @property
+    def size(self) -> int:
+        return sum(len(r) for r in self.ranks.values())
+
+    def role_of(self, rank: int) -> str:
+        for role, ranks in self.ranks.items():
+            if rank in ranks:
+                return role
+        raise ValueError(f"rank {rank} is outside the layout's {self.size} ranks")
+
+    def count(self, role: str) -> int:
+        return len(self.ranks.get(role, ()))
+
+    def link(self, kind: LinkKind, source: str | None = None) -> Link | None:
+        """The first link of ``kind`` (from ``source``), None when the layout has none."""
+        return next((k for k in self.links if k.kind == kind and source in (None, k.source)), None)
+
+
+def plan(layout: Layout, hosts: list[str], node_local: bool = True) -> dict[Link, dict[int, int]]:
+    """Each link's groups: member world rank -> its hub's world rank (no MPI; the same from every rank)."""
+    out = {}
+    for link in layout.links:
+        hubs, members = list(layout.ranks.get(link.hubs, ())), list(layout.ranks.get(link.members, ()))
+        out[link] = spread(hosts, hubs, members, node_local) if hubs and members else {}
+    return out
 
 
 @dataclass
 class Topology:
-    world: MPI.Comm
+    world: Any  # MPI.Comm (None in tests of the plan alone)
     role: str
     hosts: list[str]
-    buffer_of: dict[int, int]  # sender (an actor, or a worker when there are workers) -> its buffer
-    worker_of: dict[int, int] = field(default_factory=dict)  # actor -> its worker (empty without workers)
-    group: MPI.Comm | None = None
-    group_params: MPI.Comm | None = None
-    learner: MPI.Comm | None = None
-    learner_params: MPI.Comm | None = None
-    serve: MPI.Comm | None = None
-    comms: list = field(default_factory=list)
-    names: dict[str, str] = field(default_factory=dict)  # the algorithm's names of the roles ("buffer": "worker")
+    layout: Layout
+    groups: dict[Link, dict[int, int]]  # per link: member rank -> hub rank
+    comms: dict[Link, Any] = field(default_factory=dict)  # per link this rank takes part in: its group's comm
 
     @property
     def rank(self) -> int:
         return self.world.rank
 
+    def role_of(self, rank: int) -> str:
+        return self.layout.role_of(rank)
+
+    def comm(self, kind: LinkKind, source: str | None = None) -> Any:
+        """This rank's communicator of the link of ``kind`` (from ``source``), None when it takes no part."""
+        link = self.layout.link(kind, source)
+        return self.comms.get(link) if link else None
+
+    def _group(self, kind: LinkKind) -> dict[int, int]:
+        link = self.layout.link(kind)
+        return self.groups.get(link, {}) if link else {}
+
+    # The learner-buffer-actor layout's names (mpirl.roles.replay_layout; shared by the replay algorithms).
+
+    @property
+    def buffer_of(self) -> dict[int, int]:
+        """Sender (an actor, or a worker when there are workers) -> its buffer: the experience link's groups."""
+        return self._group("experience")
+
+    @property
+    def worker_of(self) -> dict[int, int]:
+        """Actor -> its inference worker (empty without workers): the observation link's groups."""
+        return self._group("observations")
+
+    @property
+    def group(self) -> Any:
+        return self.comm("experience")
+
+    @property
+    def group_params(self) -> Any:
+        """The buffer's broadcast to its senders; a buffer whose one sender keeps its own parameters (the
+        learner's rank as the worker) broadcasts to itself."""
+        link = self.layout.link("experience")
+        if link is None:
+            return None
+        comm = self.comm("parameters", link.target)
+        return MPI.COMM_SELF if comm is None and self.rank in self.buffers else comm
+
+    @property
+    def learner(self) -> Any:
+        return self.comm("requests")
+
+    @property
+    def learner_params(self) -> Any:
+        link = self.layout.link("requests")
+        return self.comm("parameters", link.source) if link else None
+
+    @property
+    def serve(self) -> Any:
+        return self.comm("observations")
+
     @property
     def buffers(self) -> list[int]:
         return sorted(set(self.buffer_of.values()))
-
-    def role_of(self, rank: int) -> str:
-        """The role of world rank ``rank``, by the algorithm's name for it."""
-        role = self.layout_role(rank)
-        return self.names.get(role, role)
-
-    def layout_role(self, rank: int) -> str:
-        """The place of world rank ``rank`` in the layout: learner (the hub of hubs), buffer, worker, actor."""
-        if rank == 0:
-            return LEARNER  # also the worker when the learner serves the actors
-        if rank in self.worker_of:
-            return ACTOR
-        if rank in self.buffer_of:
-            return WORKER if self.worker_of else ACTOR
-        return BUFFER
 
     def actors_of(self, buffer_rank: int) -> list[int]:
         """The ranks that send experience to ``buffer_rank``: its actors, or its workers when there are workers."""
@@ -128,47 +204,25 @@ class Topology:
         return sorted(self.buffer_of).index(self.rank)
 
     def free(self) -> None:
-        for comm in self.comms:
+        for comm in self.comms.values():
             comm.Free()
         self.comms.clear()
 
 
-def build(world: MPI.Comm, buffers: int, node_local: bool = True, workers: int = 0,
-          on_learner: bool = False, names: dict[str, str] | None = None) -> Topology:
-    """Split ``world`` into the job's communicators. Collective over ``world``.
-
-    ``on_learner``: the learner's rank is the one worker (``workers`` is then 0, ``buffers`` 1).
-    ``names``: the algorithm's names of the roles (DistQL builds N buffers and no actors, and calls rank 0 the
-    ``server`` and the buffers ``worker``s: its exchange runs on ``learner``)."""
+def build(world: MPI.Comm, layout: Layout, node_local: bool = True) -> Topology:
+    """Split ``world`` into one communicator per link of ``layout`` (collective over ``world``): a hub and the
+    members that joined it, the hub rank 0, the members in world-rank order."""
+    if layout.size != world.size:
+        raise ValueError(f"the layout has {layout.size} ranks and the world {world.size}")
     hosts = world.allgather(MPI.Get_processor_name())
-    assert not on_learner or (workers == 0 and buffers == 1)
-    if workers or on_learner:
-        buffer_of, worker_of = assign_workers(hosts, buffers, workers, node_local)
-    else:
-        buffer_of, worker_of = assign_actors(hosts, buffers, node_local), {}
+    groups = plan(layout, hosts, node_local)
     rank = world.rank
-    topo = Topology(world=world, role="", hosts=hosts, buffer_of=buffer_of, worker_of=worker_of,
-                    names=dict(names or {}))
-    role = topo.layout_role(rank)
-    topo.role = topo.role_of(rank)
-
-    serving = rank in set(worker_of.values())
-    group_color = rank if role == BUFFER else buffer_of.get(rank, MPI.UNDEFINED)
-    group = world.Split(group_color, key=0 if role == BUFFER else rank + 1)  # the buffer is rank 0
-    learner = world.Split(0 if role in (LEARNER, BUFFER) else MPI.UNDEFINED, key=rank)
-    serve = world.Split(rank if serving else worker_of.get(rank, MPI.UNDEFINED), key=0 if serving else rank + 1)
-    if serve != MPI.COMM_NULL:
-        topo.serve = serve
-        topo.comms.append(serve)
-    if group != MPI.COMM_NULL:
-        # The broadcast reaches the group's senders, never the learner (it sends experience with the worker on it).
-        params = group.Split(MPI.UNDEFINED if role == LEARNER else 0, key=group.rank)
-        topo.group = group
-        topo.comms.append(group)
-        if params != MPI.COMM_NULL:
-            topo.group_params = params
-            topo.comms.append(params)
-    if learner != MPI.COMM_NULL:
-        topo.learner, topo.learner_params = learner, learner.Dup()
-        topo.comms += [topo.learner, topo.learner_params]
+    topo = Topology(world=world, role=layout.role_of(rank), hosts=hosts, layout=layout, groups=groups)
+    for link in layout.links:  # every rank splits for every link, in the layout's order
+        members = groups[link]
+        hub = rank in set(members.values())
+        color = rank if hub else members.get(rank, MPI.UNDEFINED)
+        comm = world.Split(color, key=0 if hub else rank + 1)
+        if comm != MPI.COMM_NULL:
+            topo.comms[link] = comm
     return topo

@@ -168,13 +168,14 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 
 
 def read_algorithm(run_dir: Path) -> str:
-    """The run's ``agent.algorithm`` from run.h5's job attributes ('apex' for runs that predate the setting)."""
+    """The run's ``agent.algorithm`` from run.h5's job attributes; '' when it is not there (a run that predates
+    the setting ran what a job without it runs: the setting's default)."""
     f, _ = open_h5(Path(run_dir) / RUN_FILE)
     if f is None:
-        return "apex"
+        return ""
     with f:
         job = f.get("job")
-        value = job.attrs.get("agent.algorithm", "apex") if isinstance(job, h5py.Group) else "apex"
+        value = job.attrs.get("agent.algorithm", "") if isinstance(job, h5py.Group) else ""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

@@ -13,10 +13,10 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TextIO
 
 from mpirl.metrics.run_file import FINAL_STATUSES
-from mpirl.metrics.summary import _f, summarize
+from mpirl.metrics.summary import _f
 
 
 def progress(s: dict[str, Any]) -> list[tuple[str, float, str]]:
@@ -74,11 +74,10 @@ def frame(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def watch(run_dir: Path, interval: float = 2.0, once: bool = False, stream=sys.stdout, summarize_fn=None,
-          frame_fn=None) -> int:
-    """Draw frames until the run ends (or once); returns 0. ``summarize_fn``/``frame_fn``: an algorithm's own
-    view (its ``info`` module's ``summarize`` and ``frame``) instead of the learner-buffer-actor one."""
-    summarize_fn, frame_fn = summarize_fn or summarize, frame_fn or frame
+def watch(run_dir: Path, summarize_fn: Callable[[Path], dict[str, Any]], frame_fn: Callable[[dict[str, Any]], str],
+          interval: float = 2.0, once: bool = False, stream: TextIO = sys.stdout) -> int:
+    """Draw frames until the run ends (or once); returns 0. ``summarize_fn``/``frame_fn``: the run's algorithm's
+    view (its ``info`` module's ``summarize`` and ``frame``; :func:`frame` is the learner-buffer-actor one)."""
     clear = "\x1b[H\x1b[2J" if stream.isatty() and not once else ""
     while True:
         s = summarize_fn(run_dir)

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from mpirl.atomic import write_atomically
-from mpirl.config import ConfigError, JobConfig
+from mpirl.config import MOVED, ConfigError, JobConfig
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run, plain, read_status
 
@@ -47,7 +47,9 @@ def identity(cfg: JobConfig, world_size: int) -> dict:
 
 
 def mismatch(saved: dict, current: dict) -> str:
-    """'' if ``current`` may resume from ``saved``, else the first difference in words."""
+    """'' if ``current`` may resume from ``saved``, else the first difference in words. A checkpoint written
+    before a setting moved to its algorithm's section names it by its old key (config.MOVED)."""
+    saved = {MOVED.get(k, k): v for k, v in saved.items()}
     for key in sorted(set(saved) | set(current)):
         if saved.get(key) != current.get(key):
             return f"{key} was {saved.get(key, 'unset')} in the checkpoint's job, is {current.get(key, 'unset')} now"
@@ -59,7 +61,8 @@ def checkpoints(run_dir: Path) -> list[Path]:
     d = Path(run_dir) / CKPT_DIR
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if NAME.match(p.name)), key=lambda p: int(NAME.match(p.name).group(1)))
+    numbered = ((p, NAME.match(p.name)) for p in d.iterdir())
+    return [p for _, p in sorted((int(m.group(1)), p) for p, m in numbered if m)]
 
 
 def path_for(run_dir: Path, step: int, suffix: str = ".pt") -> Path:

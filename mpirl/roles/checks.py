@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
+
+if TYPE_CHECKING:
+    from mpirl.algos.base import Algorithm
 
 
 class Checked(NamedTuple):
@@ -26,7 +28,7 @@ class Checked(NamedTuple):
     memory: memory.Estimate
 
 
-def check_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) -> Checked:
+def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -> Checked:
     """Everything that can be checked without messages.
 
     Memory: the biggest single rank must fit in this node's available memory (where the
@@ -35,7 +37,7 @@ def check_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) 
     checked = algo.check(cfg, world_size, job_path)
     check_out_dir(cfg)
     est = checked.memory
-    memory.check_fits(cfg, est, memory.LIBRARIES + max(est.learner, est.buffer, est.actor, est.worker),
+    memory.check_fits(cfg, est, memory.LIBRARIES + est.largest(),
                       "one node (its largest rank alone)", memory.available_bytes())
     return checked
 
@@ -53,7 +55,7 @@ def check_out_dir(cfg: JobConfig) -> None:
                                          "is not writable; choose another run.out_dir")
 
 
-def check_local_job(cfg: JobConfig, algo: ModuleType, world_size: int, job_path: str) -> Checked:
+def check_local_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -> Checked:
     """:func:`check_job` for a job whose ranks all run on this node (``mpirl launch``): their sum must fit,
     and a CUDA learner needs CUDA here."""
     checked = check_job(cfg, algo, world_size, job_path)

@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 from mpi4py import MPI
 
 import mpirl
+from mpirl.algos.base import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
@@ -84,27 +84,6 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     }
 
 
-def _span(ranks: list[int]) -> str:
-    return (f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
-            else ",".join(map(str, ranks)))
-
-
-def role_map(topo) -> str:
-    """``0 learner; 1 buffer, 2-3 actors of buffer 1`` (with workers: ``1 buffer, 2 worker of buffer 1;
-    3-5 actors of worker 2``): who is who, for messages that name ranks."""
-    on_learner = 0 in topo.worker_of.values()  # the learner is the worker (AW): ``0 learner and worker; 1 buffer``
-    parts = ["0 learner and worker" if on_learner else "0 learner"]
-    sender = "worker" if topo.worker_of else "actor"
-    for b in topo.buffers:
-        ranks = [r for r in topo.actors_of(b) if r != 0]
-        parts.append(f"{b} buffer" + (f", {_span(ranks)} {sender}{'s' if len(ranks) > 1 else ''} of buffer {b}"
-                                      if ranks else ""))
-    for w in sorted(set(topo.worker_of.values())):
-        ranks = topo.served_by(w)
-        parts.append(f"{_span(ranks)} actor{'s' if len(ranks) > 1 else ''} of worker {w}")
-    return "; ".join(parts)
-
-
 FAILURE_CLAIM = "failure.claim"  # the first failing rank creates it and writes the failure; later ones leave it
 
 
@@ -142,7 +121,7 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate
         if not torch.cuda.is_available():
             problem = ("agent.device", f"'cuda' but the learner's node ({MPI.Get_processor_name()}) has no usable "
                        "CUDA device; use 'auto' (CUDA when present) or 'cpu'")
-    mine = getattr(est, role)
+    mine = est.of(role)
     nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes()))
     for host in sorted({h for h, _, _ in nodes}):
         need = memory.LIBRARIES + sum(b for h, b, _ in nodes if h == host)
@@ -181,13 +160,13 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
     return Path(_on_rank0(world, make))
 
 
-def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quiet: bool = False,
+def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet: bool = False,
             resume: str = "") -> int:
     """Run the job on this rank (every rank calls it); ``algo``: the job's algorithm module
     (``mpirl.algos.<name>.algorithm``); ``resume``: a run directory, ``auto`` or ''."""
     world = MPI.COMM_WORLD
     checked = check_job(cfg, algo, world.size, job_path)
-    _agree_on_local_checks(world, cfg, checked.memory, algo.rank_role(cfg, world.size, world.rank))
+    _agree_on_local_checks(world, cfg, checked.memory, algo.layout(cfg, world.size).role_of(world.rank))
     plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
     # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
     t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))
@@ -207,13 +186,14 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
             create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
         link_rank_files(run_dir, algo.rank_files(topo))
         print(f"mpirl: run directory {run_dir}", flush=True)
-        print(f"mpirl: ranks: {getattr(algo, 'role_map', role_map)(topo)}", flush=True)  # so a report about "rank 3" names a role
+        print(f"mpirl: ranks: {algo.role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
+    preempt = Preemption(world)
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, spaces=checked.spaces, spec=checked.spec,
-                      n_params=checked.n_params, t0=t0, preempt=Preemption(world), resume=plan)
+                      n_params=checked.n_params, t0=t0, preempt=preempt, resume=plan)
     role = algo.ROLES[topo.role]
     # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
     pids = world.gather((socket.gethostname(), os.getpid()))
-    heart = Heartbeat(run_dir, pids) if world.rank == 0 else None
+    heart = Heartbeat(run_dir, pids) if pids is not None else None  # gathered on rank 0
     try:
         stop_reason = role(ctx)
     except BaseException as err:  # the caller aborts the job; the run must not look alive or finished
@@ -224,11 +204,11 @@ def run_job(cfg: JobConfig, algo: ModuleType, job_text: str, job_path: str, quie
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)
-    ctx.preempt.close()
+    preempt.close()
     preempted = world.bcast((stop_reason or "").startswith(PREEMPTED) if world.rank == 0 else None)
     peak = world.gather(_peak_rss_bytes())
     topo.free()
-    if world.rank == 0:
+    if heart is not None:  # rank 0
         heart.stop()
         status = "preempted" if preempted else "completed"
         finish_run_file(run_dir, status, stop_reason=stop_reason or "",

@@ -17,7 +17,7 @@ libraries, which the ranks of a node share: ``LIBRARIES`` counts them once per n
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 from mpirl.config import ConfigError, JobConfig
@@ -34,31 +34,39 @@ SLOT_INDEX = 16 + 4 + 8  # sum tree leaf and its share of the inner nodes, raw p
 
 @dataclass
 class Estimate:
-    """Bytes per rank of each role; ``parts`` says what dominates, for the message."""
-    learner: int
-    buffer: int
-    actor: int
-    buffers: int
-    actors: int
-    slot_bytes: float
-    network_bytes: int
+    """Bytes of one rank of each role (``per_rank``, by the role names of the algorithm's layout) and how many
+    ranks play it (``ranks``); ``parts`` say what dominates, for the message."""
+    per_rank: dict[str, int]
+    ranks: dict[str, int]
+    slot_bytes: float = 0.0  # one replay slot (0: no replay)
+    network_bytes: int = 0
     reserved: int = 0  # the largest single reservation (the frame pool's worst case), touched or not
-    worker: int = 0  # an inference worker (topology.workers)
-    workers: int = 0
     network_key: str = "agent.hidden"  # the setting that sizes the network, named when the network dominates
     fix_text: str = ""  # the fix to name with network_key (an algorithm without a network: its tables)
-    description: str = ""  # the ranks in words, for an algorithm whose ranks are not learner, buffers, actors
+    labels: dict[str, str] = field(default_factory=dict)  # a role's name in the message ("Q-server")
+
+    def of(self, role: str) -> int:
+        """One rank of ``role``."""
+        return self.per_rank.get(role, 0)
+
+    def largest(self) -> int:
+        """The largest single rank."""
+        return max(self.per_rank.values(), default=0)
 
     def total(self) -> int:
         """All ranks on one node."""
-        return LIBRARIES + self.learner + self.buffers * self.buffer + self.actors * self.actor + self.workers * self.worker
+        return LIBRARIES + sum(b * self.ranks.get(role, 0) for role, b in self.per_rank.items())
 
     def text(self) -> str:
-        if self.description:
-            return self.description
-        workers = f", {self.workers} worker(s) {self.worker / 2**30:.2f} GiB each" if self.workers else ""
-        return (f"learner {self.learner / 2**30:.1f} GiB, {self.buffers} buffer(s) {self.buffer / 2**30:.1f} GiB "
-                f"each{workers}, {self.actors} actor(s) {self.actor / 2**30:.2f} GiB each")
+        parts = []
+        for role, b in self.per_rank.items():
+            n, name = self.ranks.get(role, 0), self.labels.get(role, role)
+            gib = f"{b / 2**30:.{1 if b >= 2**30 else 2}f} GiB"
+            if n == 1:
+                parts.append(f"{name} {gib}")
+            elif n:
+                parts.append(f"{n} {name}(s) {gib} each")
+        return ", ".join(parts)
 
     def fix(self, cfg: JobConfig) -> tuple[str, str]:
         """The field to name and the fix, by what dominates the estimate."""

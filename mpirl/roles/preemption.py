@@ -41,7 +41,7 @@ class Preemption:
         self._out = np.zeros(2, np.int64)
         self._send: MPI.Request | None = None
         self._in = np.zeros(2, np.int64)
-        self._recv = self._post() if self.rank == 0 else None
+        self._recv: MPI.Request = self._post() if self.rank == 0 else MPI.REQUEST_NULL  # rank 0 takes notices
         self._received = 0
         self._polled = 0.0
         self._previous = {s: signal.signal(s, self._note) for s in SIGNALS}

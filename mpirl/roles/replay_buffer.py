@@ -59,7 +59,7 @@ class Buffer:
         served = [len(topo.served_by(a)) for a in topo.actors_of(topo.rank)] if topo.worker_of else []
         games = cfg.env.envs_per_actor * max(served + [1])  # the most games one sender steps
         self.exp = experience_layout(spec, cfg.comm.send_batch, framed, games)
-        self.stream_frames = self.n_actors * window_frames(cfg.comm.send_batch, games, cfg.agent.n_step,
+        self.stream_frames = self.n_actors * window_frames(cfg.comm.send_batch, games, self.sender_lag(),
                                                            framed) if framed else 0
         self.req = request_layout(share)
         self.reply = sample_layout(spec, share, framed) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
@@ -92,6 +92,11 @@ class Buffer:
         self._open_metrics()
         if ctx.resume and cfg.checkpoint.replay:
             self._restore_replay()
+
+    def sender_lag(self) -> int:
+        """Steps a sender holds a game's records before it can send them (Ape-X's n-step window): its frames
+        wait that much longer in the sender's window here. The algorithm's buffer says; none by default."""
+        return 0
 
     def make_shard(self):
         """The replay memory the proposed placement serves from (``add``, ``sample_into``,

@@ -6,14 +6,23 @@ exposes for it."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from mpirl.comm.topology import ACTOR, BUFFER, LEARNER, WORKER, build
+from mpirl.algos.base import RoleLoop
+from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
+from mpirl.replay_job import actor_count
+from mpirl.roles.memory import Estimate
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
-def build_topology(world, cfg: JobConfig):
-    t = cfg.topology
-    return build(world, t.buffers, t.node_local, t.worker_ranks, on_learner=t.on_learner)
+LEARNER, BUFFER, WORKER, ACTOR = "learner", "buffer", "worker", "actor"
+
+
+def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
+    return build(world, layout(cfg, world.size), cfg.topology.node_local)
 
 
 def inference(t) -> str:
@@ -23,7 +32,7 @@ def inference(t) -> str:
     return f", {t.workers} inference worker(s)" if t.workers else ""
 
 
-def rank_files(topo) -> dict[str, str]:
+def rank_files(topo: Topology) -> dict[str, str]:
     """The HDF5 files run.h5 links: the learner's, each buffer's (actors' rows live in their buffer's file) and
     each worker's (its actors' rows)."""
     workers = sorted(set(topo.worker_of.values()))
@@ -31,14 +40,57 @@ def rank_files(topo) -> dict[str, str]:
             **{f"worker_{w}": f"worker_{w}.h5" for w in workers}}
 
 
-def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
-    """The role of ``rank`` before the topology is built (for the per-node memory check)."""
+def layout(cfg: JobConfig, world_size: int) -> Layout:
+    """Rank 0 the learner, 1..R the buffers, then the inference workers, the rest actors. Senders (actors, or
+    the workers that act for them, or the learner's rank when it is the one worker) send experience to their
+    buffer and take parameters from it; the learner asks the buffers for samples (or dumps) and publishes
+    parameters to them."""
     t = cfg.topology
-    return (LEARNER if rank == 0 else BUFFER if rank <= t.buffers else WORKER if rank <= t.buffers + t.worker_ranks
-            else ACTOR)
+    b, w = t.buffers, t.worker_ranks
+    ranks = {LEARNER: (0,), BUFFER: tuple(range(1, 1 + b)), WORKER: tuple(range(1 + b, 1 + b + w)),
+             ACTOR: tuple(range(1 + b + w, world_size))}
+    server = WORKER if w else LEARNER if t.on_learner else ""
+    sender = server or ACTOR
+    links = [Link("experience", sender, BUFFER), Link("requests", LEARNER, BUFFER, hub="source"),
+             Link("parameters", LEARNER, BUFFER, hub="source")]
+    if sender != LEARNER:  # the learner's rank, when it is the one worker, has its parameters of its own
+        links.insert(1, Link("parameters", BUFFER, sender, hub="source"))
+    if server:
+        links.append(Link("observations", ACTOR, server))
+    return Layout({role: r for role, r in ranks.items() if r}, tuple(links))
 
 
-def lazy_roles(package: str) -> dict:
+def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float, actor: float, worker: float, slot: float,
+                  network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden") -> Estimate:
+    """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role."""
+    t = cfg.topology
+    return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
+                    {LEARNER: 1, BUFFER: t.buffers, WORKER: t.worker_ranks, ACTOR: actor_count(cfg, world_size)},
+                    slot, network_bytes, reserved, network_key=network_key)
+
+
+def _span(ranks: list[int]) -> str:
+    return (f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
+            else ",".join(map(str, ranks)))
+
+
+def role_map(topo: Topology) -> str:
+    """``0 learner; 1 buffer, 2-3 actors of buffer 1`` (with workers: ``1 buffer, 2 worker of buffer 1;
+    3-5 actors of worker 2``): who is who, for messages that name ranks."""
+    on_learner = 0 in topo.worker_of.values()  # the learner is the worker (AW): ``0 learner and worker; 1 buffer``
+    parts = ["0 learner and worker" if on_learner else "0 learner"]
+    sender = "worker" if topo.worker_of else "actor"
+    for b in topo.buffers:
+        ranks = [r for r in topo.actors_of(b) if r != 0]
+        parts.append(f"{b} buffer" + (f", {_span(ranks)} {sender}{'s' if len(ranks) > 1 else ''} of buffer {b}"
+                                      if ranks else ""))
+    for w in sorted(set(topo.worker_of.values())):
+        ranks = topo.served_by(w)
+        parts.append(f"{_span(ranks)} actor{'s' if len(ranks) > 1 else ''} of worker {w}")
+    return "; ".join(parts)
+
+
+def lazy_roles(package: str) -> dict[str, RoleLoop]:
     """Role name -> loop for an algorithm package with ``learner.run_learner``, ``buffer.run_buffer`` and
     ``actor.run_actor``; each module is imported when its rank starts (a rank imports only its own loop).
 

@@ -51,7 +51,7 @@ class Acting:
                  seed: int, label: str = "actor"):
         self.cfg = cfg
         self.label = label  # how messages name this actor, e.g. "actor rank 3"
-        n_envs, n_step = cfg.env.envs_per_actor, cfg.agent.n_step
+        n_envs, n_step = cfg.env.envs_per_actor, cfg.apex.n_step
         self.epsilons = epsilons
         self.rng = np.random.default_rng(seed)
         self.policy = ActingPolicy(obs_shape, n_actions, cfg.agent)
@@ -78,7 +78,7 @@ class Acting:
         self.obs = self.envs.reset()
         if self.frames is not None:
             self.obs_ids = [self.frames.start(k, self.obs[k]) for k in range(n_envs)]
-        self.nsteps = [NStepAccumulator(cfg.agent.n_step, cfg.agent.gamma) for _ in range(n_envs)]
+        self.nsteps = [NStepAccumulator(cfg.apex.n_step, cfg.agent.gamma) for _ in range(n_envs)]
         self.ep_return, self.ep_length = np.zeros(n_envs), np.zeros(n_envs, dtype=np.int64)
 
     def step(self) -> None:
@@ -153,7 +153,7 @@ def run_actor(ctx: RoleContext) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     torch.set_num_threads(1)
     n_envs, batch = cfg.env.envs_per_actor, cfg.comm.send_batch
-    epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.agent.epsilon, cfg.agent.epsilon_alpha)
+    epsilons = env_epsilons(topo.actor_index, topo.n_actors, n_envs, cfg.apex.epsilon, cfg.apex.epsilon_alpha)
     epsilon = float(epsilons.mean())  # reported: the mean over this actor's games
     acting = Acting(cfg, ctx.spaces.obs_shape, ctx.spaces.n_actions, ctx.spec, epsilons, ctx.seed(), label=f"actor rank {topo.rank}")
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
@@ -165,7 +165,7 @@ def run_actor(ctx: RoleContext) -> None:
     rp = cfg.replay
     budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
                           rp.learning_starts, len(topo.buffers), topo.group.size - 1,
-                          slack=batch + n_envs * cfg.agent.n_step)
+                          slack=batch + n_envs * cfg.apex.n_step)
 
     def send(rows: int, final: bool = False) -> None:
         records, priorities = acting.take(rows)

@@ -6,17 +6,19 @@ Ranks: 0 the learner, then the buffers, then the actors (spread over the buffers
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from mpirl.algos.apex import memory
+from mpirl.algos.base import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, inference, lazy_roles, rank_files,  # noqa: F401 - the interface
-                                      rank_role)
+from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
+                                      role_map)
 
 
 class Spaces(NamedTuple):
@@ -50,7 +52,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-ROLES = lazy_roles("mpirl.algos.apex")
+ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.apex")
 
 
 
@@ -63,7 +65,7 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
 
 
 
-def summary(run_dir) -> str:
+def summary(run_dir: Path) -> str:
     """The end-of-job summary (what ``mpirl info`` prints)."""
     from mpirl.algos.apex.info import format_summary, summarize
     return format_summary(summarize(run_dir))

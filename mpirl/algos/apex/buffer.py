@@ -9,6 +9,9 @@ from mpirl.roles.replay_buffer import Buffer
 
 
 class PrioritizedBuffer(Buffer):
+    def sender_lag(self) -> int:
+        return self.cfg.apex.n_step
+
     def make_shard(self):
         rp = self.cfg.replay
         return PrioritizedShard(self.spec, rp.capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames,

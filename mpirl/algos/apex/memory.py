@@ -15,6 +15,7 @@ from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
+from mpirl.roles.replay_layout import star_estimate
 
 
 def _slot_bytes(spec: dict, dedup: bool) -> float:
@@ -82,7 +83,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         served = math.ceil(n_act / max(t.worker_ranks, 1))
         # A worker: the network and its priorities' pass, its send ring, each actor's messages and n-step windows.
         worker = (PROCESS + c.send_ring * message + 3 * params + 3 * served * step
-                  + served * cfg.env.envs_per_actor * (cfg.agent.n_step + 1) * int(np.prod(obs_shape)))
+                  + served * cfg.env.envs_per_actor * (cfg.apex.n_step + 1) * int(np.prod(obs_shape)))
         actor = process + 3 * step  # its games and its step messages
     else:
         worker = 0
@@ -97,9 +98,8 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         frame = int(np.prod(next(iter(framed.values()))[1]))
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
         pool = max(pool, (rp.capacity * sum(d for d, _ in framed.values())
-                          + actors_per_buffer * window_frames(c.send_batch, games, cfg.agent.n_step, framed)) * frame)
-    return Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, params, pool, worker=int(worker),
-                    workers=t.worker_ranks)
+                          + actors_per_buffer * window_frames(c.send_batch, games, cfg.apex.n_step, framed)) * frame)
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool)
 
 
 class _Obs:

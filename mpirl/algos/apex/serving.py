@@ -93,7 +93,7 @@ class ApexDeciding:
         self.cfg, self.E, self.actors = cfg, cfg.env.envs_per_actor, len(seeds)
         self.policy = ActingPolicy(spaces.obs_shape, spaces.n_actions, a)
         self.n_actions = spaces.n_actions
-        self.epsilons = [env_epsilons(i, n_actors, self.E, a.epsilon, a.epsilon_alpha) for i in indices]
+        self.epsilons = [env_epsilons(i, n_actors, self.E, cfg.apex.epsilon, cfg.apex.epsilon_alpha) for i in indices]
         self.rngs = [np.random.default_rng(s) for s in seeds]
         # Frames once (Atari and replay.dedup_frames): one stream for all the games served, game a * E + k.
         self.framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
@@ -101,12 +101,12 @@ class ApexDeciding:
         if self.framed:
             depth, frame_shape = next(iter(self.framed.values()))
             self.frames = FrameStream(self.actors * self.E, depth, frame_shape, shifts=stacks_shift(cfg.env))
-        self.staging = Staging(as_frame_ids(spec, self.framed), cfg.comm.send_batch + self.actors * self.E * a.n_step)
+        self.staging = Staging(as_frame_ids(spec, self.framed), cfg.comm.send_batch + self.actors * self.E * cfg.apex.n_step)
         self.episodes: deque = deque()
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
         # Each game's obs to act on (with frames once: its frame ids).
         self.current: list[list] = [[None] * self.E for _ in range(self.actors)]
-        self.nsteps = [[NStepAccumulator(a.n_step, a.gamma) for _ in range(self.E)] for _ in range(self.actors)]
+        self.nsteps = [[NStepAccumulator(cfg.apex.n_step, a.gamma) for _ in range(self.E)] for _ in range(self.actors)]
         self.ep_return = np.zeros((self.actors, self.E))
         self.ep_length = np.zeros((self.actors, self.E), dtype=np.int64)
 
@@ -120,7 +120,7 @@ class ApexDeciding:
         if outcome.fresh or self.current[a][0] is None:
             self.current[a] = [o["obs"][k].copy() if frames is None else frames.start(first + k, o["obs"][k])
                                for k in range(self.E)]
-            self.nsteps[a] = [NStepAccumulator(self.cfg.agent.n_step, self.cfg.agent.gamma) for _ in range(self.E)]
+            self.nsteps[a] = [NStepAccumulator(self.cfg.apex.n_step, self.cfg.agent.gamma) for _ in range(self.E)]
             self.ep_return[a], self.ep_length[a] = 0.0, 0
             return
         clip = self.cfg.agent.reward_clip

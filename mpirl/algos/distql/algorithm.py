@@ -1,22 +1,26 @@
 """DistQL behind the algorithm seam: rank 0 the Q-server, ranks 1..N the workers.
 
-The topology is the shared one built with N hubs (buffers) and no leaves (actors): the exchange runs on its
-``learner`` communicator (the server is rank 0 there, a worker's rank is its world rank), and the roles are
-named ``server`` and ``worker``. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
+Its layout is one link, each worker's exchange with the server: the communicator of that link has the server as
+rank 0 and each worker at its world rank. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from mpirl.agents.tabular import PAIR_BYTES
 from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.comm.topology import build
+from mpirl.algos.base import RoleLoop
+from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 SERVER, WORKER = "server", "worker"
 PROCESS = 80 * memory.MB  # a rank's memory before its tables: Python, numpy, gymnasium, mpi4py, h5py, no torch
@@ -75,11 +79,10 @@ def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estima
     # flag (the bools are shared), a set entry per changed pair
     worker = PROCESS + (2 * (24 + 8) + 8 + 8) * pairs + buffers + state_nbytes(pairs)
     key = "distql.bins" if spaces.discretized else "env.id"
-    return memory.Estimate(int(server), 0, 0, 0, 0, 0.0, int(25 * pairs), reserved=0, worker=int(worker),
-                           workers=workers, network_key=key,
+    return memory.Estimate({SERVER: int(server), WORKER: int(worker)}, {SERVER: 1, WORKER: workers},
+                           network_bytes=int(25 * pairs), network_key=key,
                            fix_text=f"a smaller table ({pairs:,} pairs now) or fewer workers on a node",
-                           description=f"Q-server {server / 2**30:.2f} GiB, {workers} worker(s) "
-                                       f"{worker / 2**30:.2f} GiB each")
+                           labels={SERVER: "Q-server"})
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
@@ -88,31 +91,31 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     return Checked(spaces, {}, 0, estimate(cfg, n, spaces))
 
 
-def build_topology(world, cfg: JobConfig):
-    return build(world, world.size - 1, node_local=False, names={"learner": SERVER, "buffer": WORKER})
+def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
+    return build(world, layout(cfg, world.size), node_local=False)
 
 
-def rank_role(cfg: JobConfig, world_size: int, rank: int) -> str:
-    """The memory estimate's name of ``rank``'s role."""
-    return "learner" if rank == 0 else "worker"
+def layout(cfg: JobConfig, world_size: int) -> Layout:
+    """Rank 0 the Q-server, the rest workers; each worker exchanges its table's changes with the server."""
+    return Layout({SERVER: (0,), WORKER: tuple(range(1, world_size))}, (Link("exchange", WORKER, SERVER),))
 
 
-def rank_files(topo) -> dict[str, str]:
+def rank_files(topo: Topology) -> dict[str, str]:
     return {"qserver": "qserver.h5"}
 
 
-def role_map(topo) -> str:
+def role_map(topo: Topology) -> str:
     n = topo.world.size - 1
     return f"0 Q-server; {'1' if n == 1 else f'1-{n}'} worker{'s' if n > 1 else ''}"
 
 
-def _role(module: str, func: str):
+def _role(module: str, func: str) -> RoleLoop:
     def run(ctx):
         return getattr(importlib.import_module(f"mpirl.algos.distql.{module}"), func)(ctx)
     return run
 
 
-ROLES = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
+ROLES: dict[str, RoleLoop] = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
@@ -123,6 +126,6 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
             f"replies, {d.exchange} exchange every {d.tau} episode(s), {d.episodes} episodes per worker")
 
 
-def summary(run_dir) -> str:
+def summary(run_dir: Path) -> str:
     from mpirl.algos.distql.info import format_summary, summarize
     return format_summary(summarize(run_dir))

@@ -92,7 +92,7 @@ def evaluate(table: ServerTable, env, episodes: int, rng: np.random.Generator, m
 
 def run_server(ctx) -> str:
     cfg, d, r = ctx.cfg, ctx.cfg.distql, ctx.cfg.run
-    comm = ctx.topo.learner
+    comm = ctx.topo.comm("exchange")
     workers = list(range(1, comm.size))
     S, A = ctx.spaces.n_states, ctx.spaces.n_actions
     table = ServerTable(S, A, d.server_eta, d.eta_decay)

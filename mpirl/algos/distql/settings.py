@@ -61,6 +61,8 @@ class DistqlConfig:
 
 SECTIONS = {"distql": DistqlConfig}
 
+MOVED: dict[str, str] = {}  # no key of a shared section has moved into [distql]
+
 USES = {"env": ("id", "max_episode_steps"),
         "run": ("wall_seconds", "env_steps", "target_return", "return_window"),
         "checkpoint": ("every_seconds", "keep")}

@@ -42,7 +42,7 @@ class Delay:
 
 def run_worker(ctx) -> str:
     cfg, d = ctx.cfg, ctx.cfg.distql
-    comm = ctx.topo.learner  # the server is rank 0, this worker rank = its world rank
+    comm = ctx.topo.comm("exchange")  # the server is rank 0, this worker rank = its world rank
     me = comm.rank
     env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
     rng = random.Random(ctx.seed(1))

@@ -10,19 +10,21 @@ and parameters come down in versioned broadcasts. Records: one episode per row
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
+from mpirl.algos.base import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, inference, lazy_roles, rank_files,  # noqa: F401 - the interface
-                                      rank_role)
+from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
+                                      role_map, star_estimate)
 
 
 class Spaces(NamedTuple):
@@ -126,8 +128,7 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, nets: 
         actor = (memory.PROCESS + (E + c.send_batch) * slot + c.send_ring * message + 3 * 4 * n_params)
     if t.on_learner:  # the learner's rank is the worker
         learner, worker = learner + worker - memory.PROCESS, 0
-    return memory.Estimate(int(learner), int(buffer), int(actor), n_buf, n_act, slot, 4 * nets.total,
-                           network_key=nets.key, worker=int(worker), workers=t.worker_ranks)
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, 4 * nets.total, network_key=nets.key)
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
@@ -141,7 +142,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-ROLES = lazy_roles("mpirl.algos.qmix")
+ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.qmix")
 
 
 
@@ -149,7 +150,7 @@ ROLES = lazy_roles("mpirl.algos.qmix")
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
-        (cfg.qmix.loss_weights, rp.sampler)]
+        (cfg.qmix.loss_weights, cfg.qmix.sampler)]
     workers = inference(t)
     return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
             f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "
@@ -158,6 +159,6 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
             f"({checked.memory.slot_bytes / 2**10:,.0f} KiB each)")
 
 
-def summary(run_dir) -> str:
+def summary(run_dir: Path) -> str:
     from mpirl.algos.qmix.info import format_summary, summarize
     return format_summary(summarize(run_dir))

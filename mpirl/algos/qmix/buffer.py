@@ -19,7 +19,8 @@ class EpisodeBuffer(Buffer):
     def make_shard(self):
         rp = self.cfg.replay
         share = max_quota(rp.batch_size, len(self.ctx.topo.buffers), "even")
-        return EpisodeShard(self.spec, rp.capacity, rp.sampler, share, rp.accmer_alpha, rp.accmer_discount)
+        q = self.cfg.qmix
+        return EpisodeShard(self.spec, rp.capacity, q.sampler, share, q.accmer_alpha, q.accmer_discount)
 
 
 def run_buffer(ctx: RoleContext) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from mpirl.metrics import summary as shared
 from mpirl.metrics.summary import _f
+from mpirl.metrics.watch import frame as star_frame
 
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")
 
@@ -45,7 +46,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     job = s.get("job", {})
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}.get(
-        (job.get("qmix.loss_weights"), job.get("replay.sampler")), "QMIX")
+        (job.get("qmix.loss_weights"), job.get("qmix.sampler", job.get("replay.sampler"))), "QMIX")  # older runs: replay.*
     q = s["qmix"]
     out = [shared.format_summary(s), "",
            f"{variant:<13} on {job.get('env.id', '-')}",
@@ -64,3 +65,11 @@ def format_summary(s: dict[str, Any]) -> str:
     else:
         out.append("  greedy test   no rounds yet")
     return "\n".join(out)
+
+
+def frame(s: dict[str, Any]) -> str:
+    """``mpirl watch``: the learner-buffer-actor frame, then QMIX's greedy tests."""
+    q, t = s["qmix"], s["qmix"]["test"]
+    tests = (f"greedy test   {_f(q['tests'])} round(s), last at train step {_f(t['train_steps'])}: return "
+             f"{_f(t['return_mean'], ',.2f')}" if t else "greedy test   none yet")
+    return star_frame(s) + "\n" + tests

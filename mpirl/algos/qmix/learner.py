@@ -87,7 +87,7 @@ class QmixLearner(Learner):
         s = ctx.spaces
         self.file = MetricsFile(ctx.run_dir / "learner.h5", flush_seconds=cfg.log.flush_seconds,
                                 attrs={"role": "learner", "rank": 0, "algorithm": "qmix",
-                                       "architecture": cfg.replay.architecture, "sampler": cfg.replay.sampler,
+                                       "architecture": cfg.replay.architecture, "sampler": cfg.qmix.sampler,
                                        "loss_weights": cfg.qmix.loss_weights, "env_id": cfg.env.id,
                                        "n_agents": s.n_agents, "n_actions": s.n_actions,
                                        "episode_limit": s.episode_limit, "device": str(self.agent.device),
@@ -177,8 +177,8 @@ class QmixLearner(Learner):
     def run_baseline(self) -> None:
         cfg, clock = self.cfg, self.clock
         rp = cfg.replay
-        local = EpisodeShard(self.ctx.spec, rp.capacity * len(self.links), rp.sampler, rp.batch_size,
-                             rp.accmer_alpha, rp.accmer_discount)
+        local = EpisodeShard(self.ctx.spec, rp.capacity * len(self.links), cfg.qmix.sampler, rp.batch_size,
+                             cfg.qmix.accmer_alpha, cfg.qmix.accmer_discount)
         batch = local.episodes.batch_arrays(rp.batch_size)
         need = max(rp.learning_starts, rp.batch_size)
         next_try = 0.0

@@ -1,6 +1,6 @@
 """QMIX's settings: the ``[qmix]`` section, and the keys of the shared sections it reads.
 
-QMIX = ``loss_weights = "none"`` with ``replay.sampler = "uniform"``; MAC-PO = ``"macpo"`` with
+QMIX = ``loss_weights = "none"`` with ``sampler = "uniform"``; MAC-PO = ``"macpo"`` with
 ``"uniform"``; AccMER = ``"macpo"`` with ``"accmer"``.
 """
 
@@ -31,6 +31,11 @@ class QmixConfig:
     # The learner plays this many greedy episodes (epsilon 0) every test_every train steps and at the end.
     test_episodes: int = setting(32, ge=1, le=100_000)
     test_every: int = setting(1_000, ge=1, why="train steps between greedy test rounds")
+    # Episode replay: "uniform" picks, or AccMER's reuse of the highest-weight episodes for a window of
+    # floor(d / b) train steps plus (1 - accmer_alpha) * b uniform picks (needs loss_weights = "macpo").
+    sampler: str = setting("uniform", choices=("uniform", "accmer"))
+    accmer_alpha: float = setting(0.5, ge=0, le=1, why="the reused share of a batch")
+    accmer_discount: float = setting(0.8, gt=0, le=1, why="every weight is multiplied by it after each step")
 
 
 SECTIONS = {"qmix": QmixConfig}
@@ -39,10 +44,13 @@ USES = {
     **replay_job.USES,
     "agent": ("gamma", "lr", "adam_eps", "target_update", "grad_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "predator_prey"),
-    "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "sampler",
-               "accmer_alpha", "accmer_discount", "samples_per_insert"),
+    "replay": ("architecture", "capacity", "batch_size", "learning_starts", "n_replay", "samples_per_insert"),
     "comm": ("send_batch", "send_ring", "recv_depth", "n_update", "prefetch", "max_message_mb", "link"),
 }
+
+# Keys that lived in a shared section before [qmix] held them: a job that still sets one is told where it went.
+MOVED = {"replay.sampler": "qmix.sampler", "replay.accmer_alpha": "qmix.accmer_alpha",
+         "replay.accmer_discount": "qmix.accmer_discount"}
 
 
 def check(cfg) -> None:
@@ -50,9 +58,9 @@ def check(cfg) -> None:
     from mpirl.config import ConfigError
     replay_job.check(cfg)
     rp, q = cfg.replay, cfg.qmix
-    if rp.sampler == "accmer" and q.loss_weights != "macpo":
-        raise ConfigError("replay.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "
-                                            "qmix.loss_weights = \"macpo\" (AccMER = macpo + accmer)")
+    if q.sampler == "accmer" and q.loss_weights != "macpo":
+        raise ConfigError("qmix.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "
+                                          "qmix.loss_weights = \"macpo\" (AccMER = macpo + accmer)")
     if q.epsilon_finish > q.epsilon_start:
         raise ConfigError("qmix.epsilon_finish", f"must be <= qmix.epsilon_start ({q.epsilon_start}), "
                                                  f"got {q.epsilon_finish}")

@@ -14,13 +14,16 @@ An actor is two parts its algorithm's ``serving`` module provides, the same two 
 sending). :func:`run_actor` is the loop around it: it waits for the first parameter broadcast, steps the
 games, sends each full batch to its buffer with ``Isend`` from a ring of preallocated buffers, keeps within
 the insert budget, picks up new parameters once per message sent, and stops on the broadcast that carries
-the stop flag; a final message tells the buffer this actor is done.
+the stop flag; a final message tells the buffer this actor is done. :class:`Shipping` is its line to the
+buffer, the same an inference worker ships its actors' records with.
 """
 
 from __future__ import annotations
 
 import time
 from types import ModuleType
+
+import numpy as np
 
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS
@@ -72,7 +75,7 @@ class Acting:
         self.outcome = self.games.step(self.deciding.decide([0], [self.outcome]))
         self.deciding.observe(0, self.outcome)
 
-    def take(self, rows: int):
+    def take(self, rows: int) -> tuple[dict, np.ndarray]:
         """The first ``rows`` staged records (views, valid until ``drop``) and their initial priorities."""
         return self.deciding.take(rows)
 
@@ -100,32 +103,70 @@ def insert_budget(cfg: JobConfig, topo, staging) -> InsertBudget:
                         rp.learning_starts, len(topo.buffers), topo.group.size - 1, slack=rows)
 
 
+class Shipping:
+    """A sender's line to its buffer (an actor's, or an inference worker's for the actors it serves): what the
+    decisions staged, in messages of ``comm.send_batch`` records with the sender's counters, within the insert
+    budget, and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
+
+    def __init__(self, ctx: RoleContext, deciding):
+        cfg, topo = ctx.cfg, ctx.topo
+        self.deciding, self.batch = deciding, cfg.comm.send_batch
+        self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
+                                       deciding.frames, deciding.framed)
+        self.budget = insert_budget(cfg, topo, deciding.staging)
+        self.steps_before = int(deciding.env_steps.sum())  # resumed: the steps before the checkpoint
+        self.started = time.perf_counter()  # the clock of the steps/s reported
+        self.throttled = 0.0  # seconds held back by the insert budget
+
+    def over(self, version: int, first: int) -> bool:
+        """Ahead of the learner, holding ``version`` (``first``: the first parameters received)?"""
+        return self.budget.over(self.sender.sent + self.deciding.staging.count, version - first + 1)
+
+    def send(self, rows: int, version: int, env_errors: int, final: bool = False) -> None:
+        d = self.deciding
+        records, priorities = d.take(rows)
+        steps = int(d.env_steps.sum())
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.sender.send(records, priorities, d.episodes, final=final, oldest=d.oldest_frame(rows), env_steps=steps,
+                         param_version=version, epsilon=float(np.mean([d.epsilon(a) for a in range(d.actors)])),
+                         steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
+                         env_errors=env_errors)
+        d.drop(rows)
+
+    def ship(self, version: int, env_errors: int) -> bool:
+        """Send every full batch staged, and a part one when the frames waiting might not fit the next message
+        (frames once: games that have not made transitions yet, e.g. short episodes); True if anything went."""
+        staging, sent = self.deciding.staging, False
+        while staging.count >= self.batch:
+            self.send(self.batch, version, env_errors)
+            sent = True
+        if self.sender.frames_due:
+            self.send(min(staging.count, self.batch), version, env_errors)
+            sent = True
+        return sent
+
+    def goodbye(self, version: int, env_errors: int) -> None:
+        """The stop: unsent records are dropped (the learner has stopped), finished episodes reported, and the
+        final message tells the buffer this sender is done."""
+        d = self.deciding
+        d.drop(d.staging.count)
+        while len(d.episodes) > EPISODE_SLOTS:
+            self.send(0, version, env_errors)
+        self.send(0, version, env_errors, final=True)
+        self.sender.close()
+
+
 def run_actor(ctx: RoleContext, serving: ModuleType) -> None:
     """An actor rank without an inference worker: its games and decisions from the algorithm's ``serving``."""
-    cfg, topo = ctx.cfg, ctx.topo
-    batch = cfg.comm.send_batch
+    topo = ctx.topo
     acting = Acting(serving.games(ctx, f"actor rank {topo.rank}"), serving.deciding(ctx, [topo.rank]))
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
-    steps_before = acting.env_steps
-    sender = ExperienceSender(topo.group, ctx.spec, batch, cfg.comm.send_ring, topo.rank, acting.frames,
-                              acting.framed)
+    shipping = Shipping(ctx, acting.deciding)
     params = ParamFollower(ParamBroadcast(topo.group_params, ctx.n_params), acting.policy.load_flat)
-    budget = insert_budget(cfg, topo, acting.staging)
-    throttled = 0.0
-
-    def send(rows: int, final: bool = False) -> None:
-        records, priorities = acting.take(rows)
-        elapsed = max(time.perf_counter() - started, 1e-9)
-        sender.send(records, priorities, acting.episodes, final=final, oldest=acting.oldest_frame(rows),
-                    env_steps=acting.env_steps, param_version=params.version, epsilon=acting.epsilon(),
-                    steps_per_s=(acting.env_steps - steps_before) / elapsed, throttled_s=throttled,
-                    env_errors=acting.env_errors)
-        acting.drop(rows)
-
     params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     acting.start()
-    started = time.perf_counter()
+    shipping.started = time.perf_counter()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
     # New parameters are looked for once per message sent (and while held back), not every step: with more
@@ -140,24 +181,13 @@ def run_actor(ctx: RoleContext, serving: ModuleType) -> None:
                 if params.stopped:
                     break
         ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-        if budget.over(sender.sent + acting.staged, params.version - params.first + 1):
-            t0 = time.perf_counter()  # ahead of the learner: sleep until it publishes again
+        if shipping.over(params.version, params.first):  # ahead of the learner: sleep until it publishes again
+            t0 = time.perf_counter()
             waiting.sleep()
-            throttled += time.perf_counter() - t0
+            shipping.throttled += time.perf_counter() - t0
             look = True
             continue
         acting.step()
-        while acting.staged >= batch:
-            send(batch)
-            look = True
-        if sender.frames_due:  # frames of games that have not made transitions yet (e.g. short episodes)
-            send(min(acting.staged, batch))
-            look = True
-
-    # Unsent records are dropped: the learner has stopped. Report episodes, then say goodbye.
-    acting.drop(acting.staged)
-    while len(acting.episodes) > EPISODE_SLOTS:
-        send(0)
-    send(0, final=True)
-    sender.close()
+        look = shipping.ship(params.version, acting.env_errors)
+    shipping.goodbye(params.version, acting.env_errors)
     acting.close()

@@ -1,6 +1,6 @@
-"""Ape-X with inference workers (SEED RL's layout): the worker's decisions for several actors, in forward passes
-over changing groups of them, record exactly the n-step transitions, priorities and episodes each actor records
-on its own (:class:`Acting`)."""
+"""Ape-X's acting, one implementation in two places (SEED RL's layout): an inference worker's decisions for several
+actors, in forward passes over changing groups of them, record exactly the n-step transitions, priorities and
+episodes each actor records on its own with the same games and decisions (:class:`mpirl.roles.actor.Acting`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from mpirl import config
 from mpirl.agents.dqn import env_epsilons
 from mpirl.algos import algorithm
-from mpirl.algos.apex.actor import Acting
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
+from mpirl.roles.actor import Acting
 
 from conftest import JOBS, run_cli, run_mpi
 
@@ -34,7 +34,9 @@ def test_a_worker_records_what_each_apex_actor_records_alone():
 
     expected, episodes_alone = [], []
     for i, seed in enumerate(seeds):
-        acting = Acting(cfg, s.obs_shape, s.n_actions, ch.spec, env_epsilons(i, n_actors, 2, 0.4, 7.0), seed)
+        # Actor i of 3 alone: its games and the decisions for it alone, as the actor loop holds them.
+        acting = Acting(ApexGames(cfg, s, seed, f"actor {i}"), ApexDeciding(cfg, s, ch.spec, [seed], [i], n_actors))
+        np.testing.assert_array_equal(acting.deciding.epsilons[0], env_epsilons(i, n_actors, 2, 0.4, 7.0))
         acting.policy.load_flat(params)
         acting.start()
         for _ in range(120):

@@ -11,13 +11,15 @@ import torch
 
 from mpirl import config
 from mpirl.agents.dqn import env_epsilons, to_tensors, transition_spec
-from mpirl.algos.apex.actor import Acting
+from mpirl.algos.apex.algorithm import Spaces
+from mpirl.algos.apex.serving import ApexDeciding, ApexGames
 from mpirl.comm.messages import sample_layout
 from mpirl.replay import snapshot
 from mpirl.replay.frame_stream import FrameStream, FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard
+from mpirl.roles.actor import Acting
 from mpirl.roles.experience import ExperiencePacker, store_experience
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -33,7 +35,9 @@ def breakout(dedup: bool, **over):
 
 def actor(cfg, params=None, seed=5):
     spec = transition_spec((4, 84, 84), np.uint8)
-    a = Acting(cfg, (4, 84, 84), 4, spec, env_epsilons(0, 1, cfg.env.envs_per_actor, 0.4, 7.0), seed)
+    spaces = Spaces((4, 84, 84), np.dtype(np.uint8), 4)
+    a = Acting(ApexGames(cfg, spaces, seed, "actor 0"), ApexDeciding(cfg, spaces, spec, [seed], [0], 1))
+    np.testing.assert_array_equal(a.deciding.epsilons[0], env_epsilons(0, 1, cfg.env.envs_per_actor, 0.4, 7.0))
     if params is None:
         params = (np.random.default_rng(0).standard_normal(a.policy.n_params) * 0.05).astype(np.float32)
     a.policy.load_flat(params)
@@ -58,8 +62,9 @@ def run_stacks(steps, **over):
 
 def run_streamed(steps, store, windows, framed, params, sender=1, **over):
     """The same actor with frames once: its messages, packed as it sends them, stored as a buffer stores them."""
-    a, spec, _ = actor(breakout(True, **over), params)
-    packer = ExperiencePacker(spec, a.cfg.comm.send_batch, sender, a.frames, a.framed)
+    cfg = breakout(True, **over)
+    a, spec, _ = actor(cfg, params)
+    packer = ExperiencePacker(spec, cfg.comm.send_batch, sender, a.frames, a.framed)
     buf = packer.layout.buffer()
     sizes = []
 
@@ -71,10 +76,10 @@ def run_streamed(steps, store, windows, framed, params, sender=1, **over):
 
     for _ in range(steps):
         a.step()
-        while a.staged >= a.cfg.comm.send_batch:
-            send(a.cfg.comm.send_batch)
+        while a.staged >= cfg.comm.send_batch:
+            send(cfg.comm.send_batch)
         if packer.frames_due:
-            send(min(a.staged, a.cfg.comm.send_batch))
+            send(min(a.staged, cfg.comm.send_batch))
     send(a.staged, final=True)
     a.close()
     return sizes

@@ -2,7 +2,7 @@
 
     mpirl bench actor [--reps 5]
 
-The loop is the actor's own (:class:`mpirl.algos.apex.actor.Acting`): epsilon-greedy
+The loop is the actor's own (:class:`mpirl.roles.actor.Acting` over Ape-X's games and decisions): epsilon-greedy
 actions from the local network, n-step transitions, initial priorities from the
 local network for every batch, one torch thread. An actor rank (``mpiexec -n 2``,
 rank 1) runs it in alternating halves of each repetition: without MPI (batches
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from mpirl.agents.dqn import env_epsilons, transition_spec
+from mpirl.agents.dqn import transition_spec
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.bench.run_mpi import mpiexec_json
 from mpirl.config import JobConfig
 from mpirl.envs.vector import vector_spaces
-from mpirl.algos.apex.actor import Acting
+from mpirl.algos.apex.algorithm import Spaces
+from mpirl.algos.apex.serving import ApexDeciding, ApexGames
+from mpirl.roles.actor import Acting
 
 ENVS = [("CartPole-v1", 1), ("ALE/Breakout-v5", 4)]
 
@@ -36,8 +38,9 @@ def acting_for(env_id: str, envs: int) -> tuple[Acting, JobConfig, dict]:
         cfg.agent.hidden, cfg.agent.reward_clip, cfg.comm.send_batch = [512], 1.0, 64
     obs_shape, obs_dtype, n_actions = vector_spaces(cfg.env)
     spec = transition_spec(obs_shape, obs_dtype)
-    eps = env_epsilons(0, 2, envs, cfg.apex.epsilon, cfg.apex.epsilon_alpha)
-    return Acting(cfg, obs_shape, n_actions, spec, eps, seed=1), cfg, spec
+    spaces = Spaces(obs_shape, obs_dtype, n_actions)
+    acting = Acting(ApexGames(cfg, spaces, 1, "bench"), ApexDeciding(cfg, spaces, spec, [1], [0], 2))
+    return acting, cfg, spec
 
 
 def receive_until_final(comm, env_id: str, envs: int) -> int:

@@ -9,9 +9,9 @@ Breakout Ape-X (``jobs/breakout_proposed_small.toml``: the Nature CNN, 84x84x4 f
 collect from the same number of games G (= actors x ``env.envs_per_actor``), one after the other, per
 repetition:
 
-* **single process**: one Python process plays the G games with one network, no MPI (QMIX:
-  :class:`~mpirl.algos.qmix.playing.Playing`, DMCAF's single-process sampler; Ape-X: the games and the
-  decisions a worker makes, :mod:`mpirl.algos.apex.serving`, with the initial priorities);
+* **single process**: one Python process plays the G games with one network, no MPI: an actor's
+  games and decisions (:class:`~mpirl.roles.actor.Acting`; DMCAF's single-process sampler), with Ape-X's
+  initial priorities;
 * **actors infer**: an MPI job, learner + buffer + A actors, each actor with its own network
   (``topology.workers = 0``, the layout before inference workers);
 * **AW**: learner + buffer + A actors, the learner's rank answers the actors (``topology.workers =
@@ -92,35 +92,26 @@ def single_process(case: Case, games: int, seconds: float, seed: int = 1) -> flo
     import torch
     torch.set_num_threads(1)
     cfg, checked = _checked(case.algorithm, case.job, games)
+    from mpirl.roles.actor import Acting
     if case.algorithm == "qmix":
-        from mpirl.algos.qmix.playing import Playing
-        playing = Playing(cfg, checked.spaces, checked.spec, seed, label="bench")
-        playing.start()
-
-        def step():
-            playing.step()
-            playing.staging.drop(playing.staging.count)
-        try:
-            return _timed(step, lambda: playing.env_steps, seconds)
-        finally:
-            playing.close()
-    from mpirl.algos.apex.serving import ApexDeciding, ApexGames
-    g = ApexGames(cfg, checked.spaces, seed, "bench")
-    d = ApexDeciding(cfg, checked.spaces, checked.spec, [seed], [0], 1)
-    state = {"outcome": g.start()}
-    d.observe(0, state["outcome"])
+        from mpirl.algos.qmix.playing import Deciding, Games
+        acting = Acting(Games(cfg, checked.spaces, seed, "bench"), Deciding(cfg, checked.spaces, checked.spec, [seed]))
+    else:
+        from mpirl.algos.apex.serving import ApexDeciding, ApexGames
+        acting = Acting(ApexGames(cfg, checked.spaces, seed, "bench"),
+                        ApexDeciding(cfg, checked.spaces, checked.spec, [seed], [0], 1))
+    acting.start()
     batch = cfg.comm.send_batch
 
     def step():
-        state["outcome"] = g.step(d.decide([0], [state["outcome"]]))
-        d.observe(0, state["outcome"])
-        while d.staging.count >= batch:  # the initial priorities, as an actor computes them per message
-            d.take(batch)
-            d.drop(batch)
+        acting.step()
+        while acting.staged >= batch:  # Ape-X: the initial priorities, as an actor computes them per message
+            acting.take(batch)
+            acting.drop(batch)
     try:
-        return _timed(step, lambda: int(d.env_steps[0]), seconds)
+        return _timed(step, lambda: acting.env_steps, seconds)
     finally:
-        g.close()
+        acting.close()
 
 
 def sender_rows(run_dir: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:

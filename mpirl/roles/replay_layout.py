@@ -91,11 +91,13 @@ def role_map(topo: Topology) -> str:
 
 
 def lazy_roles(package: str) -> dict[str, RoleLoop]:
-    """Role name -> loop for an algorithm package with ``learner.run_learner``, ``buffer.run_buffer`` and
-    ``actor.run_actor``; each module is imported when its rank starts (a rank imports only its own loop).
+    """Role name -> loop for an algorithm package with ``learner.run_learner``, ``buffer.run_buffer`` and a
+    ``serving`` module (its games and decisions); each module is imported when its rank starts (a rank imports
+    only its own loop).
 
-    With inference workers (``topology.workers``) the workers run :mod:`mpirl.roles.worker` and the actors
-    :mod:`mpirl.roles.env_actor`, both over the package's ``serving`` module."""
+    The actors run :mod:`mpirl.roles.actor` over the package's ``serving`` module; with inference workers
+    (``topology.workers``) the workers run :mod:`mpirl.roles.worker` and the actors :mod:`mpirl.roles.env_actor`,
+    over the same module."""
     def loop(module: str, func: str):
         def run(ctx):
             return getattr(importlib.import_module(f"{package}.{module}"), func)(ctx)
@@ -107,7 +109,7 @@ def lazy_roles(package: str) -> dict[str, RoleLoop]:
             return getattr(importlib.import_module(f"mpirl.roles.{module}"), func)(ctx, serving)
         return run
 
-    local_actor, env_actor = loop("actor", "run_actor"), served("env_actor", "run_env_actor")
+    local_actor, env_actor = served("actor", "run_actor"), served("env_actor", "run_env_actor")
     train = loop("learner", "run_learner")
 
     def learner(ctx):

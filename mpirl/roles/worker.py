@@ -4,10 +4,11 @@ Its actors only step their games: each sends the outcome of its last actions (``
 the next ones (``TAG_ACTIONS``). The worker keeps one receive posted per actor and answers every request
 that is in with one batched forward pass, once ``topology.worker_batch`` requests are waiting, or the
 oldest has waited ``topology.worker_deadline_us``, or every actor is waiting, whichever comes first.
-Toward its buffer it is what an actor is without workers: it records the episodes (or transitions),
-sends them with the experience layout, receives the versioned parameter broadcast, keeps within the
-insert budget (over it, it holds its answers back and the actors wait), and its last message says
-goodbye. The stop in the broadcast reaches each actor in the answer to its next request.
+Toward its buffer it is what an actor is without workers, with the actor loop's line to the buffer
+(:class:`~mpirl.roles.actor.Shipping`): it records the episodes (or transitions), sends them with the
+experience layout, receives the versioned parameter broadcast, keeps within the insert budget (over it,
+it holds its answers back and the actors wait), and its last message says goodbye. The stop in the
+broadcast reaches each actor in the answer to its next request.
 
 The worker knows nothing of the algorithm: it asks the algorithm's ``serving`` module for the step
 rows (``step_spec``), the actions' shape, and the decisions (``deciding(ctx, actors)``: ``observe``,
@@ -27,13 +28,12 @@ from types import ModuleType
 import numpy as np
 
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.messages import EPISODE_SLOTS, TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
+from mpirl.comm.messages import TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
 from mpirl.comm.params import ParamBroadcast, ParamFollower
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
-from mpirl.replay.ratio import InsertBudget
+from mpirl.roles.actor import Shipping
 from mpirl.roles.context import Interval, RoleContext
-from mpirl.roles.experience import ExperienceSender
 from mpirl.roles.steps import Outcome
 
 F8, I8 = np.float64, np.int64
@@ -155,53 +155,39 @@ class Worker:
         t = cfg.topology
         self.ctx = ctx
         self.actors = topo.served_by(topo.rank)
-        m, self.E, self.batch = len(self.actors), cfg.env.envs_per_actor, cfg.comm.send_batch
+        m, self.E = len(self.actors), cfg.env.envs_per_actor
         self.step_lay = step_layout(serving.step_spec(ctx.spaces), self.E)
         self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(serving.action_shape(ctx.spaces), self.E))
         self.deciding = serving.deciding(ctx, self.actors)
         if ctx.resume:  # count on from the steps this worker had served before the checkpoint
             self.deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
-        self.steps_before = int(self.deciding.env_steps.sum())
         self.metrics = WorkerMetrics(ctx, self.actors)
-        d = self.deciding
-        self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
-                                       getattr(d, "frames", None), getattr(d, "framed", None))
-        rp = cfg.replay
-        self.budget = InsertBudget(rp.samples_per_insert, rp.batch_size, cfg.comm.n_update, topo.n_actors,
-                                   rp.learning_starts, len(topo.buffers), topo.group.size - 1,
-                                   slack=len(next(iter(self.deciding.staging.fields.values()))))  # its staging
+        self.shipping = Shipping(ctx, self.deciding)  # the actor loop's line to the buffer, for all its actors
         self.deadline = t.worker_deadline_us * 1e-6
         self.most = t.worker_batch
         self.want = min(t.worker_batch, m)
         self.version = self.first = -1  # the parameters loaded (-1: none yet) and the first ones
-        self.started = time.perf_counter()
-        self.throttled = 0.0
         self.throttled_at: float | None = None  # when the insert budget started holding the answers back
 
     def load(self, params: np.ndarray, version: int) -> None:
         """Parameters ``version`` for the next passes; the first ones start the insert budget and the clock."""
         self.deciding.policy.load_flat(params)
         if self.first < 0:
-            self.first, self.started = version, time.perf_counter()
+            self.first, self.shipping.started = version, time.perf_counter()
         self.version = version
 
-    def send(self, rows: int, final: bool = False) -> None:
-        d = self.deciding
-        records, priorities = d.take(rows)
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        steps = int(d.env_steps.sum())
-        oldest = d.oldest_frame(rows) if self.sender.frames is not None else 0
-        self.sender.send(records, priorities, d.episodes, final=final, oldest=oldest, env_steps=steps,
-                         param_version=self.version,
-                         epsilon=float(np.mean([d.epsilon(a) for a in range(len(self.actors))])),
-                         steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
-                         env_errors=sum(int(h["env_errors"]) for h in self.metrics.last.values()))
-        d.drop(rows)
+    @property
+    def throttled(self) -> float:
+        return self.shipping.throttled
+
+    def env_errors(self) -> int:
+        """The failures of the served actors' games, as their last messages said."""
+        return sum(int(h["env_errors"]) for h in self.metrics.last.values())
 
     def _release(self) -> None:
         """The insert budget lets answers out again: its hold joins the seconds held back."""
         if self.throttled_at is not None:
-            self.throttled += time.perf_counter() - self.throttled_at
+            self.shipping.throttled += time.perf_counter() - self.throttled_at
             self.throttled_at = None
 
     def turn(self) -> float:
@@ -215,7 +201,7 @@ class Worker:
         waiting = len(requests.pending)
         left = self.deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
         ready = waiting and (waiting >= self.want or left <= 0)
-        if ready and self.budget.over(self.sender.sent + d.staging.count, self.version - self.first + 1):
+        if ready and self.shipping.over(self.version, self.first):
             if self.throttled_at is None:  # ahead of the learner: the actors wait until it publishes again
                 self.throttled_at = time.perf_counter()
             metrics.row(self.version, self.throttled + time.perf_counter() - self.throttled_at)
@@ -238,17 +224,14 @@ class Worker:
         for i, a in enumerate(order):
             requests.answer(a, actions[i * E:(i + 1) * E], self.version)
         metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
-        while d.staging.count >= self.batch:
-            self.send(self.batch)
-        if self.sender.frames_due:  # frames of games that have not made transitions yet
-            self.send(min(d.staging.count, self.batch))
+        self.shipping.ship(self.version, self.env_errors())
         metrics.row(self.version, self.throttled)
         return 0.0
 
     def finish(self) -> None:
         """The stop: each actor learns it in the answer to its next request (nothing is reposted after it);
         unsent episodes are dropped (the learner has stopped), their returns reported, and goodbye."""
-        requests, d = self.requests, self.deciding
+        requests = self.requests
         self._release()
         told = set()
         wait = Backoff(first=20e-6, longest=2e-3)
@@ -259,12 +242,8 @@ class Worker:
                 told.add(a)
             if len(told) < len(self.actors):
                 wait.sleep()
-        d.drop(d.staging.count)
-        while len(d.episodes) > EPISODE_SLOTS:
-            self.send(0)
-        self.send(0, final=True)
+        self.shipping.goodbye(self.version, self.env_errors())
         self.metrics.row(self.version, self.throttled, force=True)
-        self.sender.close()
         requests.close()
         self.metrics.close()
 

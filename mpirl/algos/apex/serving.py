@@ -1,13 +1,15 @@
-"""What Ape-X gives an inference worker (:mod:`mpirl.roles.worker`) and the actors it serves: SEED RL's layout.
+"""Ape-X's acting, in two halves that need no MPI: the games (:class:`ApexGames`) and the decisions
+(:class:`ApexDeciding`); what Ape-X gives the actor loop (:mod:`mpirl.roles.actor`), an inference worker
+(:mod:`mpirl.roles.worker`) and the actors it serves (:mod:`mpirl.roles.env_actor`): SEED RL's layout.
 
-The actor keeps only its games (:class:`ApexGames`: the vector env, the forced actions such as FIRE after
-a life loss, the rebuild after a failure) and sends per game what its last action led to: the action
-actually taken, the reward, terminated / truncated / life lost, the final observation of an episode
-that ended and the observation to act on now. The worker (:class:`ApexDeciding`) holds the network,
-each actor's Ape-X epsilons (one per game, by the actor's index among all actors, exactly as an actor
-without a worker has them) and random stream, the n-step windows, the staging, and computes the
-initial priorities. It records the same transitions as :class:`~mpirl.algos.apex.actor.Acting` does on
-its own (a test holds the two equal).
+The games are the vector env, the forced actions such as FIRE after a life loss and the rebuild after a
+failure; per step they give what the last actions led to: the action actually taken, the reward,
+terminated / truncated / life lost, the final observation of an episode that ended and the observation to
+act on now. The decisions hold the network, each actor's Ape-X epsilons (one per game, by the actor's index
+among all actors) and random stream, the n-step windows, the staging, and compute the initial priorities.
+An actor without a worker holds both for itself (:class:`mpirl.roles.actor.Acting`); with inference workers
+(``topology.workers``) the actor keeps only its games and its worker decides for several actors, so an actor
+and a worker record the same transitions from the same games.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ class ApexDeciding:
 
     def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
         """Actions for the listed actors' games, one forward pass; each actor explores with its own stream."""
-        greedy = self.policy.greedy(np.concatenate([o.rows["obs"] for o in outcomes]))
+        obs = outcomes[0].rows["obs"] if len(outcomes) == 1 else np.concatenate([o.rows["obs"] for o in outcomes])
+        greedy = self.policy.greedy(obs)
         out = np.empty(len(greedy), dtype=np.int64)
         for i, a in enumerate(actors):
             part = slice(i * self.E, (i + 1) * self.E)
@@ -175,9 +178,10 @@ def games(ctx: RoleContext, label: str) -> ApexGames:
 
 
 def deciding(ctx: RoleContext, actors: list[int]) -> ApexDeciding:
-    """The decisions for ``actors`` (world ranks): each with its own rank's seed and its Ape-X index."""
+    """The decisions for ``actors`` (world ranks; an actor without a worker: itself): each with its own rank's
+    seed and its Ape-X index among all the job's actors."""
     import torch
     torch.set_num_threads(1)
-    everyone = sorted(ctx.topo.worker_of)
+    everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
     return ApexDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors],
                         [everyone.index(a) for a in actors], len(everyone))

@@ -1,6 +1,6 @@
 """QMIX's acting, in two halves that need no MPI: the games (:class:`Games`) and the decisions (:class:`Deciding`).
 
-An actor without a worker holds both (:class:`Playing`). With inference workers (``topology.workers``)
+An actor without a worker holds both (:class:`mpirl.roles.actor.Acting`). With inference workers (``topology.workers``)
 the actor keeps only its :class:`Games` and sends each step's :class:`Outcome` to its worker, whose
 :class:`Deciding` holds the agent network, each game's GRU state and episode being recorded, and the
 staging of finished episodes for every actor it serves. The split is the same in both cases, so an
@@ -153,6 +153,7 @@ class Deciding:
         self.returns = np.zeros(rows)
         self.actions = np.zeros((rows, spaces.n_agents), dtype=np.int64)
         self.started = np.zeros(self.actors, dtype=bool)
+        self.frames, self.framed = None, {}  # episodes carry their observations: no frames once
 
     def rows(self, a: int) -> slice:
         return slice(a * self.E, (a + 1) * self.E)
@@ -205,6 +206,8 @@ class Deciding:
 
     def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
         """:meth:`act` on the listed actors' latest outcomes (the inference worker's call)."""
+        if len(outcomes) == 1:  # one actor (an actor without a worker): its games' rows as they are
+            return self.act(actors, outcomes[0].rows["obs"], outcomes[0].rows["avail"])
         obs = np.concatenate([o.rows["obs"] for o in outcomes])
         avail = np.concatenate([o.rows["avail"] for o in outcomes])
         return self.act(actors, obs, avail)
@@ -213,43 +216,9 @@ class Deciding:
         """The first ``rows`` staged episodes (views) and their priorities (QMIX's replay has none: ones)."""
         return self.staging.take(rows), np.ones(rows, np.float32)
 
+    def oldest_frame(self, rows: int) -> int:
+        return 0
+
     def drop(self, rows: int) -> None:
         self.staging.drop(rows)
 
-
-class Playing:
-    """An actor without a worker: its games and its decisions in one process."""
-
-    def __init__(self, cfg: JobConfig, spaces, spec: dict, seed: int, label: str):
-        self.games = Games(cfg, spaces, seed, label)
-        self.deciding = Deciding(cfg, spaces, spec, [seed])
-        self.policy, self.staging, self.episodes = self.deciding.policy, self.deciding.staging, self.deciding.episodes
-        self.n = self.games.n
-
-    @property
-    def env_steps(self) -> int:
-        return int(self.deciding.env_steps[0])
-
-    @env_steps.setter
-    def env_steps(self, value: int) -> None:
-        self.deciding.env_steps[0] = value
-
-    @property
-    def env_errors(self) -> int:
-        return self.games.env_errors
-
-    def epsilon(self) -> float:
-        return self.deciding.epsilon(0)
-
-    def start(self) -> None:
-        self.outcome = self.games.start()
-        self.deciding.observe(0, self.outcome)
-
-    def step(self) -> None:
-        o = self.outcome.rows
-        actions = self.deciding.act([0], o["obs"], o["avail"])
-        self.outcome = self.games.step(actions)
-        self.deciding.observe(0, self.outcome)
-
-    def close(self) -> None:
-        self.games.close()

@@ -1,6 +1,6 @@
-"""What QMIX gives an inference worker (:mod:`mpirl.roles.worker`) and the actors it serves
-(:mod:`mpirl.roles.env_actor`): the step message's rows, the actions' shape, an actor's games and the
-worker's decisions (:mod:`mpirl.algos.qmix.playing`)."""
+"""What QMIX gives the actor loop (:mod:`mpirl.roles.actor`), an inference worker (:mod:`mpirl.roles.worker`)
+and the actors it serves (:mod:`mpirl.roles.env_actor`): the step message's rows, the actions' shape, an
+actor's games and the decisions for one actor or a worker's several (:mod:`mpirl.algos.qmix.playing`)."""
 
 from __future__ import annotations
 

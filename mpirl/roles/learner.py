@@ -304,9 +304,10 @@ class Learner:
             # since the last row, as its counters' growth does.
             self.file.flush_if_due()
             return
-        values = self.algo.row()
+        t = self.ctx.now()  # with ``now``: the rate's interval is the rows' time difference
+        values = self.algo.row()  # may write the algorithm's own tables first
         self.table.append(
-            time=self.ctx.now(), train_steps=steps, env_steps=sum(c.env_steps),
+            time=t, train_steps=steps, env_steps=sum(c.env_steps),
             train_steps_per_s=(steps - self.last_row[0]) / max(now - self.last_t, 1e-9),
             compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
             samples_trained=steps * self.cfg.replay.batch_size,

@@ -290,7 +290,7 @@ def test_an_inference_worker_streams_the_frames_of_the_actors_it_serves():
 
 def test_shares_of_several_buffers_join_into_one_batch_of_the_right_stacks():
     """R buffers, each a reply with its own frames: joined, every index points past the shares before it."""
-    from mpirl.roles.replay_learner import joined
+    from mpirl.roles.shard_links import joined
     rng = np.random.default_rng(2)
     views, want = [], []
     for rows, nframes in ((3, 5), (4, 2), (2, 6)):

@@ -3,11 +3,11 @@
     mpirl bench learner [--reps 5]
 
 *Ours* is the Ape-X learner's code from a batch as the buffers send it to the
-update: the reply's views joined into a batch (:func:`mpirl.roles.replay_learner.joined`),
+update: the reply's views joined into a batch (:func:`mpirl.roles.shard_links.joined`),
 importance weights, :func:`mpirl.agents.dqn.to_tensors` (with frames once: the
 stacks rebuilt by one gather on the device), the double-DQN step of
 :class:`mpirl.agents.dqn.DQNLearner`, and the bookkeeping of
-:meth:`ApexLearner.train <mpirl.algos.apex.learner.ApexLearner.train>`.
+:meth:`ApexTraining.train <mpirl.algos.apex.learner.ApexTraining.train>`.
 *Bare* is a hand-written double-DQN step of the same network on the same batch,
 already as tensors on the device: forward, Huber loss with the weights, backward,
 gradient clipping, Adam. The ratio is bare seconds over ours (1: no overhead).
@@ -18,37 +18,33 @@ on the CPU and, when present, on CUDA.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpirl.agents.dqn import DQNLearner, transition_spec
+from mpirl.agents.dqn import transition_spec
+from mpirl.algos.apex.learner import ApexTraining
 from mpirl.bench.replay import INSERT, Ours, Stream
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.config import JobConfig
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import importance_weights
-from mpirl.roles.replay_learner import joined
+from mpirl.roles.learner import Batch
+from mpirl.roles.shard_links import Counters, joined
 
 SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]
 BATCH = 64
 
 
-def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list):
-    """An ApexLearner's train step without MPI: the real methods on the attributes they read."""
-    from mpirl.algos.apex.learner import ApexLearner
+def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list) -> ApexTraining:
+    """The Ape-X learner's algorithm without MPI: what it reads of a role's context, nothing more."""
     cfg = JobConfig()
     cfg.agent.hidden, cfg.replay.batch_size = hidden, BATCH
-    learner = object.__new__(ApexLearner)
-    learner.cfg = cfg
-    learner.agent = DQNLearner(obs[0], n_actions, cfg.agent, device, seed=1)
-    learner.acc = {"loss": [], "p_s": [], "p_t": [], "td_abs": []}
-    learner.per_batch = {name: [] for name in ("train_step", "loss", "p_s", "p_t", "td_abs")}
-    learner.skipped = learner.skipped_in_a_row = 0
-    learner.last_p_t = 0.0
-    learner.sizes = [0]
-    return learner
+    cfg.agent.device, cfg.run.seed = str(device), 1
+    ctx = SimpleNamespace(cfg=cfg, spaces=SimpleNamespace(obs_shape=obs[0], n_actions=n_actions))
+    return ApexTraining(ctx, np.random.default_rng(0), Counters(1, cfg.run.return_window))
 
 
 def _reply(obs: tuple, n_actions: int, capacity: int = 4096) -> tuple[dict, list[str], int]:
@@ -105,7 +101,7 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
     def ours():
         n = BATCH
         probs = views["probs"] * (len(views["probs"]) / n)
-        learner.train(joined([views], fields), probs, size, views["priority"])
+        learner.train(Batch(joined([views], fields), views["priority"], probs, size))
 
     # The bare step: the same network and batch, stacks as tensors on the device beforehand.
     from mpirl.agents.dqn import to_tensors

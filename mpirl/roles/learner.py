@@ -1,0 +1,581 @@
+"""The learner loop, one for every algorithm: a batch from a source, a train step, the values back, parameters out.
+
+    batch = source.next_batch() -> values = algo.train(batch) -> source.give_back(batch, values)
+    -> publish / checkpoint when due -> a metrics row
+
+The algorithm (:class:`LearnerAlgorithm`) owns its networks, optimizer and metric columns; the loop owns its
+counters (versions, episodes, returns, env steps, skipped batches, clocks, bytes) and saves them in the checkpoint
+next to the algorithm's state. Sources (:class:`BatchSource`):
+
+* :class:`RemoteShards`: batches come from the buffers. ``prefetch`` requests per buffer stay in flight while a
+  batch trains; each new request carries the values (priorities, weights) of the batch just trained. With R
+  buffers each serves its N/R share (``replay.shares``: even or by insertion rate).
+* :class:`LocalMemory`: the learner keeps a local replay of the algorithm's kind and replaces it wholesale with
+  the buffers' contents every ``replay.n_replay`` batches; the values go back into it.
+
+Every ``n_update`` batches the parameters go out in a versioned broadcast; the last broadcast carries the stop flag.
+With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
+:class:`~mpirl.roles.worker.Worker` and interleaves: it answers its actors' requests before each train step and
+while it waits for replies or dumps, loads each version it publishes, and tells the actors to stop at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.link import shaper_for
+from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, sample_layout
+from mpirl.comm.params import ParamBroadcast
+from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.frames import framed_fields
+from mpirl.replay.quotas import max_quota, rate_quotas
+from mpirl.roles import checkpoint
+from mpirl.roles.context import Interval, RoleContext
+from mpirl.roles.preemption import PREEMPTED, signal_name
+from mpirl.roles.shard_links import Counters, ShardLinks, joined
+from mpirl.roles.worker import Worker
+
+F8, I8 = np.float64, np.int64
+MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
+
+
+class Clock:
+    """Seconds spent computing vs communicating (sending, receiving, waiting for messages)."""
+
+    def __init__(self):
+        self.compute = self.comm = 0.0
+
+    @contextmanager
+    def computing(self):
+        t = time.perf_counter()
+        yield
+        self.compute += time.perf_counter() - t
+
+    @contextmanager
+    def communicating(self):
+        t = time.perf_counter()
+        yield
+        self.comm += time.perf_counter() - t
+
+
+@dataclass
+class Batch:
+    """One batch as a source hands it to the algorithm."""
+
+    fields: dict[str, np.ndarray]  # the record fields, as the algorithm's train step takes them
+    values: np.ndarray  # the values the memory held for them (priorities, weights): kept when a step is skipped
+    probs: np.ndarray | None  # the probability each sample was drawn with (importance weights), None if uniform
+    size: int  # how many samples the memory they were drawn from held
+    sample_seconds: float = 0.0  # seconds spent getting this batch (waiting for replies, or sampling locally)
+    origin: Any = None  # what the source needs to give the values back (reply views, sampled ids)
+
+
+class LocalReplay(Protocol):
+    """The learner-side memory of :class:`LocalMemory`, made by the algorithm (its kind of replay)."""
+
+    need: int  # samples it must hold before a batch is drawn
+
+    @property
+    def size(self) -> int: ...
+
+    def clear(self) -> None: ...
+
+    def add_dump(self, views: dict[str, np.ndarray], values: np.ndarray) -> None:
+        """Add one buffer's dump (record views, with frames once when the dump has them) with its values."""
+
+    def sample(self, rng: np.random.Generator) -> Batch: ...
+
+    def give_back(self, batch: Batch, values: np.ndarray) -> None: ...
+
+
+class LearnerAlgorithm(ABC):
+    """What an algorithm gives the learner loop: its networks and optimizer, its train step, its metric columns and
+    tables, its checkpoint state and the parameters to publish. Made by the loop as ``cls(ctx, rng, counters)``
+    once the loop has set the rank's torch threads."""
+
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
+        self.ctx, self.cfg, self.rng, self.counters = ctx, ctx.cfg, rng, counters
+
+    # -- networks ------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def steps(self) -> int:
+        """Train steps done (a skipped batch is none); a checkpoint's ``train_steps``."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abstractmethod
+    def n_params(self) -> int: ...
+
+    @abstractmethod
+    def flat_params(self) -> np.ndarray:
+        """The parameters to publish, flat."""
+
+    @abstractmethod
+    def train(self, batch: Batch) -> np.ndarray | None:
+        """One train step (the caller accounts its time as compute); the samples' new values, or None when the
+        step was skipped for a non-finite loss or gradient."""
+
+    @abstractmethod
+    def divergence(self, in_a_row: int) -> str:
+        """The message that ends the job after ``in_a_row`` skipped batches in a row."""
+
+    def transferred(self, mean_value: float) -> None:
+        """The mean value (priority, weight) of the experiences a transfer from the buffers just brought."""
+
+    # -- checkpoints ---------------------------------------------------------------
+    @abstractmethod
+    def state(self) -> dict:
+        """Networks, optimizer and the algorithm's own counters for a checkpoint (keys apart from the loop's)."""
+
+    @abstractmethod
+    def restore(self, st: dict) -> None: ...
+
+    # -- metrics -------------------------------------------------------------------
+    @abstractmethod
+    def file_attrs(self, threads: int) -> dict:
+        """The attributes of ``learner.h5``."""
+
+    @abstractmethod
+    def columns(self) -> tuple[dict, dict]:
+        """The ``train`` table's columns of the algorithm: its statistics (after ``env_steps``) and its timers
+        (after ``comm_s``)."""
+
+    def open_tables(self, file: MetricsFile) -> None:
+        """Tables of the algorithm's own beyond ``train`` (on resume: truncated to the checkpoint)."""
+
+    @abstractmethod
+    def row(self) -> dict:
+        """The values of :meth:`columns` for a ``train`` row (means since the last row), then start over."""
+
+    # -- the local replay and the end ------------------------------------------------
+    def local_memory(self, capacity: int) -> LocalReplay:
+        """The replay the learner keeps itself when the buffers dump to it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no local replay")
+
+    def finish(self) -> None:
+        """Before the last checkpoint (e.g. the final policy's test episodes)."""
+
+
+class BatchSource(Protocol):
+    """Where the loop's batches come from and where their new values go."""
+
+    links: ShardLinks  # the lines to the buffers and what they tell (env steps, episodes, the shards table)
+
+    def start(self) -> None:
+        """Before the first batch (after the first parameter broadcast)."""
+
+    def next_batch(self) -> Batch | None:
+        """A batch, or None when none is ready yet (the loop logs, then calls :meth:`wait`)."""
+
+    def wait(self) -> None:
+        """Wait a little for the next batch (counted as communication)."""
+
+    def give_back(self, batch: Batch, values: np.ndarray) -> None: ...
+
+    def settle(self) -> None:
+        """Bring the per-shard counts up to the last batch (before a checkpoint and at the stop)."""
+
+
+class Learner:
+    """The loop: see the module's docstring."""
+
+    def __init__(self, ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
+                                                              LearnerAlgorithm]):
+        cfg, topo = ctx.cfg, ctx.topo
+        self.ctx, self.cfg = ctx, cfg
+        # More compute threads than cores the rank may run on only makes them wait for each other.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.threads = min(cfg.agent.torch_threads, cores)
+        torch.set_num_threads(self.threads)
+        self.rng = np.random.default_rng(ctx.seed())
+        self.counters = Counters(len(topo.buffers), cfg.run.return_window)
+        self.algo = algorithm(ctx, self.rng, self.counters)
+        self.params = ParamBroadcast(topo.learner_params, self.algo.n_params, shaper=shaper_for(cfg.comm.link))
+        self.server = None  # the worker on this rank (AW)
+        if ctx.serving:
+            self.server = Worker(ctx, ctx.serving)
+            torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
+        self.clock = Clock()
+        # The choice of source: batches sampled by the buffers (proposed) or a local replay they dump to (baseline).
+        proposed = cfg.replay.architecture == "proposed"
+        self.source: BatchSource = RemoteShards(self) if proposed else LocalMemory(self)
+        # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
+        self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        self.stop_reason = ""
+        self.started = time.perf_counter()
+        self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
+        if ctx.resume:
+            self.restore(checkpoint.load(ctx.resume.checkpoint, map_location=self.algo.device))
+            self.source.links.resumed()
+        self.last_checkpoint = time.perf_counter()
+        self.checkpointed_at = self.published_at = self.algo.steps
+        self.open_metrics()
+
+    # -- checkpoints ---------------------------------------------------------------
+    def state(self) -> dict:
+        """The loop's counters and the algorithm's state, one flat dict."""
+        return {"identity": checkpoint.identity(self.cfg, self.ctx.topo.world.size),
+                "train_steps": self.algo.steps, "job_time": self.ctx.now(),
+                "learner_seconds": time.perf_counter() - self.started,
+                "torch_rng": torch.get_rng_state(), "numpy_rng": self.rng.bit_generator.state,
+                **self.counters.state(), "clock": [self.clock.compute, self.clock.comm],
+                "link_bytes": self.link_bytes(), **self.algo.state()}
+
+    def restore(self, st: dict) -> None:
+        self.algo.restore(st)
+        torch.set_rng_state(st["torch_rng"].cpu())
+        self.rng.bit_generator.state = st["numpy_rng"]
+        self.counters.restore(st)
+        self.clock.compute, self.clock.comm = st["clock"]
+        self.bytes_base = dict(st["link_bytes"])
+        self.started = time.perf_counter() - float(st["learner_seconds"])  # run.wall_seconds counts on
+
+    def checkpoint(self) -> None:
+        """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
+        self.source.settle()  # the counts saved (and sent with the goodbye) include every batch
+        self.checkpointed_at = self.algo.steps
+        self.log(force=True)
+        self.file.flush()
+        checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
+        self.last_checkpoint = time.perf_counter()
+
+    def checkpoint_due(self) -> None:
+        ck = self.cfg.checkpoint
+        steps = self.algo.steps
+        if ((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
+                or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds)):
+            with self.clock.computing():
+                self.checkpoint()
+
+    # -- metrics ---------------------------------------------------------------------
+    def open_metrics(self) -> None:
+        ctx, algo = self.ctx, self.algo
+        self.file = MetricsFile(ctx.run_dir / "learner.h5", flush_seconds=self.cfg.log.flush_seconds,
+                                attrs=algo.file_attrs(self.threads), resume=bool(ctx.resume))
+        stats, timers = algo.columns()
+        self.table = self.file.table("train", {
+            "time": F8, "train_steps": I8, "env_steps": I8, **stats,
+            "train_steps_per_s": F8, "compute_s": F8, "comm_s": F8, **timers,
+            "bytes_in": I8, "bytes_in_raw": I8, "bytes_out": I8, "bytes_out_raw": I8, "samples_trained": I8,
+            "return_mean20": F8, "episodes": I8, "param_version": I8, "skipped_batches": I8})
+        self.source.links.open_tables(self.file)
+        algo.open_tables(self.file)
+        if ctx.resume:  # rows after the checkpoint describe work the resumed run does again
+            self.table.truncate(self.table.rows_until("time", ctx.resume.job_time))
+        self.tick = Interval(self.cfg.log.interval)
+        # The last row's train steps and skipped batches (a resumed run's: its checkpoint's) and its time: a row's
+        # rate spans the time since the row before, or since here for the first.
+        self.last_row, self.last_t = (algo.steps, self.counters.skipped), time.perf_counter()
+
+    def link_bytes(self) -> dict:
+        """Bytes over the buffer <-> learner link so far: on the wire and before compression.
+
+        In: batches and dumps from the buffers. Out: requests with priorities, and the
+        parameter broadcasts (never compressed).
+        """
+        params = self.params.broadcasts * self.params.nbytes
+        now = self.source.links.link_bytes()
+        now["bytes_out"] += params
+        now["bytes_out_raw"] += params
+        return {k: v + self.bytes_base[k] for k, v in now.items()}  # a resumed run counts on
+
+    def log(self, force: bool = False) -> None:
+        if not (self.tick.due() or force):
+            self.file.flush_if_due()
+            return
+        now, c, steps = time.perf_counter(), self.counters, self.algo.steps
+        if (steps, c.skipped) == self.last_row:
+            # No batch since the last row, trained or skipped (warm-up, a refill after a resume, a checkpoint or the
+            # stop right after a row): no row, so no train step appears twice; the next row's rate spans the time
+            # since the last row, as its counters' growth does.
+            self.file.flush_if_due()
+            return
+        t = self.ctx.now()  # with ``now``: the rate's interval is the rows' time difference
+        values = self.algo.row()  # may write the algorithm's own tables first
+        self.table.append(
+            time=t, train_steps=steps, env_steps=sum(c.env_steps),
+            train_steps_per_s=(steps - self.last_row[0]) / max(now - self.last_t, 1e-9),
+            compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
+            samples_trained=steps * self.cfg.replay.batch_size,
+            return_mean20=float(np.mean(c.returns)) if c.returns else math.nan,
+            episodes=c.episodes, param_version=c.version, skipped_batches=c.skipped, **values)
+        self.last_row, self.last_t = (steps, c.skipped), now
+        self.source.links.write_rows()
+        self.file.flush_if_due()
+
+    # -- parameters, the worker on this rank, stopping --------------------------------
+    def publish(self, stop: bool = False) -> None:
+        with self.clock.communicating():
+            self.counters.version += 1
+            flat = self.algo.flat_params()
+            self.params.publish(self.counters.version, flat, stop=stop)
+        if self.server and not stop:
+            self.server.load(flat, self.counters.version)
+
+    def publish_due(self) -> None:
+        steps = self.algo.steps
+        if steps % self.cfg.comm.n_update == 0 and steps != self.published_at:  # a skipped batch is no step
+            self.published_at = steps
+            self.publish()
+
+    def serve(self) -> bool:
+        """With the worker on this rank: a turn of it; True when it answered a pass."""
+        return self.server is not None and self.server.turn() == 0
+
+    def idle(self, seconds: float) -> None:
+        """Wait ``seconds`` (counted as communication), serving the actors meanwhile when the worker is here."""
+        with self.clock.communicating():
+            if self.server is None:
+                time.sleep(seconds)
+                return
+            end, backoff = time.perf_counter() + seconds, Backoff()
+            while time.perf_counter() < end:
+                if self.serve():
+                    backoff.reset()
+                else:
+                    backoff.sleep()
+
+    def should_stop(self) -> bool:
+        r, c = self.cfg.run, self.counters
+        notice = self.ctx.preempt.requested() if self.ctx.preempt else None
+        if notice:
+            rank, signum = notice
+            self.stop_reason = f"{PREEMPTED}: {signal_name(signum)} on rank {rank} ({self.ctx.topo.role_of(rank)})"
+        elif r.train_steps and self.algo.steps >= r.train_steps:
+            self.stop_reason = f"train_steps {r.train_steps} reached"
+        elif r.env_steps and sum(c.env_steps) >= r.env_steps:
+            self.stop_reason = f"env_steps {r.env_steps} reached"
+        elif r.wall_seconds and time.perf_counter() - self.started >= r.wall_seconds:
+            self.stop_reason = f"wall_seconds {r.wall_seconds:g} reached"
+        elif (not math.isnan(r.target_return) and len(c.returns) == c.returns.maxlen
+              and np.mean(c.returns) >= r.target_return):
+            whose = "" if self.counted_actor is None else f" of actor {self.counted_actor}"
+            self.stop_reason = f"mean return of the last {r.return_window} episodes{whose} reached {r.target_return:g}"
+        return bool(self.stop_reason)
+
+    # -- the loop ----------------------------------------------------------------------
+    def train(self, batch: Batch) -> np.ndarray:
+        """The algorithm's step on ``batch``; a skipped step is counted and the batch keeps its values."""
+        c = self.counters
+        values = self.algo.train(batch)
+        if values is None:  # non-finite loss or gradient
+            c.skipped += 1
+            c.skipped_in_a_row += 1
+            if c.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                raise FloatingPointError(self.algo.divergence(c.skipped_in_a_row))
+            return np.array(batch.values, dtype=np.float32)
+        c.skipped_in_a_row = 0
+        return values
+
+    def run(self) -> str:
+        source = self.source
+        self.publish()  # version 1: every actor starts from the learner's initial weights
+        source.start()
+        while not self.should_stop():
+            batch = source.next_batch()
+            if batch is None:
+                self.log()
+                source.wait()
+                continue
+            with self.clock.computing():
+                values = self.train(batch)
+            source.give_back(batch, values)
+            self.publish_due()
+            self.checkpoint_due()
+            self.log()
+        self.shutdown()
+        return self.stop_reason
+
+    def shutdown(self) -> None:
+        """The algorithm's last words, a checkpoint, the last broadcast with the stop flag, goodbye to the buffers,
+        drain every reply.
+
+        The checkpoint's row is the last learner/train row: nothing trains after it. What crosses after it
+        (the stop broadcast, the replies in flight at the stop) is in the file's totals, the root attributes
+        ``bytes_in``, ``bytes_in_raw``, ``bytes_out`` and ``bytes_out_raw``.
+        """
+        self.algo.finish()
+        self.checkpoint()
+        self.publish(stop=True)
+        if self.server:  # the actors learn the stop in their next answer; the worker's goodbye to the buffer
+            self.server.finish()
+        self.source.links.close(self.algo.steps)
+        self.params.close()
+        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes())
+        self.file.close()
+
+
+def _shard_links(loop: Learner, sampled: bool) -> ShardLinks:
+    """The lines to the buffers: replies are sampled shares (``prefetch + 1`` in flight) or whole dumps."""
+    cfg, spec, n_buf = loop.cfg, loop.ctx.spec, len(loop.ctx.topo.buffers)
+    most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
+    framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
+    reply = sample_layout(spec, most, framed) if sampled else dump_layout(spec, cfg.replay.capacity, framed)
+    return ShardLinks(loop.ctx, loop.counters, reply, most, cfg.comm.prefetch + 1 if sampled else 1)
+
+
+class RemoteShards:
+    """Batches sampled by the buffers, each its share; the values go back in the next request."""
+
+    def __init__(self, loop: Learner):
+        self.loop, self.cfg = loop, loop.cfg
+        self.links = _shard_links(loop, sampled=True)
+        self.backoff = Backoff()
+        self.served = False
+        self.waited = 0.0  # seconds spent polling for the replies of the next batch
+
+    def start(self) -> None:
+        links, c = self.links, self.loop.counters
+        with self.loop.clock.communicating():
+            for _ in range(self.cfg.comm.prefetch + 1):
+                for b, link in enumerate(links.links):  # a resumed run's counts continue, never back to 0
+                    link.request(SAMPLE, links.quotas[b], consumed=c.consumed[b])
+
+    def next_batch(self) -> Batch | None:
+        loop = self.loop
+        self.served = loop.serve()
+        with loop.clock.communicating():  # polling and taking the replies: all waiting on the link
+            t = time.perf_counter()
+            loop.params.pump()
+            ready = self.links.ready()
+            self.waited += time.perf_counter() - t
+            if ready:
+                views = [self.links.take_reply(b) for b in range(len(self.links.links))]
+        if not ready:
+            return None
+        self.backoff.reset()
+        # A sample from buffer b was drawn with probability share_b / N * p_i / total_b;
+        # importance weights use that and the total size over all shards.
+        n = self.cfg.replay.batch_size
+        probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
+        prio = np.concatenate([v["priority"] for v in views])
+        loop.algo.transferred(float(prio.mean()))
+        batch = Batch(joined(views, self.links.batch_fields), prio, probs, sum(self.links.sizes),
+                      sample_seconds=self.waited, origin=views)
+        self.waited = 0.0
+        return batch
+
+    def wait(self) -> None:
+        with self.loop.clock.communicating():
+            if self.served:
+                self.backoff.reset()
+            else:
+                self.backoff.sleep()
+
+    def give_back(self, batch: Batch, values: np.ndarray) -> None:
+        links, c = self.links, self.loop.counters
+        with self.loop.clock.communicating():
+            if self.cfg.replay.shares == "rate":
+                links.quotas = rate_quotas(self.cfg.replay.batch_size, [m.rate for m in links.meters])
+            start = 0
+            for b, link in enumerate(links.links):
+                v = batch.origin[b]
+                rows = len(v["ids"])
+                c.consumed[b] += rows
+                link.release()
+                link.request(SAMPLE, links.quotas[b], consumed=c.consumed[b],
+                             ids=v["ids"], versions=v["versions"], priority=values[start:start + rows])
+                start += rows
+
+    def settle(self) -> None:
+        """Every batch's samples are counted as it goes back."""
+
+
+class LocalMemory:
+    """A local replay of the algorithm's kind, replaced with the buffers' dumps every ``replay.n_replay`` batches."""
+
+    def __init__(self, loop: Learner):
+        self.loop, self.cfg = loop, loop.cfg
+        self.links = _shard_links(loop, sampled=False)
+        self.memory = loop.algo.local_memory(self.cfg.replay.capacity * len(self.links.links))
+        self.refreshed_at = loop.algo.steps
+        self.next_try = 0.0
+        self.idling = False
+
+    def start(self) -> None:
+        self.refreshed_at = self.loop.algo.steps
+
+    def next_batch(self) -> Batch | None:
+        loop, memory = self.loop, self.memory
+        self.links.pump()
+        loop.params.pump()
+        loop.serve()
+        self.idling = memory.size < memory.need and time.perf_counter() < self.next_try
+        if self.idling:
+            return None  # waiting for the buffers to fill
+        if loop.algo.steps % self.cfg.replay.n_replay == 0 or memory.size < memory.need:
+            self.refresh()
+            if memory.size < memory.need:
+                # Not enough yet: ask again when the buffers' insertion rate says there will be,
+                # instead of shipping the whole (possibly GB-sized) memory again and again.
+                rate = self.links.insertion_rate()
+                wait = (memory.need - memory.size) / rate if rate > 0 else 0.2
+                self.next_try = time.perf_counter() + min(max(wait, 0.05), 5.0)
+                return None
+        with loop.clock.computing():
+            t = time.perf_counter()
+            batch = memory.sample(loop.rng)
+            batch.sample_seconds = time.perf_counter() - t
+        return batch
+
+    def wait(self) -> None:
+        if self.idling:
+            self.loop.idle(0.01)
+
+    def give_back(self, batch: Batch, values: np.ndarray) -> None:
+        with self.loop.clock.computing():
+            self.memory.give_back(batch, values)
+
+    def settle(self) -> None:
+        """The batches since the last refresh sampled the memory the last dumps made; attribute them to each shard
+        by its share of it. Counts only grow (a resumed run starts from its checkpoint's)."""
+        steps, sizes, c = self.loop.algo.steps, self.links.sizes, self.loop.counters
+        trained = (steps - self.refreshed_at) * self.cfg.replay.batch_size
+        total = sum(sizes)
+        if trained and total:
+            upto = trained * np.cumsum(sizes) // total  # shares that add up to `trained` exactly
+            for b, share in enumerate(np.diff(upto, prepend=0)):
+                c.consumed[b] += int(share)
+            self.refreshed_at = steps
+
+    def _replies_ready(self) -> bool:
+        self.loop.serve()
+        self.loop.params.pump()
+        return self.links.ready()
+
+    def refresh(self) -> None:
+        """Replace the local replay with every buffer's latest experiences.
+
+        The transfer counts as communication, rebuilding the local memory as compute.
+        """
+        loop, links, memory = self.loop, self.links, self.memory
+        self.settle()
+        with loop.clock.communicating():
+            for b, link in enumerate(links.links):
+                link.request(DUMP, 0, consumed=loop.counters.consumed[b])
+            wait_until(self._replies_ready)
+            dumps = [links.take_reply(b) for b in range(len(links.links))]
+        with loop.clock.computing():
+            memory.clear()
+            priorities = [v.pop("priority") for v in dumps]
+            for v, prio in zip(dumps, priorities):
+                if len(prio):
+                    memory.add_dump(v, prio)
+            if memory.size:
+                loop.algo.transferred(float(np.concatenate(priorities).mean()))
+        for link in links.links:
+            link.release()

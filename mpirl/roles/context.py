@@ -27,7 +27,7 @@ class RoleContext:
     spec: dict  # the record spec: the replay's fields and the experience messages' rows
     n_params: int  # length of the flat parameter vector every broadcast carries
     t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
-    preempt: "Preemption | None" = None  # signals -> a clean stop (see roles/preemption.py)
+    preempt: "Preemption"  # signals -> a clean stop (see roles/preemption.py)
     resume: "Resume | None" = None  # set when continuing a run from a checkpoint
     serving: ModuleType | None = None  # the algorithm's serving module, when this learner serves actors (AW)
 

@@ -22,6 +22,7 @@ while it waits for replies or dumps, loads each version it publishes, and tells 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import os
 import time
 from abc import ABC, abstractmethod
@@ -219,8 +220,8 @@ class Learner:
         self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
-            self.restore(checkpoint.load(ctx.resume.checkpoint, map_location=self.algo.device))
-            self.source.links.resumed()
+            self.restore(checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device))
+            self.source.links.resumed(ctx.resume.actor_steps)
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.algo.steps
         self.open_metrics()

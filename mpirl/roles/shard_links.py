@@ -61,10 +61,11 @@ def joined(views: list[dict], names: list[str]) -> dict[str, np.ndarray]:
     if len(views) == 1:
         return {name: views[0][name] for name in names}
     out = {name: np.concatenate([v[name] for v in views]) for name in names if not name.endswith("_idx")}
-    offsets = np.cumsum([0] + [len(v["frames"]) for v in views[:-1]]) if "frames" in names else None
-    for name in names:
-        if name.endswith("_idx"):
-            out[name] = np.concatenate([v[name] + off for v, off in zip(views, offsets)])
+    if "frames" in names:  # frame indices exist only with frames
+        offsets = np.cumsum([0] + [len(v["frames"]) for v in views[:-1]])
+        for name in names:
+            if name.endswith("_idx"):
+                out[name] = np.concatenate([v[name] + off for v, off in zip(views, offsets)])
     return out
 
 
@@ -89,11 +90,12 @@ class ShardLinks:
         # metrics rows before the checkpoint (up to a log interval old), the learner from the checkpoint's count.
         self.env_offset = [0] * n_buf
 
-    def resumed(self) -> None:
-        """After the counters came from a checkpoint: each buffer's env steps continue from their count."""
+    def resumed(self, actor_steps: dict[int, int]) -> None:
+        """After the counters came from a checkpoint: each buffer's env steps continue from their count
+        (``actor_steps``: each actor's env steps at the checkpoint)."""
         ctx = self.ctx
         for b, rank in enumerate(ctx.topo.buffers):
-            resumed = sum(ctx.resume.actor_steps.get(a, 0) for a in ctx.topo.actors_of(rank))
+            resumed = sum(actor_steps.get(a, 0) for a in ctx.topo.actors_of(rank))
             self.env_offset[b] = self.counters.env_steps[b] - resumed
 
     def take_reply(self, b: int) -> dict[str, np.ndarray]:

@@ -107,7 +107,7 @@ class WorkerMetrics:
         self.tick = Interval(ctx.cfg.log.interval)
         self.latencies: list[float] = []
         self.sizes: list[int] = []
-        self.last = {}  # actor index -> its latest header values
+        self.last: dict[int, dict] = {}  # actor index -> its latest header values
 
     def served(self, ready: int, steps: int, seconds: float) -> None:
         self.sizes.append(ready)
@@ -233,7 +233,7 @@ class Worker:
         unsent episodes are dropped (the learner has stopped), their returns reported, and goodbye."""
         requests = self.requests
         self._release()
-        told = set()
+        told: set[int] = set()
         wait = Backoff(first=20e-6, longest=2e-3)
         while len(told) < len(self.actors):
             requests.poll()
@@ -251,8 +251,8 @@ class Worker:
 def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     """A worker rank: the parameters from its buffer's broadcast, turns with back-off in between."""
     worker = Worker(ctx, serving)
-    params = ParamFollower(ParamBroadcast(ctx.topo.group_params, ctx.n_params),
-                           lambda flat: worker.load(flat, params.broadcast.version))
+    broadcast = ParamBroadcast(ctx.topo.group_params, ctx.n_params)
+    params = ParamFollower(broadcast, lambda flat: worker.load(flat, broadcast.version))
     params.start()  # the first parameters (or the stop)
     idle = Backoff(first=20e-6, longest=2e-3)
     held = Backoff(first=1e-4, longest=10e-3)  # as an actor held back by the budget waits: few wake-ups

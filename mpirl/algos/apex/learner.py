@@ -86,6 +86,8 @@ class ApexTraining(LearnerAlgorithm):
         """One train step with importance weights; the new |TD|, or None when skipped."""
         rp = self.cfg.replay
         beta = linear_schedule(rp.beta, rp.beta_final, self.agent.steps, rp.beta_steps)
+        if batch.probs is None:
+            raise ValueError("a prioritized batch carries each sample's probability")
         weights = importance_weights(batch.probs, batch.size, beta)
         loss, td = self.agent.train_step(batch.fields, weights)
         if td is None:  # the batch keeps its priorities
@@ -100,6 +102,8 @@ class ApexTraining(LearnerAlgorithm):
 
     def divergence(self, in_a_row: int) -> str:
         a = self.agent
+        if a.fault is None:  # only asked after skipped batches, each of which left its fault
+            raise RuntimeError("divergence() asked before any batch was skipped")
         return divergence(a.fault, self.cfg.flat(), in_a_row, a.steps, self.counters.skipped)
 
     def state(self) -> dict:

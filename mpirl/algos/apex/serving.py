@@ -21,7 +21,7 @@ import numpy as np
 from mpirl.agents.dqn import ActingPolicy, env_epsilons, explore
 from mpirl.config import JobConfig
 from mpirl.comm.messages import as_frame_ids
-from mpirl.envs.vector import make_vector, stacks_shift
+from mpirl.envs.vector import AtariVector, GymVector, make_vector, stacks_shift
 from mpirl.replay.frame_stream import FrameStream
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
@@ -47,19 +47,22 @@ class ApexGames:
         self.cfg, self.seed, self.label = cfg, seed, label
         self.n = cfg.env.envs_per_actor
         self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in step_spec(spaces).items()}
-        self.envs = None
+        self.envs: GymVector | AtariVector | None = None  # built by start()
         self.env_errors = self.failing = 0
 
     def start(self) -> Outcome:
         """Build and reset the games (a rebuilt set gets a seed of its own)."""
-        self.envs = make_vector(self.cfg.env, seed=self.seed + 7919 * self.env_errors)
-        self.out["obs"][:] = self.envs.reset()
+        self.envs = envs = make_vector(self.cfg.env, seed=self.seed + 7919 * self.env_errors)
+        self.out["obs"][:] = envs.reset()
         return Outcome(self.out, fresh=True)
 
     def step(self, actions: np.ndarray) -> Outcome:
-        taken = self.envs.forced(actions)
+        envs = self.envs
+        if envs is None:
+            raise RuntimeError("step() before start(): start() builds the games")
+        taken = envs.forced(actions)
         try:
-            step = self.envs.step(taken)
+            step = envs.step(taken)
         except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
             return self.recover(err)
         self.failing = 0

@@ -159,7 +159,7 @@ def run_server(ctx) -> str:
         idx, q, eta = full if full is not None else (table.reply_all() if d.mode == "all"
                                                      else table.reply_partial(ex.idx))
         joins = cut is not None and cut.join(w)  # this reply takes the worker into the cut
-        n = msg.pack_reply(out, ex.round, joins and cut.stop, idx, q, eta, checkpoint=joins)
+        n = msg.pack_reply(out, ex.round, cut is not None and joins and cut.stop, idx, q, eta, checkpoint=joins)
         hub.reply(w, n)  # and the receive of the bye, or the next round
         merges.add(time=ctx.now(), worker=w, round=ex.round, pairs_in=len(ex.idx), new_pairs=new,
                    reply_pairs=len(idx), bytes_in=sizes[w], bytes_out=n, merge_s=merge_s)
@@ -215,14 +215,14 @@ def run_server(ctx) -> str:
             return f"mean return of the last {r.return_window} episodes reached {r.target_return:g}"
         return ""
 
-    def commit() -> None:
-        """Every row so far on disk, then the checkpoint (its job time after all of them)."""
+    def commit(done: Cut) -> None:
+        """Every row so far on disk, then the checkpoint ``done`` (its job time after all of them)."""
         for rows in tables:
             rows.write()
         f.flush()
         server = {"env_steps": env_steps, "eval_rng": eval_rng.bit_generator.state,
                   "eval_env": eval_env.rng_state() if eval_env is not None else ""}
-        cut.commit(table, merged, finished, ctx.now(), identity(cfg, comm.size), server, list(returns),
+        done.commit(table, merged, finished, ctx.now(), identity(cfg, comm.size), server, list(returns),
                    cfg.checkpoint.keep)
 
     def begin_cut(stop: bool) -> None:
@@ -252,7 +252,7 @@ def run_server(ctx) -> str:
             if cut is not None and cut.complete(hub.done):
                 state_recv.Cancel()
                 state_recv.Wait()
-                commit()
+                commit(cut)
                 cut, last_cut = None, time.perf_counter()
                 if stop_cut_due:  # a stop that came during a periodic cut: its own cut, the held ones first in it
                     begin_cut(True)

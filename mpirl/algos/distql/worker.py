@@ -85,8 +85,9 @@ def run_worker(ctx) -> str:
             start = time.perf_counter()
             idx, q, eta = table.changed_pairs()
             ep = list(zip(*episodes))
+            cols = [np.asarray(c) for c in ep] if ep else [np.zeros(0)] * 5  # episode, ret, env_ret, length, eps
             n = msg.pack_exchange(out, rounds, env_steps, played, last, "torch" in sys.modules, compute_s, wait_s,
-                                  idx, q, eta, *(np.asarray(c) for c in ep))
+                                  idx, q, eta, *cols)
             episodes.clear()
             ask(comm, 0, out[:n], back, msg.EXCHANGE, msg.REPLY)
             reply = msg.unpack_reply(back)

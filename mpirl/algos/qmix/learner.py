@@ -83,7 +83,6 @@ class QmixTraining(LearnerAlgorithm):
                        central_hidden=q.central_hidden)
         self.agent = QMixLearner(s.n_agents, s.obs_shape, s.state_shape, s.n_actions, hp,
                                  device=pick_device(a.device), seed=cfg.run.seed)
-        self.agent.precision = "fp32"
         self.sample_s = self.train_s = self.test_s = 0.0
         self.acc: dict[str, list] = {k: [] for k in (*STATS, "p_t")}
         self.tested_at = -1
@@ -162,6 +161,8 @@ class QmixTraining(LearnerAlgorithm):
 
     def divergence(self, in_a_row: int) -> str:
         a = self.agent
+        if a.fault is None:  # only asked after skipped batches, each of which left its fault
+            raise RuntimeError("divergence() asked before any batch was skipped")
         return divergence(a.fault, a.hp, in_a_row, a.steps, self.counters.skipped)
 
     def local_memory(self, capacity: int) -> LocalEpisodes:
@@ -184,8 +185,8 @@ class QmixTraining(LearnerAlgorithm):
         policy.reset(n)
         obs = np.zeros((n, s.n_agents, *s.obs_shape), s.obs_dtype)
         avail = np.zeros((n, s.n_agents, s.n_actions), bool)
-        for k, game in enumerate(self.test_games):  # fresh seeds every round: different episodes each time
-            obs[k], avail[k], _ = game.reset(seed=self.test_seed + 1000 * self.agent.steps + k)
+        for g, game in enumerate(self.test_games):  # fresh seeds every round: different episodes each time
+            obs[g], avail[g], _ = game.reset(seed=self.test_seed + 1000 * self.agent.steps + g)
         returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         captures, lone = np.full(n, np.nan), np.full(n, np.nan)
         live = np.ones(n, bool)

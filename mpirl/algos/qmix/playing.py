@@ -153,7 +153,8 @@ class Deciding:
         self.returns = np.zeros(rows)
         self.actions = np.zeros((rows, spaces.n_agents), dtype=np.int64)
         self.started = np.zeros(self.actors, dtype=bool)
-        self.frames, self.framed = None, {}  # episodes carry their observations: no frames once
+        self.frames = None  # episodes carry their observations: no frames once
+        self.framed: dict = {}
 
     def rows(self, a: int) -> slice:
         return slice(a * self.E, (a + 1) * self.E)
@@ -192,6 +193,7 @@ class Deciding:
     def act(self, actors: list[int], obs: np.ndarray, avail: np.ndarray) -> np.ndarray:
         """The next actions ``[len(actors)*E, n]`` of the listed actors' games, in one forward pass over their
         observations ``obs``/``avail`` (stacked in the same order); each actor explores with its own stream."""
+        rows: slice | np.ndarray
         if len(actors) == self.actors and actors == list(range(self.actors)):
             rows = slice(None)
         else:

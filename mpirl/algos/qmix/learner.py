@@ -200,7 +200,7 @@ class QmixLearner(Learner):
                 t = time.perf_counter()
                 picks = local.sample_batch(rp.batch_size, self.rng, batch)
                 self.sample_s += time.perf_counter() - t
-                weights = self.train(batch, None, local.size, local._weights_of(picks.ids))
+                weights = self.train(batch, None, local.size, local.sampler.weights_of(picks.ids))
                 local.update_priorities(picks.ids, picks.versions, weights)
             self.publish_due()
             self.checkpoint_due()

@@ -37,8 +37,9 @@ from .ring import RingStore, Spec
 FILLED = "filled"
 
 
-class EpisodeStore:
-    """Fixed-capacity FIFO of whole episodes (``T + 1`` rows per field per slot).
+class EpisodeStore(RingStore):
+    """Fixed-capacity FIFO of whole episodes (``T + 1`` rows per field per slot): a RingStore whose
+    :meth:`add` keeps each slot's length and zeroes the padding.
 
     Args:
         spec: episode spec ``{name: ((T + 1, *shape), dtype)}``; every field shares the
@@ -46,7 +47,7 @@ class EpisodeStore:
         capacity: number of episode slots.
 
     Attributes:
-        store: the RingStore (``store.fields[name]`` is ``(capacity, T + 1, *shape)``).
+        fields: ``{name: array (capacity, T + 1, *shape)}`` (see RingStore for ``versions``, ``size``, ...).
         rows: ``T + 1``, the time rows per episode.
         lengths: int64 ``(capacity,)``, steps ``L`` of each slot's episode (0 = empty).
     """
@@ -61,43 +62,15 @@ class EpisodeStore:
         for name, (shape, _) in spec.items():
             if shape[:1] != rows:
                 raise ValueError(f"field {name!r}: shape {shape} does not start with the time axis {rows[0]}")
-        self.store = RingStore(spec, capacity)
+        super().__init__(spec, capacity)
         self.rows = rows[0]
-        self.lengths = np.zeros(self.store.capacity, dtype=np.int64)
+        self.lengths = np.zeros(self.capacity, dtype=np.int64)
         self._steps = np.arange(self.rows)
-
-    # -- sizes ---------------------------------------------------------------
-    @property
-    def spec(self) -> dict:
-        return self.store.spec
-
-    @property
-    def capacity(self) -> int:
-        return self.store.capacity
-
-    @property
-    def size(self) -> int:
-        """Number of filled slots (slots ``0 .. size - 1``)."""
-        return self.store.size
-
-    @property
-    def inserted(self) -> int:
-        """Episodes ever added (versions are insertion numbers)."""
-        return self.store.inserted
-
-    @property
-    def versions(self) -> np.ndarray:
-        """int64 ``(capacity,)`` version of each slot (``-1`` = never written)."""
-        return self.store.versions
-
-    @property
-    def fields(self) -> dict[str, np.ndarray]:
-        return self.store.fields
 
     @property
     def nbytes(self) -> int:
         """Bytes held: every field's rows, the slot versions and lengths."""
-        return self.store.nbytes + self.lengths.nbytes
+        return super().nbytes + self.lengths.nbytes
 
     # -- writing -------------------------------------------------------------
     def add(self, episodes: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -108,31 +81,26 @@ class EpisodeStore:
         ``len(ids)``. Rows ``L + 1 ..`` of each written slot are zeroed after the copy.
         Pass ``store.versions[ids]`` to the sampler's ``on_insert``.
         """
-        k = self.store.count_rows(episodes)
+        k = self.count_rows(episodes)
         filled = np.asarray(episodes[FILLED], dtype=np.bool_)
         lengths = filled.sum(axis=1)
         if not np.array_equal(filled, self._steps < lengths[:, None]):
             raise ValueError(f"{FILLED!r} must be True for the first L rows of an episode and False after")
-        ids = self.store.add(episodes)
+        ids = super().add(episodes)
         lengths = lengths[k - len(ids):]
         self.lengths[ids] = lengths
         for slot, steps in zip(ids.tolist(), lengths.tolist()):
             if steps + 1 < self.rows:  # row L is the final observation; L + 1 .. T are padding
-                for field in self.store.fields.values():
+                for field in self.fields.values():
                     field[slot, steps + 1:] = 0
         return ids
 
     def clear(self) -> None:
         """Forget every episode (versions keep counting; see RingStore.clear)."""
-        self.store.clear()
+        super().clear()
         self.lengths.fill(0)
 
     # -- reading -------------------------------------------------------------
-    def gather(self, ids: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Copy episodes ``ids`` into rows ``0 .. k-1`` of preallocated ``out[name]``
-        (``(>= k, T + 1, *shape)``, the field's dtype); see :meth:`RingStore.gather`."""
-        self.store.gather(ids, out)
-
     def gather_picks(self, picks, out: Mapping[str, np.ndarray]) -> None:
         """Fill a learner's batch arrays from a sampler's ``Picks`` (``samplers.py``).
 
@@ -143,24 +111,16 @@ class EpisodeStore:
         """
         r = picks.reuse
         if r and picks.fresh:
-            self.store.gather(picks.ids[:r], out)
+            self.gather(picks.ids[:r], out)
         if len(picks.ids) > r:
-            self.store.gather(picks.ids[r:], {name: a[r:] for name, a in out.items()})
+            self.gather(picks.ids[r:], {name: a[r:] for name, a in out.items()})
 
     def batch_arrays(self, b: int) -> dict[str, np.ndarray]:
         """Zeroed arrays ``{name: (b, T + 1, *shape)}`` to gather batches of b episodes into
         (allocate once; gathering into fresh arrays page-faults)."""
         return {name: np.zeros((b, *shape), dtype) for name, (shape, dtype) in self.spec.items()}
 
-    def oldest_first(self) -> np.ndarray:
-        """Slot ids of the filled slots, oldest first."""
-        return self.store.oldest_first()
-
     # -- checkpoints ---------------------------------------------------------
-    def export(self, out: Mapping[str, np.ndarray]) -> int:
-        """Copy every episode, oldest first, into ``out[name][:n]``; returns n."""
-        return self.store.export(out)
-
     def snapshot(self) -> dict[str, np.ndarray]:
         """Every episode as arrays ``{name: (size, T + 1, *shape)}``, oldest first
         (for ``checkpoint.replay``: write with ``snapshot.save``)."""

@@ -13,8 +13,10 @@ of the episode in it and (if it weighs them) a weight; the store
     weights = train(batch)                          # e.g. MAC-PO's per-episode weights
     sampler.update(picks.ids, picks.versions, weights)
 
-Protocol (:class:`Sampler`): ``on_insert(ids, versions)``, ``sample(b, size, rng) ->
-Picks``, ``update(ids, versions, weights) -> stale count``. Slots ``0 .. size - 1``
+Both implement :class:`~mpirl.replay.memory.Sampler` (as the prioritized sampler of
+``prioritized.py`` does): ``on_insert(ids, versions)``, ``sample(b, size, rng) -> Picks``,
+``update(ids, versions, weights) -> stale count``, and what a memory reports of its slots
+(``probs``, ``weights_of``, ``total``, ``raw_priority``). Slots ``0 .. size - 1``
 are the filled ones (a RingStore fills from slot 0 upward). A batch never repeats a
 slot; both samplers refuse ``size < b`` (ValueError): the learner only samples once
 ``size >= learning_starts >= b``.
@@ -65,7 +67,7 @@ so that ``alpha = 0`` reproduces uniform sampling for ablations.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,7 +78,7 @@ class Picks(NamedTuple):
     """One batch of b slots.
 
     ids: int64 (b,) distinct slot ids; rows ``0 .. reuse-1`` the reuse set, the rest uniform.
-    versions: int64 (b,) the versions to send back with :meth:`Sampler.update` (for the
+    versions: int64 (b,) the versions to send back with the sampler's ``update`` (for the
         reuse set: the versions when the set was chosen, i.e. of the cached episodes).
     fresh: the reuse set was (re)chosen at this step: gather ``ids[:reuse]`` again.
     reuse: number of leading reuse rows (0 for uniform sampling).
@@ -85,14 +87,6 @@ class Picks(NamedTuple):
     versions: np.ndarray
     fresh: bool = False
     reuse: int = 0
-
-
-class Sampler(Protocol):
-    def on_insert(self, ids: np.ndarray, versions: np.ndarray) -> None: ...
-
-    def sample(self, b: int, size: int, rng: np.random.Generator) -> Picks: ...
-
-    def update(self, ids: np.ndarray, versions: np.ndarray, weights: np.ndarray | None = None) -> int: ...
 
 
 def _check_sample(b: int, size: int, capacity: int) -> None:
@@ -111,13 +105,37 @@ class UniformSampler:
         capacity: the store's number of slots.
     """
 
+    distinct = True
+
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.versions = np.full(self.capacity, -1, dtype=np.int64)
 
-    def on_insert(self, ids: np.ndarray, versions: np.ndarray) -> None:
+    @property
+    def nbytes(self) -> int:
+        return self.versions.nbytes
+
+    @property
+    def raw_priority(self) -> np.ndarray:
+        """Ones (float32, ``(capacity,)``): every slot weighs the same."""
+        return np.ones(self.capacity, dtype=np.float32)
+
+    def total(self, size: int) -> float:
+        """The number of filled slots."""
+        return float(size)
+
+    def probs(self, ids: np.ndarray, size: int) -> np.ndarray:
+        """float64 ``1 / size`` for each of ``ids``."""
+        return np.full(len(ids), 1.0 / size)
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """Ones (float32), one per id."""
+        return np.ones(len(ids), dtype=np.float32)
+
+    def on_insert(self, ids: np.ndarray, versions: np.ndarray, priorities: np.ndarray | None = None) -> None:
+        """Slots ``ids`` now hold records of ``versions`` (``priorities`` are not used)."""
         self.versions[np.asarray(ids, dtype=np.int64)] = versions
 
     def sample(self, b: int, size: int, rng: np.random.Generator) -> Picks:
@@ -170,14 +188,38 @@ class AccMERSampler:
         self._shifted = np.zeros(0, dtype=np.int64)  # reuse_ids - arange(r): maps to the complement
         self._d = 0  # filled slots when the window opened
 
+    distinct = True
+
     # -- the table -------------------------------------------------------------
     @property
     def weights(self) -> np.ndarray:
         """float64 ``(capacity,)`` current weight of every slot (a copy)."""
         return self._table * self._scale
 
-    def on_insert(self, ids: np.ndarray, versions: np.ndarray) -> None:
-        """Slots ``ids`` were (re)filled with episodes of ``versions``: back to ``initial_weight``."""
+    @property
+    def raw_priority(self) -> np.ndarray:
+        """float32 ``(capacity,)`` current weight of every slot (a copy; what replay snapshots keep)."""
+        return self.weights.astype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.versions.nbytes + self._table.nbytes
+
+    def total(self, size: int) -> float:
+        """Sum of the filled slots' weights."""
+        return float(self.weights[:size].sum())
+
+    def probs(self, ids: np.ndarray, size: int) -> np.ndarray:
+        """float64 ``1 / size`` for each of ``ids`` (the uniform part's probability; the reuse set is chosen)."""
+        return np.full(len(ids), 1.0 / size)
+
+    def weights_of(self, ids: np.ndarray) -> np.ndarray:
+        """float32 current weights of slots ``ids`` (what a learner trains the batch with)."""
+        return (self._table[ids] * self._scale).astype(np.float32)
+
+    def on_insert(self, ids: np.ndarray, versions: np.ndarray, priorities: np.ndarray | None = None) -> None:
+        """Slots ``ids`` were (re)filled with episodes of ``versions``: back to ``initial_weight`` (``priorities``
+        are not used)."""
         ids = np.asarray(ids, dtype=np.int64)
         self.versions[ids] = versions
         self._table[ids] = self.initial_weight / self._scale

@@ -20,19 +20,19 @@ import numpy as np
 from mpirl.atomic import write_atomically
 
 from .ring import RingStore
-from .shard import PrioritizedShard
+from .memory import ReplayMemory
 
 
 def _prioritized(memory) -> bool:
-    """A memory that keeps a priority per slot (PrioritizedShard, an episode shard's weights)."""
-    return hasattr(memory, "raw_priority")
+    """A memory that keeps a priority per slot (a ReplayMemory: priorities or weights; not the relay's ring)."""
+    return isinstance(memory, ReplayMemory)
 
 
-def _ring(memory) -> RingStore:
-    return memory.store if _prioritized(memory) else memory
+def _ring(memory: ReplayMemory | RingStore) -> RingStore:
+    return memory.store if isinstance(memory, ReplayMemory) else memory  # type: ignore[return-value]
 
 
-def snapshot(memory: PrioritizedShard | RingStore) -> dict[str, np.ndarray]:
+def snapshot(memory: ReplayMemory | RingStore) -> dict[str, np.ndarray]:
     """The memory's records as arrays (oldest first); ``priority`` is the raw priority of each."""
     ring = _ring(memory)
     n = ring.size
@@ -53,7 +53,7 @@ def snapshot(memory: PrioritizedShard | RingStore) -> dict[str, np.ndarray]:
     return out
 
 
-def restore(memory: PrioritizedShard | RingStore, arrays: dict[str, np.ndarray]) -> int:
+def restore(memory: ReplayMemory | RingStore, arrays: dict[str, np.ndarray]) -> int:
     """Add a snapshot's records to ``memory`` (its spec and frame storage must match); returns how many."""
     arrays = dict(arrays)
     frames = arrays.pop("frames", None)

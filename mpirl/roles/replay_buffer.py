@@ -3,16 +3,12 @@
 The loop never names an algorithm: its replay memory comes from :meth:`Buffer.make_shard`, which each
 algorithm's buffer provides (Ape-X: a prioritized shard of transitions; QMIX: an episode shard).
 
-*proposed*: the replay memory lives here (a prioritized shard). A learner
-request first applies the priorities it carries (dropping updates for slots
-overwritten since they were sampled), then a batch is sampled straight into the
-reply buffer and sent back with ids, versions and probabilities.
-
-*baseline*: the buffer keeps the latest ``capacity`` experiences with the
-priorities their actors gave them and ships them all when the learner asks.
-
-Both relay every parameter broadcast from the learner to the actors, and write
-the group's metrics (buffer counters, episodes, actor stats) to HDF5.
+What it serves the learner from is the placement's server (:mod:`mpirl.roles.buffer_servers`): a
+:class:`~mpirl.roles.buffer_servers.ShardServer` (the replay memory lives here; requests bring priorities
+back and get sampled batches) or a :class:`~mpirl.roles.buffer_servers.Relay` (the latest experiences
+with their actors' priorities, shipped whole to the learner's own memory). Either way the loop relays
+every parameter broadcast from the learner to the actors, and writes the group's metrics (buffer
+counters, episodes, actor stats) to HDF5.
 """
 
 from __future__ import annotations
@@ -23,8 +19,8 @@ from collections import deque
 import numpy as np
 
 from mpirl.comm.backoff import Backoff
-from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, dump_layout,
-                                 experience_layout, request_layout, sample_layout)
+from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, experience_layout,
+                                 request_layout)
 from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast
@@ -33,20 +29,20 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
 from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
-from mpirl.replay.ring import RingStore
+from mpirl.replay.memory import ReplayMemory
 from mpirl.replay import snapshot
+from mpirl.roles.buffer_servers import Relay, ShardServer
 from mpirl.roles.checkpoint import CKPT_DIR
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.roles.experience import store_experience
 
-F8, I8, F32 = np.float64, np.int64, np.dtype(np.float32)
+F8, I8 = np.float64, np.int64
 
 
 class Buffer:
     def __init__(self, ctx: RoleContext):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
-        self.proposed = cfg.replay.architecture == "proposed"
         self.spec = spec = ctx.spec
         self.rng = np.random.default_rng(ctx.seed())
         share = max_quota(cfg.replay.batch_size, len(topo.buffers), cfg.replay.shares)
@@ -62,20 +58,17 @@ class Buffer:
         self.stream_frames = self.n_actors * window_frames(cfg.comm.send_batch, games, self.sender_lag(),
                                                            framed) if framed else 0
         self.req = request_layout(share)
-        self.reply = sample_layout(spec, share, framed) if self.proposed else dump_layout(spec, cfg.replay.capacity, framed)
+        # The placement: the replay memory here (served in batches), or relayed whole to the learner's.
+        self.server = (ShardServer if cfg.replay.architecture == "proposed" else Relay)(self, share)
+        self.store, self.reply = self.server.memory, self.server.reply
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
         codec = codec_for(cfg.comm.link)
         self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
-                                cfg.comm.prefetch + 1 if self.proposed else 1, shaper=shaper_for(cfg.comm.link),
+                                self.server.depth, shaper=shaper_for(cfg.comm.link),
                                 codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
-        if self.proposed:
-            self.store = self.make_shard()
-        else:  # the actors' priorities are stored as one more field and shipped with the records
-            self.store = RingStore({**spec, "priority": ((), F32)}, cfg.replay.capacity, dedup_frames=dedup,
-                                   stream_frames=self.stream_frames)
-        self.windows = FrameWindows(getattr(self.store, "store", self.store).pool) if framed else None
+        self.windows = FrameWindows(self.server.ring.pool) if framed else None
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
         self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
 
@@ -98,10 +91,9 @@ class Buffer:
         wait that much longer in the sender's window here. The algorithm's buffer says; none by default."""
         return 0
 
-    def make_shard(self):
-        """The replay memory the proposed placement serves from (``add``, ``sample_into``,
-        ``update_priorities``, ``size``, ``total``, ``nbytes``, ``framed``): the algorithm's buffer says which.
-        With frames once it also has ``add_indexed``, and its pool room for ``self.stream_frames`` more frames."""
+    def make_shard(self) -> ReplayMemory:
+        """The replay memory a shard server serves from (a :class:`~mpirl.replay.memory.ReplayMemory`): the
+        algorithm's buffer says which. With frames once its pool has room for ``self.stream_frames`` more frames."""
         raise NotImplementedError
 
     def _open_metrics(self) -> None:
@@ -142,7 +134,7 @@ class Buffer:
     def on_experience(self, buf: np.ndarray) -> bool:
         """Store one actor message; returns True if it was the actor's last."""
         exp = self.exp
-        rows = store_experience(self.store, exp, buf, self.proposed, self.windows, self.framed)
+        rows = store_experience(self.store, exp, buf, self.server.prioritized, self.windows, self.framed)
         self.inserted += rows
         actor = int(exp.get(buf, "actor"))
         t = self.ctx.now()
@@ -170,10 +162,8 @@ class Buffer:
         req, rows = self.req, self.req.rows(buf)
         kind = int(req.get(buf, "kind"))
         self.consumed = int(req.get(buf, "consumed"))
-        if rows and self.proposed:
-            v = req.views(buf, rows)
-            self.stale += self.store.update_priorities(v["ids"], v["versions"], v["priority"])
-            self.updates += rows
+        stale, applied = self.server.feedback(req, buf, rows)
+        self.stale, self.updates = self.stale + stale, self.updates + applied
         if kind == SAMPLE:
             self.waiting.append((req.get(buf, "seq"), int(req.get(buf, "want"))))
         elif kind == DUMP:
@@ -186,7 +176,7 @@ class Buffer:
         k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
         rets = [self.to_learner.popleft() for _ in range(k)]
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
-                       shard_total=self.store.total if self.proposed else 0.0,
+                       shard_total=self.server.reply_total,
                        env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
         if self.reply.counted:
             self.reply.set(buf, frames_rows=frames)
@@ -202,7 +192,7 @@ class Buffer:
         self._send_reply(slot, buf, SAMPLE, seq, rows, frames)
 
     def serve_dump(self, seq: float) -> None:
-        """Ship every stored experience, oldest first (baseline)."""
+        """Ship every stored experience, oldest first (a relay's reply)."""
         slot, buf = self.replies.acquire()
         rows, frames = self.store.size, 0
         if self.reply.counted:  # frames once, stacks as indices
@@ -257,7 +247,7 @@ class Buffer:
             stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
-            total_priority=self.store.total if self.proposed else np.nan, bytes_held=self.store.nbytes)
+            total_priority=self.server.total, bytes_held=self.store.nbytes)
 
     # -- checkpoint.replay ---------------------------------------------------------
     def _replay_file(self):

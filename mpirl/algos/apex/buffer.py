@@ -1,5 +1,5 @@
 """The Ape-X buffer: the shared buffer loop (:mod:`mpirl.roles.replay_buffer`) over a prioritized shard of
-n-step transitions (the proposed placement; the baseline's relay is the loop's own)."""
+n-step transitions (what its shard server serves from; a relay's memory is the loop's own)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ class LocalEpisodes:
 
     def sample(self, rng: np.random.Generator) -> Batch:
         picks = self.shard.sample_batch(self.batch_size, rng, self.out)
-        return Batch(self.out, self.shard._weights_of(picks.ids), None, self.shard.size, origin=picks)
+        return Batch(self.out, self.shard.sampler.weights_of(picks.ids), None, self.shard.size, origin=picks)
 
     def give_back(self, batch: Batch, values: np.ndarray) -> None:
         self.shard.update_priorities(batch.origin.ids, batch.origin.versions, values)

@@ -1,0 +1,81 @@
+"""What a buffer rank serves its learner from, one class per placement of the replay memory.
+
+Both take the experiences the buffer loop (:mod:`mpirl.roles.replay_buffer`) receives into ``memory``
+and answer the learner through the ``reply`` layout, over a ring of ``depth`` send buffers:
+
+* :class:`ShardServer` keeps the replay memory here (the algorithm's, from ``Buffer.make_shard``): a
+  request first applies the priorities it carries (dropping those of slots refilled since they were
+  sampled), then a batch is sampled straight into the reply buffer.
+* :class:`Relay` keeps the latest ``capacity`` experiences with the priorities their actors gave them (as
+  one more field of the records) and ships them all when the learner asks; the learner keeps the replay.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from mpirl.comm.layout import Layout
+from mpirl.comm.messages import dump_layout, sample_layout
+from mpirl.replay.ring import RingStore
+
+if TYPE_CHECKING:
+    from mpirl.roles.replay_buffer import Buffer
+
+
+class ShardServer:
+    """The replay memory on the buffer: serves sampled batches, takes priorities back."""
+
+    prioritized = True  # experiences are added with their priorities
+
+    def __init__(self, buffer: Buffer, share: int) -> None:
+        self.memory = buffer.make_shard()
+        self.ring = cast(RingStore, self.memory.store)  # where the records (and frames) are
+        self.reply = sample_layout(buffer.spec, share, buffer.framed)
+        self.depth = buffer.cfg.comm.prefetch + 1  # replies in flight: the learner's prefetch, and one more
+
+    def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
+        """The priorities a request carries back: (stale, applied rows)."""
+        if not rows:
+            return 0, 0
+        v = req.views(buf, rows)
+        return self.memory.update_priorities(v["ids"], v["versions"], v["priority"]), rows
+
+    @property
+    def total(self) -> float:
+        """The memory's total priority (the buffer's rows)."""
+        return self.memory.total
+
+    @property
+    def reply_total(self) -> float:
+        """The memory's total priority, sent with each reply (the learner's shard shares)."""
+        return self.memory.total
+
+
+class Relay:
+    """The latest experiences with their actors' priorities, shipped whole to the learner's local memory."""
+
+    prioritized = False  # the priorities are stored as the records' ``priority`` field
+
+    def __init__(self, buffer: Buffer, share: int) -> None:
+        rp = buffer.cfg.replay
+        self.memory = RingStore({**buffer.spec, "priority": ((), np.dtype(np.float32))}, rp.capacity,
+                                dedup_frames=rp.dedup_frames, stream_frames=buffer.stream_frames)
+        self.ring = self.memory
+        self.reply = dump_layout(buffer.spec, rp.capacity, buffer.framed)
+        self.depth = 1
+
+    def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
+        """No priorities come back to a relay."""
+        return 0, 0
+
+    @property
+    def total(self) -> float:
+        """No total priority here (NaN in the buffer's rows)."""
+        return np.nan
+
+    @property
+    def reply_total(self) -> float:
+        """0 in replies (a dump carries its priorities as records)."""
+        return 0.0

@@ -35,6 +35,14 @@ class ShardServer:
         self.reply = sample_layout(buffer.spec, share, buffer.framed)
         self.depth = buffer.cfg.comm.prefetch + 1  # replies in flight: the learner's prefetch, and one more
 
+    def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
+        """Sample ``want`` records straight into the reply buffer ``buf`` (none while the memory is empty, which
+        happens only at shutdown): (rows, distinct frames)."""
+        rows = want if self.memory.size else 0
+        counted = {"frames": self.reply.counted["frames"][2]} if self.reply.counted else {}
+        views = self.reply.views(buf, rows, **counted)
+        return rows, (self.memory.sample_into(rows, rng, views).frames if rows else 0)
+
     def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
         """The priorities a request carries back: (stale, applied rows)."""
         if not rows:
@@ -65,6 +73,17 @@ class Relay:
         self.ring = self.memory
         self.reply = dump_layout(buffer.spec, rp.capacity, buffer.framed)
         self.depth = 1
+
+    def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
+        """Every stored experience into the reply buffer ``buf``, oldest first (frames once: the distinct frames
+        and the stacks as indices): (rows, distinct frames)."""
+        rows, frames = self.memory.size, 0
+        if self.reply.counted:
+            views = self.reply.views(buf, rows, frames=self.reply.counted["frames"][2])
+            rows, frames = self.memory.export_framed(views, views["frames"])
+        else:
+            self.memory.export(self.reply.views(buf, rows))
+        return rows, frames
 
     def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
         """No priorities come back to a relay."""

@@ -113,7 +113,7 @@ def store_experience(store, layout: Layout, buf: np.ndarray, prioritized: bool, 
     the ``priority`` field of its records (the baseline's relay)."""
     rows = layout.rows(buf)
     views = layout.views(buf, rows)
-    if windows is None:
+    if windows is None or framed is None:
         if rows:
             store.add(views, views.pop("priority")) if prioritized else store.add(views)
         return rows

@@ -68,7 +68,8 @@ class Buffer:
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
                                 self.server.depth, shaper=shaper_for(cfg.comm.link),
                                 codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
-        self.windows = FrameWindows(self.server.ring.pool) if framed else None
+        pool = self.server.ring.pool  # the frames' pool, with frames once
+        self.windows = FrameWindows(pool) if framed and pool is not None else None
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
         self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
 
@@ -84,7 +85,7 @@ class Buffer:
         self.stop_steps = 0  # the learner's train steps at the stop (its BYE): names the stop checkpoint
         self._open_metrics()
         if ctx.resume and cfg.checkpoint.replay:
-            self._restore_replay()
+            self._restore_replay(ctx.resume.train_steps)
 
     def sender_lag(self) -> int:
         """Steps a sender holds a game's records before it can send them (Ape-X's n-step window): its frames
@@ -167,7 +168,7 @@ class Buffer:
         if kind == SAMPLE:
             self.waiting.append((req.get(buf, "seq"), int(req.get(buf, "want"))))
         elif kind == DUMP:
-            self.serve_dump(req.get(buf, "seq"))
+            self.serve(DUMP, float(req.get(buf, "seq")))
         elif kind == BYE:
             self.bye = True
             self.stop_steps = int(req.get(buf, "train_steps"))
@@ -182,25 +183,11 @@ class Buffer:
             self.reply.set(buf, frames_rows=frames)
         self.replies.send(slot, self.reply.nbytes(rows, frames=frames))
 
-    def serve_sample(self, seq: float, want: int) -> None:
-        """Sample ``want`` records straight into a reply buffer (fewer only at shutdown)."""
+    def serve(self, kind: int, seq: float, want: int = 0) -> None:
+        """One reply: a batch of ``want`` records (a shard server) or the whole memory (a relay)."""
         slot, buf = self.replies.acquire()
-        rows = want if self.store.size else 0
-        counted = {"frames": self.reply.counted["frames"][2]} if self.reply.counted else {}
-        views = self.reply.views(buf, rows, **counted)
-        frames = self.store.sample_into(rows, self.rng, views).frames if rows else 0
-        self._send_reply(slot, buf, SAMPLE, seq, rows, frames)
-
-    def serve_dump(self, seq: float) -> None:
-        """Ship every stored experience, oldest first (a relay's reply)."""
-        slot, buf = self.replies.acquire()
-        rows, frames = self.store.size, 0
-        if self.reply.counted:  # frames once, stacks as indices
-            views = self.reply.views(buf, rows, frames=self.reply.counted["frames"][2])
-            rows, frames = self.store.export_framed(views, views["frames"])
-        else:
-            self.store.export(self.reply.views(buf, rows))
-        self._send_reply(slot, buf, DUMP, seq, rows, frames)
+        rows, frames = self.server.fill(buf, want, self.rng)
+        self._send_reply(slot, buf, kind, seq, rows, frames)
 
     # -- the loop ----------------------------------------------------------------
     def finished(self) -> bool:
@@ -223,7 +210,8 @@ class Buffer:
             if not self.bye:
                 self.req_pool.post(slot)
         while self.waiting and (self.store.size >= self.min_fill or self.bye):
-            self.serve_sample(*self.waiting.popleft())
+            seq, want = self.waiting.popleft()
+            self.serve(SAMPLE, seq, want)
             progress = True
         if not self.params_in.closed and self.params_in.arrived():
             progress = True
@@ -259,8 +247,9 @@ class Buffer:
         path.parent.mkdir(exist_ok=True)
         snapshot.save(path, snapshot.snapshot(self.store), train_steps=self.stop_steps)
 
-    def _restore_replay(self) -> None:
-        path, steps = self._replay_file(), self.ctx.resume.train_steps
+    def _restore_replay(self, steps: int) -> None:
+        """The memory the job saved when it stopped at ``steps`` train steps (the checkpoint resumed from)."""
+        path = self._replay_file()
         where = f"mpirl: buffer rank {self.ctx.topo.rank}"
         if not path.exists():
             print(f"{where}: no replay snapshot ({path.name}); the memory starts empty", flush=True)

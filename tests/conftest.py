@@ -250,11 +250,17 @@ class _MpiexecWatch(threading.Thread):
 _running: list = []  # the test running now (its pytest item), for mpiexec() to check its marker
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The test about to run, set before any of its fixtures (a module-scoped fixture that starts a job runs in
+    the setup of its first test, before that test's function-scoped fixtures)."""
+    _running[:] = [item]
+
+
 @pytest.fixture(autouse=True)
 def _mpi_marker_is_true(request):
     """Every test that starts ``mpiexec`` carries the ``mpi`` marker (``pytest -m "not mpi"`` is then a run without
     MPI): a test without it that starts a job, by any path, fails."""
-    _running[:] = [request.node]
     if request.node.get_closest_marker("mpi") or not Path("/proc/self/stat").exists():
         yield
         return

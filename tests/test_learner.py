@@ -8,7 +8,7 @@ import torch
 from mpirl.agents.dqn import DQNLearner
 from mpirl.bench.learner import _learner, _reply
 from mpirl.replay.shard import importance_weights, linear_schedule
-from mpirl.roles.learner import Batch
+from mpirl.roles.batch_sources import Batch
 from mpirl.roles.shard_links import joined
 
 OBS = ((4,), np.float32)

@@ -31,7 +31,7 @@ from mpirl.bench.report import MIN_REPS, Row
 from mpirl.config import JobConfig
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import importance_weights
-from mpirl.roles.learner import Batch
+from mpirl.roles.batch_sources import Batch
 from mpirl.roles.shard_links import Counters, joined
 
 SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]

@@ -5,13 +5,7 @@
 
 The algorithm (:class:`LearnerAlgorithm`) owns its networks, optimizer and metric columns; the loop owns its
 counters (versions, episodes, returns, env steps, skipped batches, clocks, bytes) and saves them in the checkpoint
-next to the algorithm's state. Sources (:class:`BatchSource`):
-
-* :class:`RemoteShards`: batches come from the buffers. ``prefetch`` requests per buffer stay in flight while a
-  batch trains; each new request carries the values (priorities, weights) of the batch just trained. With R
-  buffers each serves its N/R share (``replay.shares``: even or by insertion rate).
-* :class:`LocalMemory`: the learner keeps a local replay of the algorithm's kind and replaces it wholesale with
-  the buffers' contents every ``replay.n_replay`` batches; the values go back into it.
+next to the algorithm's state. The sources (remote shards, a local memory) are in :mod:`mpirl.roles.batch_sources`.
 
 Every ``n_update`` batches the parameters go out in a versioned broadcast; the last broadcast carries the stop flag.
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
@@ -22,28 +16,25 @@ while it waits for replies or dumps, loads each version it publishes, and tells 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import os
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
-from mpirl.comm.backoff import Backoff, wait_until
+from mpirl.comm.backoff import Backoff
 from mpirl.comm.link import shaper_for
-from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, sample_layout
 from mpirl.comm.params import ParamBroadcast
 from mpirl.metrics.writer import MetricsFile
-from mpirl.replay.frames import framed_fields
-from mpirl.replay.quotas import max_quota, rate_quotas
 from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.roles.preemption import PREEMPTED, signal_name
-from mpirl.roles.shard_links import Counters, ShardLinks, joined
+from mpirl.roles.batch_sources import Batch, BatchSource, LocalMemory, LocalReplay, RemoteShards
+from mpirl.roles.shard_links import Counters
 from mpirl.roles.worker import Worker
 
 F8, I8 = np.float64, np.int64
@@ -67,36 +58,6 @@ class Clock:
         t = time.perf_counter()
         yield
         self.comm += time.perf_counter() - t
-
-
-@dataclass
-class Batch:
-    """One batch as a source hands it to the algorithm."""
-
-    fields: dict[str, np.ndarray]  # the record fields, as the algorithm's train step takes them
-    values: np.ndarray  # the values the memory held for them (priorities, weights): kept when a step is skipped
-    probs: np.ndarray | None  # the probability each sample was drawn with (importance weights), None if uniform
-    size: int  # how many samples the memory they were drawn from held
-    sample_seconds: float = 0.0  # seconds spent getting this batch (waiting for replies, or sampling locally)
-    origin: Any = None  # what the source needs to give the values back (reply views, sampled ids)
-
-
-class LocalReplay(Protocol):
-    """The learner-side memory of :class:`LocalMemory`, made by the algorithm (its kind of replay)."""
-
-    need: int  # samples it must hold before a batch is drawn
-
-    @property
-    def size(self) -> int: ...
-
-    def clear(self) -> None: ...
-
-    def add_dump(self, views: dict[str, np.ndarray], values: np.ndarray) -> None:
-        """Add one buffer's dump (record views, with frames once when the dump has them) with its values."""
-
-    def sample(self, rng: np.random.Generator) -> Batch: ...
-
-    def give_back(self, batch: Batch, values: np.ndarray) -> None: ...
 
 
 class LearnerAlgorithm(ABC):
@@ -169,26 +130,6 @@ class LearnerAlgorithm(ABC):
 
     def finish(self) -> None:
         """Before the last checkpoint (e.g. the final policy's test episodes)."""
-
-
-class BatchSource(Protocol):
-    """Where the loop's batches come from and where their new values go."""
-
-    links: ShardLinks  # the lines to the buffers and what they tell (env steps, episodes, the shards table)
-
-    def start(self) -> None:
-        """Before the first batch (after the first parameter broadcast)."""
-
-    def next_batch(self) -> Batch | None:
-        """A batch, or None when none is ready yet (the loop logs, then calls :meth:`wait`)."""
-
-    def wait(self) -> None:
-        """Wait a little for the next batch (counted as communication)."""
-
-    def give_back(self, batch: Batch, values: np.ndarray) -> None: ...
-
-    def settle(self) -> None:
-        """Bring the per-shard counts up to the last batch (before a checkpoint and at the stop)."""
 
 
 class Learner:
@@ -418,165 +359,3 @@ class Learner:
         self.params.close()
         self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes())
         self.file.close()
-
-
-def _shard_links(loop: Learner, sampled: bool) -> ShardLinks:
-    """The lines to the buffers: replies are sampled shares (``prefetch + 1`` in flight) or whole dumps."""
-    cfg, spec, n_buf = loop.cfg, loop.ctx.spec, len(loop.ctx.topo.buffers)
-    most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
-    framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
-    reply = sample_layout(spec, most, framed) if sampled else dump_layout(spec, cfg.replay.capacity, framed)
-    return ShardLinks(loop.ctx, loop.counters, reply, most, cfg.comm.prefetch + 1 if sampled else 1)
-
-
-class RemoteShards:
-    """Batches sampled by the buffers, each its share; the values go back in the next request."""
-
-    def __init__(self, loop: Learner):
-        self.loop, self.cfg = loop, loop.cfg
-        self.links = _shard_links(loop, sampled=True)
-        self.backoff = Backoff()
-        self.served = False
-        self.waited = 0.0  # seconds spent polling for the replies of the next batch
-
-    def start(self) -> None:
-        links, c = self.links, self.loop.counters
-        with self.loop.clock.communicating():
-            for _ in range(self.cfg.comm.prefetch + 1):
-                for b, link in enumerate(links.links):  # a resumed run's counts continue, never back to 0
-                    link.request(SAMPLE, links.quotas[b], consumed=c.consumed[b])
-
-    def next_batch(self) -> Batch | None:
-        loop = self.loop
-        self.served = loop.serve()
-        with loop.clock.communicating():  # polling and taking the replies: all waiting on the link
-            t = time.perf_counter()
-            loop.params.pump()
-            ready = self.links.ready()
-            self.waited += time.perf_counter() - t
-            if ready:
-                views = [self.links.take_reply(b) for b in range(len(self.links.links))]
-        if not ready:
-            return None
-        self.backoff.reset()
-        # A sample from buffer b was drawn with probability share_b / N * p_i / total_b;
-        # importance weights use that and the total size over all shards.
-        n = self.cfg.replay.batch_size
-        probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
-        prio = np.concatenate([v["priority"] for v in views])
-        loop.algo.transferred(float(prio.mean()))
-        batch = Batch(joined(views, self.links.batch_fields), prio, probs, sum(self.links.sizes),
-                      sample_seconds=self.waited, origin=views)
-        self.waited = 0.0
-        return batch
-
-    def wait(self) -> None:
-        with self.loop.clock.communicating():
-            if self.served:
-                self.backoff.reset()
-            else:
-                self.backoff.sleep()
-
-    def give_back(self, batch: Batch, values: np.ndarray) -> None:
-        links, c = self.links, self.loop.counters
-        with self.loop.clock.communicating():
-            if self.cfg.replay.shares == "rate":
-                links.quotas = rate_quotas(self.cfg.replay.batch_size, [m.rate for m in links.meters])
-            start = 0
-            for b, link in enumerate(links.links):
-                v = batch.origin[b]
-                rows = len(v["ids"])
-                c.consumed[b] += rows
-                link.release()
-                link.request(SAMPLE, links.quotas[b], consumed=c.consumed[b],
-                             ids=v["ids"], versions=v["versions"], priority=values[start:start + rows])
-                start += rows
-
-    def settle(self) -> None:
-        """Every batch's samples are counted as it goes back."""
-
-
-class LocalMemory:
-    """A local replay of the algorithm's kind, replaced with the buffers' dumps every ``replay.n_replay`` batches."""
-
-    def __init__(self, loop: Learner):
-        self.loop, self.cfg = loop, loop.cfg
-        self.links = _shard_links(loop, sampled=False)
-        self.memory = loop.algo.local_memory(self.cfg.replay.capacity * len(self.links.links))
-        self.refreshed_at = loop.algo.steps
-        self.next_try = 0.0
-        self.idling = False
-
-    def start(self) -> None:
-        self.refreshed_at = self.loop.algo.steps
-
-    def next_batch(self) -> Batch | None:
-        loop, memory = self.loop, self.memory
-        self.links.pump()
-        loop.params.pump()
-        loop.serve()
-        self.idling = memory.size < memory.need and time.perf_counter() < self.next_try
-        if self.idling:
-            return None  # waiting for the buffers to fill
-        if loop.algo.steps % self.cfg.replay.n_replay == 0 or memory.size < memory.need:
-            self.refresh()
-            if memory.size < memory.need:
-                # Not enough yet: ask again when the buffers' insertion rate says there will be,
-                # instead of shipping the whole (possibly GB-sized) memory again and again.
-                rate = self.links.insertion_rate()
-                wait = (memory.need - memory.size) / rate if rate > 0 else 0.2
-                self.next_try = time.perf_counter() + min(max(wait, 0.05), 5.0)
-                return None
-        with loop.clock.computing():
-            t = time.perf_counter()
-            batch = memory.sample(loop.rng)
-            batch.sample_seconds = time.perf_counter() - t
-        return batch
-
-    def wait(self) -> None:
-        if self.idling:
-            self.loop.idle(0.01)
-
-    def give_back(self, batch: Batch, values: np.ndarray) -> None:
-        with self.loop.clock.computing():
-            self.memory.give_back(batch, values)
-
-    def settle(self) -> None:
-        """The batches since the last refresh sampled the memory the last dumps made; attribute them to each shard
-        by its share of it. Counts only grow (a resumed run starts from its checkpoint's)."""
-        steps, sizes, c = self.loop.algo.steps, self.links.sizes, self.loop.counters
-        trained = (steps - self.refreshed_at) * self.cfg.replay.batch_size
-        total = sum(sizes)
-        if trained and total:
-            upto = trained * np.cumsum(sizes) // total  # shares that add up to `trained` exactly
-            for b, share in enumerate(np.diff(upto, prepend=0)):
-                c.consumed[b] += int(share)
-            self.refreshed_at = steps
-
-    def _replies_ready(self) -> bool:
-        self.loop.serve()
-        self.loop.params.pump()
-        return self.links.ready()
-
-    def refresh(self) -> None:
-        """Replace the local replay with every buffer's latest experiences.
-
-        The transfer counts as communication, rebuilding the local memory as compute.
-        """
-        loop, links, memory = self.loop, self.links, self.memory
-        self.settle()
-        with loop.clock.communicating():
-            for b, link in enumerate(links.links):
-                link.request(DUMP, 0, consumed=loop.counters.consumed[b])
-            wait_until(self._replies_ready)
-            dumps = [links.take_reply(b) for b in range(len(links.links))]
-        with loop.clock.computing():
-            memory.clear()
-            priorities = [v.pop("priority") for v in dumps]
-            for v, prio in zip(dumps, priorities):
-                if len(prio):
-                    memory.add_dump(v, prio)
-            if memory.size:
-                loop.algo.transferred(float(np.concatenate(priorities).mean()))
-        for link in links.links:
-            link.release()

@@ -14,7 +14,8 @@ from mpirl.agents.dqn import DQNLearner, divergence, pick_device
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import Batch, Learner, LearnerAlgorithm
+from mpirl.roles.batch_sources import Batch
+from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
 
 F8, I8 = np.float64, np.int64

@@ -27,7 +27,8 @@ from mpirl.algos.qmix.envs import make
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import Batch, Learner, LearnerAlgorithm
+from mpirl.roles.batch_sources import Batch
+from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
 
 F8, I8 = np.float64, np.int64

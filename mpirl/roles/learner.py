@@ -123,7 +123,12 @@ class LearnerAlgorithm(ABC):
     def row(self) -> dict:
         """The values of :meth:`columns` for a ``train`` row (means since the last row), then start over."""
 
-    # -- the local replay and the end ------------------------------------------------
+    # -- where batches come from, and the end ------------------------------------------
+    def batch_source(self, loop: Learner) -> BatchSource | None:
+        """A source of the algorithm's own (a trajectory queue); None: the replay placement's (remote shards or a
+        local memory, by ``replay.architecture``)."""
+        return None
+
     def local_memory(self, capacity: int) -> LocalReplay:
         """The replay the learner keeps itself when the buffers dump to it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no local replay")
@@ -152,9 +157,11 @@ class Learner:
             self.server = Worker(ctx, ctx.serving)
             torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
         self.clock = Clock()
-        # The choice of source: batches sampled by the buffers (proposed) or a local replay they dump to (baseline).
+        # The choice of source: the algorithm's own, else batches sampled by the buffers (proposed) or a local
+        # replay they dump to (baseline).
         proposed = cfg.replay.architecture == "proposed"
-        self.source: BatchSource = RemoteShards(self) if proposed else LocalMemory(self)
+        self.source: BatchSource = (self.algo.batch_source(self)
+                                    or (RemoteShards(self) if proposed else LocalMemory(self)))
         # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
         self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
         self.stop_reason = ""

@@ -228,7 +228,7 @@ class Learner:
         self.tick = Interval(self.cfg.log.interval)
         # The last row's train steps and skipped batches (a resumed run's: its checkpoint's) and its time: a row's
         # rate spans the time since the row before, or since here for the first.
-        self.last_row, self.last_t = (algo.steps, self.counters.skipped), time.perf_counter()
+        self.last_row, self.last_t = (algo.steps, self.counters.skipped), self.ctx.now()
 
     def link_bytes(self) -> dict:
         """Bytes over the buffer <-> learner link so far: on the wire and before compression.
@@ -246,23 +246,23 @@ class Learner:
         if not (self.tick.due() or force):
             self.file.flush_if_due()
             return
-        now, c, steps = time.perf_counter(), self.counters, self.algo.steps
+        c, steps = self.counters, self.algo.steps
         if (steps, c.skipped) == self.last_row:
             # No batch since the last row, trained or skipped (warm-up, a refill after a resume, a checkpoint or the
             # stop right after a row): no row, so no train step appears twice; the next row's rate spans the time
             # since the last row, as its counters' growth does.
             self.file.flush_if_due()
             return
-        t = self.ctx.now()  # with ``now``: the rate's interval is the rows' time difference
+        t = self.ctx.now()  # the row's time; its rate is over the time since the row before, on the same clock
         values = self.algo.row()  # may write the algorithm's own tables first
         self.table.append(
             time=t, train_steps=steps, env_steps=sum(c.env_steps),
-            train_steps_per_s=(steps - self.last_row[0]) / max(now - self.last_t, 1e-9),
+            train_steps_per_s=(steps - self.last_row[0]) / max(t - self.last_t, 1e-9),
             compute_s=self.clock.compute, comm_s=self.clock.comm, **self.link_bytes(),
             samples_trained=steps * self.cfg.replay.batch_size,
             return_mean20=float(np.mean(c.returns)) if c.returns else math.nan,
             episodes=c.episodes, param_version=c.version, skipped_batches=c.skipped, **values)
-        self.last_row, self.last_t = (steps, c.skipped), now
+        self.last_row, self.last_t = (steps, c.skipped), t
         self.source.links.write_rows()
         self.file.flush_if_due()
 

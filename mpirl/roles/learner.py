@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -60,31 +60,50 @@ class Clock:
         self.comm += time.perf_counter() - t
 
 
+class Agent(Protocol):
+    """The learning agent an algorithm trains (:mod:`mpirl.agents`): networks and optimizer on a device."""
+
+    @property
+    def steps(self) -> int:
+        """Train steps done (a skipped batch is none)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def n_params(self) -> int:
+        """The length of the flat parameter vector every broadcast carries."""
+
+    def flat_params(self) -> np.ndarray: ...
+
+
 class LearnerAlgorithm(ABC):
-    """What an algorithm gives the learner loop: its networks and optimizer, its train step, its metric columns and
-    tables, its checkpoint state and the parameters to publish. Made by the loop as ``cls(ctx, rng, counters)``
-    once the loop has set the rank's torch threads."""
+    """What an algorithm gives the learner loop: its agent (networks and optimizer), its train step, its metric
+    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters)`` once the loop has
+    set the rank's torch threads; the constructor sets ``agent``."""
+
+    agent: Agent
 
     def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
         self.ctx, self.cfg, self.rng, self.counters = ctx, ctx.cfg, rng, counters
 
-    # -- networks ------------------------------------------------------------------
+    # -- the agent -------------------------------------------------------------------
     @property
-    @abstractmethod
     def steps(self) -> int:
         """Train steps done (a skipped batch is none); a checkpoint's ``train_steps``."""
+        return self.agent.steps
 
     @property
-    @abstractmethod
-    def device(self) -> torch.device: ...
+    def device(self) -> torch.device:
+        return self.agent.device
 
     @property
-    @abstractmethod
-    def n_params(self) -> int: ...
+    def n_params(self) -> int:
+        return self.agent.n_params
 
-    @abstractmethod
     def flat_params(self) -> np.ndarray:
         """The parameters to publish, flat."""
+        return self.agent.flat_params()
 
     @abstractmethod
     def train(self, batch: Batch) -> np.ndarray | None:

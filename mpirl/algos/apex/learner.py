@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from mpirl.agents.dqn import DQNLearner, divergence, pick_device
 from mpirl.metrics.writer import MetricsFile
@@ -54,6 +53,10 @@ class LocalPrioritized:
 
 
 class ApexTraining(LearnerAlgorithm):
+    """Ape-X's side of the learner loop: the dueling double DQN, its importance-weighted train step, its columns."""
+
+    agent: DQNLearner
+
     def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
         super().__init__(ctx, rng, counters)
         cfg = self.cfg
@@ -63,21 +66,6 @@ class ApexTraining(LearnerAlgorithm):
         # One row per train step, for curves within an epoch (p_t: the last transfer's mean priority).
         self.per_batch: dict[str, list] = {name: [] for name in ("train_step", *STATS)}
         self.last_p_t = math.nan
-
-    @property
-    def steps(self) -> int:
-        return self.agent.steps
-
-    @property
-    def device(self) -> torch.device:
-        return self.agent.device
-
-    @property
-    def n_params(self) -> int:
-        return self.agent.n_params
-
-    def flat_params(self) -> np.ndarray:
-        return self.agent.flat_params()
 
     def transferred(self, mean_value: float) -> None:
         self.last_p_t = mean_value

@@ -18,7 +18,6 @@ import math
 import time
 
 import numpy as np
-import torch
 
 from mpirl.agents.dqn import pick_device
 from mpirl.agents.qmix import QmixHyper, QMixLearner, divergence
@@ -74,6 +73,10 @@ class LocalEpisodes:
 
 
 class QmixTraining(LearnerAlgorithm):
+    """QMIX's side of the learner loop: the agent network and mixers, the train step on whole episodes, greedy tests."""
+
+    agent: QMixLearner
+
     def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
         super().__init__(ctx, rng, counters)
         cfg, s = self.cfg, ctx.spaces
@@ -88,21 +91,6 @@ class QmixTraining(LearnerAlgorithm):
         self.acc: dict[str, list] = {k: [] for k in (*STATS, "p_t")}
         self.tested_at = -1
         self.test_games: list | None = None
-
-    @property
-    def steps(self) -> int:
-        return self.agent.steps
-
-    @property
-    def device(self) -> torch.device:
-        return self.agent.device
-
-    @property
-    def n_params(self) -> int:
-        return self.agent.n_params
-
-    def flat_params(self) -> np.ndarray:
-        return self.agent.flat_params()
 
     def transferred(self, mean_value: float) -> None:
         self.acc["p_t"].append(mean_value)

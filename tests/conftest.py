@@ -202,6 +202,18 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, env=mpi_env(), cwd=ROOT)
 
 
+# ---------------------------------------------------------------- the order
+# The modules whose jobs take longest run first: with two workers taking whole files (setup.cfg), a long file
+# started last keeps one worker busy while the other has nothing left. Within a file the order is unchanged.
+LONGEST_FIRST = ("test_learning.py", "test_bench.py", "test_slurm.py", "test_qmix_job.py", "test_mpi_runs.py",
+                 "test_checkpoint.py", "test_preflight.py", "test_distql.py", "test_launcher.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
+
 # ---------------------------------------------------------------- the mpi marker
 LAUNCHERS = {"mpiexec", "mpirun", "prterun"}  # the venv's mpiexec execs prterun (Open MPI 5): same process
 

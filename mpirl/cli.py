@@ -18,7 +18,7 @@ from mpirl import config
 from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
 
 if TYPE_CHECKING:
-    from mpirl.algos.base import Info
+    from mpirl.contract import Info
 
 EXIT_BAD_INPUT = 2
 

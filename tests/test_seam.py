@@ -49,9 +49,7 @@ def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout)  # noqa: S307 - our own printout
-    # the algorithms' settings (the config layer reads them) and the contract they are typed against
-    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS or m == "mpirl.algos.base"
-               for m in loaded), loaded
+    assert all(m.endswith(".settings") or m.split(".")[-1] in config.ALGORITHMS for m in loaded), loaded
     assert not [m for m in loaded if m.startswith(("torch", "pettingzoo"))], loaded
 
 

@@ -1,6 +1,6 @@
 """Who is who in the job, and the communicators between them, made from the algorithm's declared layout.
 
-An algorithm declares its :class:`Layout` as data (its ``layout(cfg, world_size)``, :mod:`mpirl.algos.base`): each role's world ranks and the
+An algorithm declares its :class:`Layout` as data (its ``layout(cfg, world_size)``, :mod:`mpirl.contract`): each role's world ranks and the
 links between roles (``Link("experience", "actor", "buffer")``). Each link is a set of star groups: the ranks
 of its hub side are the hubs, every rank of the other side joins one hub (spread evenly, node-local first,
 deterministic from the host list) and ``COMM_WORLD`` is split once per link, the hub rank 0 of its group.

@@ -15,7 +15,7 @@ from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
 
 if TYPE_CHECKING:
-    from mpirl.algos.base import Algorithm
+    from mpirl.contract import Algorithm
 
 
 class Checked(NamedTuple):

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpirl
-from mpirl.algos.base import Algorithm
+from mpirl.contract import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from mpirl.algos.base import RoleLoop
+from mpirl.contract import RoleLoop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count

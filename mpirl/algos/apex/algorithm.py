@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.apex import memory
-from mpirl.algos.base import RoleLoop
+from mpirl.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.envs.factory import env_spaces

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from mpirl.agents.tabular import PAIR_BYTES
 from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.algos.base import RoleLoop
+from mpirl.contract import RoleLoop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory

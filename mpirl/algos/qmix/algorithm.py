@@ -17,7 +17,7 @@ import numpy as np
 
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
-from mpirl.algos.base import RoleLoop
+from mpirl.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.replay.quotas import max_quota

@@ -10,7 +10,8 @@ An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (r
   communicators, its role loops, its rank files, its validate line and its end-of-job summary.
 * ``info.py`` — :class:`Info`: ``mpirl info``'s summary and ``mpirl watch``'s frame, from the HDF5 files alone.
 
-Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.roles.job`, :mod:`mpirl.cli`) never
+It sits beside the config layer, not in ``mpirl/algos/``: the shared layers import it and no module of an algorithm
+folder. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.roles.job`, :mod:`mpirl.cli`) never
 asks whether an algorithm has something, and never names one.
 """
 

@@ -12,8 +12,9 @@ from gymnasium import spaces
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 from pettingzoo.utils.env import ParallelEnv
 
+from mpirl.envs.marl_install import INSTALL_HINT, MarlDependencyError, install_hint
 from mpirl.envs.pettingzoo import (
-    INSTALL_HINT, MarlDependencyError, TeamEnv, TeamStep, check_team_env, describe, make_team_env,
+    TeamEnv, TeamStep, check_team_env, describe, make_team_env,
     team_env_spaces,
 )
 from mpirl.envs.predator_prey import CATCH, DOWN, LEFT, RIGHT, STAY, UP, PredatorPrey
@@ -458,7 +459,6 @@ def test_a_missing_family_package_names_the_install_that_provides_it(monkeypatch
     PettingZoo's atari extra (which lists it), and the marl extra only for PettingZoo and mpe2 themselves."""
     from importlib.metadata import requires
 
-    from mpirl.envs.pettingzoo import install_hint
     atari = [r for r in requires("pettingzoo") if 'extra == "atari"' in r]
     assert any(r.startswith("multi_agent_ale_py") for r in atari)  # what the hint relies on
     assert install_hint("multi_agent_ale_py", "pettingzoo.atari.pong_v3") == "pip install 'pettingzoo[atari]'"

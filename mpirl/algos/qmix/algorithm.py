@@ -41,12 +41,13 @@ class Spaces(NamedTuple):
 def spaces_of(cfg: JobConfig) -> Spaces:
     """The env's spaces, or a ConfigError naming env.id and why QMIX cannot use it."""
     from mpirl.envs import pettingzoo as pz
+    from mpirl.envs.marl_install import MarlDependencyError, missing_package
     try:
         env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
-    except pz.MarlDependencyError as err:  # its message names the install that provides the package
+    except MarlDependencyError as err:  # its message names the install that provides the package
         raise ConfigError("env.id", str(err)) from None
     except ModuleNotFoundError as err:
-        raise ConfigError("env.id", str(pz.missing_package(cfg.env.id, err.name or "?"))) from None
+        raise ConfigError("env.id", str(missing_package(cfg.env.id, err.name or "?"))) from None
     except (ValueError, TypeError) as err:
         raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
     try:

@@ -81,7 +81,6 @@ SETTINGS = {name: importlib.import_module(f"mpirl.algos.{name}.settings") for na
 OWNER = {section: name for name, mod in SETTINGS.items() for section in mod.SECTIONS}
 # Keys of the shared sections that moved into an algorithm's own: old dotted key -> new one.
 MOVED = {old: new for mod in SETTINGS.values() for old, new in mod.MOVED.items()}
-MOVED_FROM = {new: old for old, new in MOVED.items()}
 # Sections every algorithm reads whole, and the keys every algorithm reads; any other key of the shared sections
 # that the job's algorithm does not list in its USES is refused.
 GENERIC = ("log",)

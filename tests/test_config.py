@@ -142,7 +142,8 @@ def test_a_checkpoint_that_names_a_moved_key_by_its_old_name_still_resumes():
     from mpirl.roles.checkpoint import identity, mismatch
     cfg, _ = config.load(JOBS / "cartpole.toml")
     now = identity(cfg, 4)
-    before = {config.MOVED_FROM.get(k, k): v for k, v in now.items()}  # as the code before the move wrote it
+    old_name = {new: old for old, new in config.MOVED.items()}
+    before = {old_name.get(k, k): v for k, v in now.items()}  # as the code before the move wrote it
     assert "agent.n_step" in before and "apex.n_step" not in before
     assert mismatch(before, now) == ""
     before["agent.n_step"] = repr(5)

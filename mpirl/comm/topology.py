@@ -25,6 +25,7 @@ its parameters are its own, so the layout declares no broadcast to it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Mapping
 
 from mpi4py import MPI
@@ -139,12 +140,12 @@ class Topology:
 
     # The learner-buffer-actor layout's names (mpirl.roles.replay_layout; shared by the replay algorithms).
 
-    @property
+    @cached_property
     def buffer_of(self) -> dict[int, int]:
         """Sender (an actor, or a worker when there are workers) -> its buffer: the experience link's groups."""
         return self._group("experience")
 
-    @property
+    @cached_property
     def worker_of(self) -> dict[int, int]:
         """Actor -> its inference worker (empty without workers): the observation link's groups."""
         return self._group("observations")
@@ -155,13 +156,9 @@ class Topology:
 
     @property
     def group_params(self) -> Any:
-        """The buffer's broadcast to its senders; a buffer whose one sender keeps its own parameters (the
-        learner's rank as the worker) broadcasts to itself."""
+        """The buffer's broadcast to its senders (None where the layout declares none)."""
         link = self.layout.link("experience")
-        if link is None:
-            return None
-        comm = self.comm("parameters", link.target)
-        return MPI.COMM_SELF if comm is None and self.rank in self.buffers else comm
+        return self.comm("parameters", link.target) if link else None
 
     @property
     def learner(self) -> Any:
@@ -176,7 +173,7 @@ class Topology:
     def serve(self) -> Any:
         return self.comm("observations")
 
-    @property
+    @cached_property
     def buffers(self) -> list[int]:
         return sorted(set(self.buffer_of.values()))
 

@@ -71,7 +71,8 @@ class Buffer:
         pool = self.server.ring.pool  # the frames' pool, with frames once
         self.windows = FrameWindows(pool) if framed and pool is not None else None
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
-        self.params_out = ParamBroadcast(topo.group_params, ctx.n_params)
+        # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its own).
+        self.params_out = ParamBroadcast(topo.group_params, ctx.n_params) if topo.group_params else None
 
         self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
         # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
@@ -191,7 +192,7 @@ class Buffer:
 
     # -- the loop ----------------------------------------------------------------
     def finished(self) -> bool:
-        return self.bye and self.finals == self.n_actors and not self.waiting and self.params_out.done()
+        return self.bye and self.finals == self.n_actors and not self.waiting and (self.params_out is None or self.params_out.done())
 
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""
@@ -215,7 +216,8 @@ class Buffer:
             progress = True
         if not self.params_in.closed and self.params_in.arrived():
             progress = True
-            self.params_out.publish(self.params_in.version, self.params_in.params, stop=self.params_in.stop)
+            if self.params_out is not None:
+                self.params_out.publish(self.params_in.version, self.params_in.params, stop=self.params_in.stop)
             if not self.params_in.stop:
                 self.params_in.post()
         if self.tick.due():
@@ -278,5 +280,6 @@ class Buffer:
         self.replies.close()
         self.exp_pool.close()
         self.req_pool.close()
-        self.params_out.close()
+        if self.params_out is not None:
+            self.params_out.close()
         self.file.close()

@@ -23,7 +23,12 @@ the job's clean stop:
 the launcher itself be killed outright (``kill -9``), ``mpiexec`` gets SIGTERM and
 takes its ranks down, so no job runs on without its launcher. Elsewhere (no
 ``prctl``, no ``/proc``) only ``mpiexec``'s process group is killed and a killed
-launcher leaves its job running. No MPI import here.
+launcher leaves its job running.
+
+Every job started here keeps Open MPI's session directory in a directory of its
+own (:func:`own_session_dir`), removed when the job is done: a killed ``mpiexec``
+leaves its session behind, and a later ``mpiexec`` that gets the same PID would
+refuse to start over it. No MPI import here.
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from mpirl.config import ConfigError
 
@@ -69,6 +77,33 @@ def launch_env(mpiexec: str) -> tuple[list[str], dict]:
     return flags, env
 
 
+SESSION_BASE = "PRTE_MCA_prte_tmpdir_base"  # where Open MPI 5's mpiexec (PRRTE) makes its ompi.<PID> session
+
+
+@contextmanager
+def own_session_dir(env: dict | None) -> Iterator[dict]:
+    """``env`` (None: this process's) for one job, its MPI session directory in a directory of its own that is
+    removed (with whatever the job left in it) once the ``with`` ends.
+
+    Open MPI 5's ``mpiexec`` keeps its session in ``<tmp>/ompi.<its PID>`` and removes it only when it exits
+    itself. A killed ``mpiexec`` leaves it, and a later ``mpiexec`` that gets the same PID finds the old
+    rendezvous files there and stops before any rank starts ("The PMIx server's listener thread failed to
+    start", exit 213). PIDs come round again within minutes on a busy machine (``pid_max`` is often 32768, and
+    every thread takes one), so that is a matter of time, not of bad luck. A directory of the job's own holds no
+    other job's leftovers. A base the caller set is kept (and not removed); other MPIs ignore the variable.
+    """
+    env = dict(os.environ if env is None else env)
+    if env.get(SESSION_BASE):
+        yield env
+        return
+    base = tempfile.mkdtemp(prefix="mpirl-mpi-", dir=env.get("TMPDIR") or None)  # where the job's temp files go
+    env[SESSION_BASE] = base
+    try:
+        yield env
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def launch_command(mpiexec: str, n: int, job: str, sets: list[str], extra: list[str],
                    resume: str = "") -> tuple[list[str], dict]:
     """The mpiexec command line and environment for ``n`` ranks of ``job``."""
@@ -96,13 +131,14 @@ def supervise(cmd: list[str], env: dict | None, grace: float = GRACE_SECONDS, *,
     previous = {s: signal.signal(s, lambda signum, _frame: requests.append(signum))
                 for s in (*STOPS, signal.SIGUSR1)}
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_parent_death_signal())
-        try:
-            _stop_on_request(proc, requests, grace, kill_after)
-        finally:
-            _kill_job(proc)  # whatever of the job is left (nothing, unless it was killed or this raised)
+        with own_session_dir(env) as job_env:
+            proc = subprocess.Popen(cmd, env=job_env, start_new_session=True, preexec_fn=_parent_death_signal())
+            try:
+                _stop_on_request(proc, requests, grace, kill_after)
+            finally:
+                kill_job(proc)  # whatever of the job is left (nothing, unless it was killed or this raised)
         code = proc.returncode
-        if code is None:  # not even SIGKILL ended it within _kill_job's wait (a process stuck in the kernel)
+        if code is None:  # not even SIGKILL ended it within kill_job's wait (a process stuck in the kernel)
             _say(f"mpiexec (PID {proc.pid}) is still there after SIGKILL; giving up on it")
             return 128 + signal.SIGKILL
         return 128 - code if code < 0 else code
@@ -126,7 +162,7 @@ def _stop_on_request(proc: subprocess.Popen, requests: list[int], grace: float, 
                 _signal(proc, signal.SIGUSR1)
             elif signum in FORCE:
                 _say(f"{name} again: killing the job now")
-                _kill_job(proc)
+                kill_job(proc)
                 return
             elif signum == signal.SIGUSR1:
                 _signal(proc, signal.SIGUSR1)  # a batch system asking again: Open MPI forwards it, ranks note once
@@ -137,7 +173,7 @@ def _stop_on_request(proc: subprocess.Popen, requests: list[int], grace: float, 
             terminated_at = now
         if terminated_at is not None and now > terminated_at + kill_after:
             _say(f"the job is still there {kill_after:g} s after SIGTERM: killing it")
-            _kill_job(proc)
+            kill_job(proc)
             return
         try:
             proc.wait(timeout=0.1)
@@ -182,7 +218,7 @@ def _session(sid: int) -> list[int] | None:
     return pids
 
 
-def _kill_job(proc: subprocess.Popen, seconds: float = 10.0) -> None:
+def kill_job(proc: subprocess.Popen, seconds: float = 10.0) -> None:
     """SIGKILL to every process of the job (``mpiexec``'s session), reap ``mpiexec``, wait until none is left."""
     deadline = time.monotonic() + seconds
     while True:

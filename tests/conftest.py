@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -43,8 +45,23 @@ def _launch_env() -> tuple[tuple, dict]:
     return tuple(flags), {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
+_JOB_TMP: list[str] = []  # made on first use, removed when pytest ends (pytest_unconfigure)
+
+
+def _job_tmpdir() -> str:
+    """The TMPDIR of the jobs this pytest process starts: what a killed job leaves there goes when the tests end."""
+    if not _JOB_TMP:
+        _JOB_TMP.append(tempfile.mkdtemp(prefix="mpirl-tests-"))
+    return _JOB_TMP[0]
+
+
+def pytest_unconfigure(config):
+    for path in _JOB_TMP:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def mpi_env() -> dict:
-    env = {**os.environ, **_launch_env()[1]}
+    env = {**os.environ, **_launch_env()[1], "TMPDIR": _job_tmpdir()}
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -70,7 +87,6 @@ class Job:
 
 
 WHOLE_RUN_CAP = 3600.0  # seconds: a short job that keeps making progress for an hour is still taken for hung
-LAUNCHER_HICCUP = "The PMIx server's listener thread failed to start"
 
 
 def mpi_command(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml", args: tuple = ()) -> list:
@@ -116,6 +132,14 @@ def start_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.to
     job while it runs: ``with start_mpi(...) as job:``, then :func:`wait_for` what it must have done first
     (:func:`wait_for_train_steps`). Leaving the ``with`` kills whatever of the job is left."""
     return RunningJob(mpi_command(n, out_dir, *sets, job=job, args=args), env=mpi_env(), cwd=ROOT)
+
+
+def run_mpi_script(n: int, script: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
+    """``mpiexec -n n python script args...`` to its end: its exit code and output (a job still running after
+    ``timeout`` seconds is killed, every process of it, and fails the test)."""
+    cmd = [mpiexec(), "-n", str(n), *_launch_env()[0], sys.executable, str(script), *args]
+    with RunningJob(cmd, env=mpi_env(), cwd=ROOT) as job:
+        return finish(job, timeout)
 
 
 def wait_for(job: RunningJob | subprocess.Popen, enough, what: str, timeout: float = 300) -> None:
@@ -186,15 +210,7 @@ def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml
     ``stall`` seconds, and ``timeout`` is then the cap on the whole run."""
     cmd = mpi_command(n, out_dir, *sets, job=job, args=args)
     stall, cap = (timeout, WHOLE_RUN_CAP) if stall is None else (stall, timeout)
-
-    def once() -> subprocess.CompletedProcess:
-        return _watched(cmd, out_dir, stall, cap)
-    proc = once()
-    if proc.returncode and LAUNCHER_HICCUP in proc.stdout + proc.stderr:
-        # mpiexec itself failed to start (before any rank ran): seen once in this project's test runs so far.
-        print(f"mpiexec did not start ({LAUNCHER_HICCUP!r}); trying once more", file=sys.stderr)
-        proc = once()
-    return Job(proc, out_dir)
+    return Job(_watched(cmd, out_dir, stall, cap), out_dir)
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

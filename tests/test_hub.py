@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conftest import ROOT, mpi_env, mpiexec
+from conftest import ROOT, run_mpi_script
 from hub_job import ROUNDS, value
 from mpirl.comm.hub import Hub
 from mpirl.comm.layout import Layout
-from mpirl.launcher import launch_env
 
 PEERS = 3
 
 
 def run_hub_job(mode: str, tmp_path) -> dict:
     out = tmp_path / f"{mode}.json"
-    cmd = [mpiexec(), "-n", str(PEERS + 1), *launch_env(mpiexec())[0], sys.executable,
-           str(ROOT / "tests" / "hub_job.py"), mode, str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, output = run_mpi_script(PEERS + 1, ROOT / "tests" / "hub_job.py", mode, str(out))
+    assert code == 0, output
     return json.loads(out.read_text())
 
 

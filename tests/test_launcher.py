@@ -20,9 +20,11 @@ from pathlib import Path
 import h5py
 import pytest
 
+from mpirl.bench.run_mpi import RunningJob
+from mpirl.launcher import SESSION_BASE, launch_env
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, mpi_env, processes_mentioning, ranks_of, wait_for_train_steps
+from conftest import JOBS, ROOT, finish, mpi_env, mpiexec, processes_mentioning, ranks_of, wait_for_train_steps
 
 pytestmark = pytest.mark.mpi
 
@@ -62,8 +64,8 @@ class Launched:
         """PID of a rank of the launcher's job (its mpiexec is the launcher's child)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and self.proc.poll() is None:
-            for mpiexec in children_of(self.proc.pid):
-                pid = ranks_of(mpiexec).get(rank)
+            for launched in children_of(self.proc.pid):
+                pid = ranks_of(launched).get(rank)
                 if pid:
                     return pid
             time.sleep(0.1)
@@ -100,6 +102,13 @@ class Launched:
     def run_dir(self):
         return next(self.out.glob("*/run.h5")).parent
 
+    def session_dir(self) -> Path:
+        """The MPI session directory of the launcher's running job (``<its base>/ompi.<mpiexec's PID>``)."""
+        mpiexec_pid = children_of(self.proc.pid)[0]
+        environ = Path(f"/proc/{mpiexec_pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        base = dict(kv.split("=", 1) for kv in environ if "=" in kv)[SESSION_BASE]
+        return Path(base) / f"ompi.{mpiexec_pid}"
+
 
 def children_of(pid: int) -> list[int]:
     out = []
@@ -135,10 +144,13 @@ def test_one_stop_signal_is_a_clean_stop_with_a_checkpoint(tmp_path, signum, ter
     job = Launched(tmp_path / "runs")
     try:
         job.wait_for_training()
+        session = job.session_dir()
+        assert session.is_dir() and session.parent.name.startswith("mpirl-mpi-"), session  # the job's own
         job.signal(signum, terminal)
         code, text, took = job.finish(300)  # the launcher kills a stop that takes longer than its 120 s grace
         assert code == 75, text[-3000:]  # EX_TEMPFAIL: checkpointed, resume it
         assert processes_mentioning(job.marker) == []  # when the launcher is gone, so is every rank
+        assert not session.parent.exists(), session  # and so is its session directory
         assert text.count("stopping the job cleanly") == 1, text[-3000:]
         assert f"{signal.Signals(signum).name}: stopping the job cleanly" in text
         with h5py.File(job.run_dir / "run.h5", "r") as f:
@@ -181,6 +193,46 @@ def test_a_launcher_killed_outright_takes_its_job_along(tmp_path):
         assert gone(job.marker, 120), f"ranks still running after the launcher died: {processes_mentioning(job.marker)}"
     finally:
         job.kill()
+
+
+BECOME_THE_NEXT_MPIEXEC = """
+import os, shutil, sys
+killed, base, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+mine = str(os.getpid())  # what the mpiexec exec'd below will have: PIDs come round, here at once
+left, dst = os.path.join(base, "ompi." + killed), os.path.join(base, "ompi." + mine)
+shutil.copytree(left, dst)
+for name in os.listdir(dst):
+    os.rename(os.path.join(dst, name), os.path.join(dst, name.replace(killed, mine)))
+os.execv(argv[0], argv)
+"""
+
+
+def test_a_session_a_killed_mpiexec_left_cannot_stop_a_later_job(tmp_path):
+    """Open MPI 5's mpiexec will not start over the session directory a killed mpiexec of the same PID left behind
+    (exit 213, "The PMIx server's listener thread failed to start"); each job of ours keeps its session in a
+    directory of its own, so one job's leftovers never meet another."""
+    shared = tmp_path / "shared"  # one base for every mpiexec, as /tmp is for plain mpiexec
+    shared.mkdir()
+    flags = launch_env(mpiexec())[0]
+    sleeper = [mpiexec(), "-n", "1", *flags, sys.executable, "-c", "import time; time.sleep(600)"]
+    with RunningJob(sleeper, env={**mpi_env(), SESSION_BASE: str(shared)}) as killed:
+        left = shared / f"ompi.{killed.pid}"
+        assert killed.wait_until(lambda: list(left.glob("pmix.*")), 300), killed.output
+        killed.kill()  # SIGKILL: mpiexec gets no chance to clean up
+    assert list(left.glob("pmix.*")), "a killed mpiexec left no session behind: nothing to test"
+
+    def next_job(env: dict) -> tuple[int, str]:
+        cmd = [sys.executable, "-c", BECOME_THE_NEXT_MPIEXEC, str(killed.pid), str(shared),
+               mpiexec(), "-n", "1", *flags, sys.executable, "-c", "pass"]
+        with RunningJob(cmd, env=env) as job:
+            return finish(job, 300)
+    code, output = next_job({**mpi_env(), SESSION_BASE: str(shared)})  # plain mpiexec's lot
+    assert code == 213 and "listener thread failed to start" in output, (
+        f"Open MPI started over a killed mpiexec's session (exit {code}): if it no longer refuses, own_session_dir "
+        f"is not needed any more\n{output[-2000:]}")
+    code, output = next_job(mpi_env())  # ours: RunningJob (as mpirl launch) gives the job a session of its own
+    assert code == 0, output[-2000:]
+    print(f"a plain mpiexec over the leftover: exit 213; ours: exit {code}")
 
 
 def test_grace_must_be_a_finite_positive_number(tmp_path):

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
-from mpirl.launcher import find_mpiexec, launch_command, launch_env
+from mpirl.launcher import find_mpiexec, kill_job, launch_command, launch_env, own_session_dir
 
 EXIT_STOPPED = 75  # a job stopped by SIGUSR1: checkpointed, every rank ended cleanly (mpirl.roles.job)
 
@@ -24,7 +25,8 @@ def mpiexec_json(what: str, opts: dict, timeout: float) -> dict:
         flags, env = launch_env(mpiexec)
         cmd = [mpiexec, "-n", "2", *flags, sys.executable, "-m", "mpirl.bench.ranks", what, str(out), json.dumps(opts)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            with own_session_dir(env) as job_env:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"benchmark {what!r} did not finish within {timeout:.0f} s: {' '.join(cmd)}") from None
         if proc.returncode != 0 or not out.exists():
@@ -38,7 +40,8 @@ def run_job(n: int, job: str, sets: list[str], out: Path, name: str, timeout: fl
     cmd, env = launch_command(find_mpiexec(), n, str(job), [*sets, f'run.out_dir="{out}"', f'run.name="{name}"'], [])
     cmd.append("--quiet")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        with own_session_dir(env) as job_env:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=job_env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{what} bench job did not finish in {timeout:.0f} s: {' '.join(cmd)}") from None
     if proc.returncode != 0:
@@ -100,13 +103,20 @@ def wait_until(proc: subprocess.Popen, enough: Callable[[], object], timeout: fl
 class RunningJob:
     """An ``mpiexec`` job started in a session of its own, its output going to a file (nobody reads a pipe while
     it runs): what waits for the rows it writes, and ends it. Used as a context manager, leaving it kills
-    whatever of the job is left, so nothing of a job outlives its caller: a hung job is an error, never a hang."""
+    whatever of the job is left and removes its MPI session directory (``own_session_dir``), so nothing of a
+    job outlives its caller: a hung job is an error, never a hang."""
 
     def __init__(self, cmd: list[str], env: dict | None = None, cwd: Path | str | None = None) -> None:
         self.cmd = cmd
-        self._log = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
-                                     start_new_session=True)
+        self._held = ExitStack()
+        self._log = self._held.enter_context(tempfile.TemporaryFile("w+"))
+        job_env = self._held.enter_context(own_session_dir(env))
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=job_env,
+                                         cwd=cwd, start_new_session=True)
+        except BaseException:
+            self._held.close()
+            raise
 
     @property
     def pid(self) -> int:
@@ -137,9 +147,8 @@ class RunningJob:
 
     def kill(self) -> None:
         """SIGKILL to every process of the job; returns once none is left."""
-        from mpirl.launcher import _kill_job
         if self.proc.poll() is None:
-            _kill_job(self.proc)
+            kill_job(self.proc)
 
     def __enter__(self) -> RunningJob:
         return self
@@ -148,7 +157,7 @@ class RunningJob:
         try:
             self.kill()
         finally:
-            self._log.close()
+            self._held.close()  # the output file and the session directory
 
 
 def run_job_until(n: int, job: str, sets: list[str], out: Path, name: str, enough: Callable[[Path], bool],

@@ -112,6 +112,9 @@ class EnvConfig:
     envs_per_actor: int = setting(1, ge=1, le=4096)
     # 0 keeps the environment's own time limit.
     max_episode_steps: int = setting(0, ge=0, why="0 keeps the environment's limit")
+    # Which axis of a 3-D (image) observation holds the channels: "auto" reads (H, W, C) when the last
+    # axis is no longer than the others (Gymnasium's layout; MinAtar's (10, 10, C)), else (C, H, W).
+    channels: str = setting("auto", choices=("auto", "last", "first"))
     # Atari ("ALE/<Game>-v5" ids, ale-py's native vector env): DQN/Ape-X preprocessing.
     frameskip: int = setting(4, ge=1, le=100)
     frame_stack: int = setting(4, ge=1, le=64)
@@ -134,6 +137,10 @@ class AgentConfig:
     adam_eps: float = setting(1e-8, gt=0)
     hidden: list = setting([128, 128], items=Domain(ge=1, le=1_000_000),
                            why="layer widths such as [128, 128]")
+    # The Q-network's torso: "auto" takes the MLP for vectors, MinAtar's one-convolution network for
+    # images smaller than 36x36, the Nature-DQN convolutions from 36x36 up (84x84 Atari stacks). For
+    # images the dueling streams are hidden[-1] wide.
+    network: str = setting("auto", choices=("auto", "mlp", "minatar", "nature"))
     # Train steps between target-network copies.
     target_update: int = setting(250, ge=1)
     # The gradient's global norm is clipped to this before each step.

@@ -1,5 +1,7 @@
 """DQN pieces: Ape-X epsilons, double-DQN n-step targets, a train step that learns."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -76,8 +78,39 @@ def test_nature_cnn_on_frame_stacks():
     assert q.shape == (3, 4) and q.dtype == torch.float32
     n_params = sum(p.numel() for p in net.parameters())
     assert 3.1e6 < n_params < 3.4e6  # Nature DQN torso + 512-wide dueling streams: 3,292,837
-    # Pixels are scaled inside: uint8 frames and their float values give the same Q.
-    torch.testing.assert_close(net(frames.float()), q)
+    # Pixels are scaled inside: uint8 frames give the Q of their values / 255.
+    torch.testing.assert_close(net(frames.float() / 255.0), q)
+
+
+@pytest.mark.parametrize("shape, choice, kind", [
+    ((4,), "auto", "DuelingMLP"), ((4, 10, 10), "auto", "MinAtarCNN"), ((10, 10, 10), "auto", "MinAtarCNN"),
+    ((4, 84, 84), "auto", "NatureCNN"), ((3, 35, 40), "auto", "MinAtarCNN"), ((3, 36, 36), "auto", "NatureCNN"),
+    ((4, 10, 10), "mlp", "FlatMLP"), ((4, 84, 84), "minatar", "MinAtarCNN"), ((8, 8), "mlp", "FlatMLP")])
+def test_the_network_is_chosen_from_the_observation_and_can_be_named(shape, choice, kind):
+    from mpirl.agents.networks import build_network
+    net = build_network(shape, 3, [32, 128], choice)
+    assert type(net).__name__ == kind
+    assert net(torch.zeros((2, *shape))).shape == (2, 3)
+
+
+@pytest.mark.parametrize("shape, choice, words", [
+    ((4, 10, 10), "nature", "36x36"), ((4,), "minatar", "(C, H, W) images"), ((2, 2, 2), "minatar", "3x3"),
+    ((8, 8), "auto", "flattens any shape"), ((1, 2, 3, 4), "auto", "flattens any shape")])
+def test_a_shape_the_network_cannot_take_is_a_value_error_saying_why(shape, choice, words):
+    from mpirl.agents.networks import build_network
+    with pytest.raises(ValueError, match=re.escape(words)):
+        build_network(shape, 3, [32], choice)
+
+
+def test_minatar_network_is_the_papers_with_a_dueling_head_and_reads_boolean_planes():
+    from mpirl.agents.networks import MinAtarCNN, build_network
+    net = build_network((4, 10, 10), 3, [128])
+    assert isinstance(net, MinAtarCNN)
+    conv = net.torso[0]
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride) == (4, 16, (3, 3), (1, 1))
+    assert sum(p.numel() for p in net.parameters()) == 263_508  # 592 conv + 2 x (1024 x 128 + 128) + 129 + 387
+    planes = torch.rand(5, 4, 10, 10) < 0.2
+    torch.testing.assert_close(net(planes), net(planes.float()))  # bool planes are 0/1, not pixels
 
 
 def test_bf16_autocast_trains_in_float32_state():
@@ -86,7 +119,8 @@ def test_bf16_autocast_trains_in_float32_state():
     import torch
 
     from mpirl.agents.dqn import DQNLearner
-    cfg = SimpleNamespace(hidden=[32], lr=1e-3, adam_eps=1e-8, grad_clip=10.0, target_update=100, precision="bf16")
+    cfg = SimpleNamespace(hidden=[32], lr=1e-3, adam_eps=1e-8, grad_clip=10.0, target_update=100, precision="bf16",
+                          network="auto")
     agent = DQNLearner((4,), 2, cfg, torch.device("cpu"))
     rng = np.random.default_rng(0)
     batch = {"obs": rng.normal(size=(64, 4)).astype(np.float32), "action": rng.integers(0, 2, 64),

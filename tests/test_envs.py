@@ -3,6 +3,7 @@
 import time
 
 import ale_py  # noqa: F401  (in the test extra: a missing one fails)
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -213,3 +214,73 @@ def test_atari_life_loss_cuts_bootstrap_and_fires_again():
     off = make_vector(EnvConfig(id="ALE/Breakout-v5", terminal_on_life_loss=False, fire_on_life_loss=False), 0)
     off.reset()
     assert off.step(np.zeros(1, np.int64)).life_lost is None and off.fire is None
+
+
+# --------------------------------------------------------------------------- images and MinAtar
+class Pictures(gym.Env):
+    """A Gymnasium env with channels-last uint8 images whose pixel (y, x, c) is 10 c + the step count."""
+
+    def __init__(self, shape=(12, 9, 3)):
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t = 0
+
+    def _obs(self):
+        return np.broadcast_to((10 * np.arange(self.observation_space.shape[2]) + self.t).astype(np.uint8),
+                               self.observation_space.shape).copy()
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), 1.0, self.t >= 5, False, {}
+
+
+gym.register("mpirl-test/Pictures-v0", entry_point=Pictures)
+
+
+def test_channels_last_images_reach_the_network_channels_first():
+    cfg = EnvConfig(id="mpirl-test/Pictures-v0", envs_per_actor=2)
+    assert env_spaces(cfg) == ((3, 12, 9), np.dtype(np.uint8), 2)
+    vec = make_vector(cfg, seed=0)
+    obs = vec.reset()
+    assert obs.shape == (2, 3, 12, 9) and obs.flags.c_contiguous
+    res = vec.step(np.zeros(2, np.int64))
+    check_step_result(vec, res)
+    np.testing.assert_array_equal(res.obs[:, :, 4, 7], [[1, 11, 21], [1, 11, 21]])  # channel c holds 10 c + t
+    first = EnvConfig(id="mpirl-test/Pictures-v0", channels="first")  # taken as it is when told
+    assert env_spaces(first) == ((12, 9, 3), np.dtype(np.uint8), 2)
+
+
+@pytest.mark.parametrize("shape, last", [((10, 10, 4), True), ((10, 10, 10), True), ((210, 160, 3), True),
+                                         ((84, 84, 4), True), ((4, 84, 84), False), ((3, 64, 64), False),
+                                         ((7,), False), ((5, 5), False)])
+def test_which_axis_holds_the_channels(shape, last):
+    from mpirl.envs.images import channels_last
+    assert channels_last(shape) is last
+    assert channels_last(shape, "first") is False
+    assert channels_last(shape, "last") is (len(shape) == 3)
+
+
+@pytest.mark.parametrize("game, channels, actions", [("Breakout", 4, 3), ("SpaceInvaders", 6, 4), ("Asterix", 4, 5),
+                                                     ("Seaquest", 10, 6), ("Freeway", 7, 3)])
+def test_minatar_games_are_registered_by_mpirl_and_keep_their_boolean_planes(game, channels, actions):
+    cfg = EnvConfig(id=f"MinAtar/{game}-v1", envs_per_actor=2)
+    assert env_spaces(cfg) == ((channels, 10, 10), np.dtype(bool), actions)
+    vec = make_vector(cfg, seed=3)
+    obs = vec.reset()
+    assert obs.shape == (2, channels, 10, 10) and obs.dtype == np.bool_ and obs.any()
+    _, res, _ = run_until_episode_end(vec, np.random.default_rng(0), 100_000)
+    check_step_result(vec, res)
+    raw = vec.envs[0].unwrapped.game.state()  # the game's own (10, 10, C) planes, as the actor got them
+    np.testing.assert_array_equal(res.obs[0], np.moveaxis(raw, -1, 0))
+
+
+def test_minatar_through_its_module_prefix_and_unknown_games_are_refused():
+    assert env_spaces(EnvConfig(id="minatar.gym:MinAtar/Breakout-v1"))[0] == (4, 10, 10)
+    with pytest.raises(ConfigError, match=r"env\.id: unknown environment 'MinAtar/Brekout-v1'; "
+                                          r"did you mean MinAtar/Breakout-v1"):
+        env_spaces(EnvConfig(id="MinAtar/Brekout-v1"))

@@ -121,6 +121,27 @@ def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tm
     assert not any(tmp_path.iterdir())
 
 
+MINATAR = str(JOBS / "minatar_breakout.toml")
+
+
+@pytest.mark.parametrize("sets, start", [
+    (("agent.network=nature",), "mpirl: error: agent.network: 'MinAtar/Breakout-v1' observes (4, 10, 10) bool: "
+                                "the nature network needs images of 36x36 or more"),
+    (("agent.network=nature", "env.channels=first"),  # taken as 10 channels of 10x4: as the user said
+     "mpirl: error: agent.network: 'MinAtar/Breakout-v1' observes (10, 10, 4) bool: the nature network needs"),
+    (("env.id=\"CartPole-v1\"", "agent.network=minatar"),
+     "mpirl: error: agent.network: 'CartPole-v1' observes (4,) float32: the minatar network takes (C, H, W) images"),
+])
+def test_a_shape_the_network_cannot_take_is_exit_2_naming_the_shape_not_a_traceback(tmp_path, sets, start):
+    flags = [x for s in sets for x in ("--set", s)]
+    for command in ("validate", "launch"):
+        proc = run_cli(command, MINATAR, "--set", f'run.out_dir="{tmp_path}"', *flags)
+        lines = error_lines(proc)
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert lines[0].startswith(start), lines[0]
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.mpi
 def test_every_exit_2_under_plain_mpiexec_is_one_line_and_open_mpis_box_as_the_readme_says(tmp_path):
     """A key refused while loading the job (not an in-job check) under plain mpiexec: the one line, then Open MPI's

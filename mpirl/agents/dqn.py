@@ -140,8 +140,8 @@ class DQNLearner:
     def __init__(self, obs_shape, n_actions: int, agent_cfg, device: torch.device, seed: int = 0):
         torch.manual_seed(seed)
         self.device = device
-        self.online = build_network(obs_shape, n_actions, agent_cfg.hidden).to(device)
-        self.target = build_network(obs_shape, n_actions, agent_cfg.hidden).to(device)
+        self.online = build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
+        self.target = build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
@@ -240,7 +240,7 @@ class ActingPolicy:
     """An actor's local copy of the network: epsilon-greedy actions and initial priorities."""
 
     def __init__(self, obs_shape, n_actions: int, agent_cfg):
-        self.net = build_network(obs_shape, n_actions, agent_cfg.hidden)
+        self.net = build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network)
         self.net.requires_grad_(False)
         self.n_actions = n_actions
         self.n_params = sum(p.numel() for p in self.net.parameters())

@@ -1,8 +1,13 @@
-"""Q-networks. The torso is chosen from the observation shape: an MLP for vectors,
-the Nature-DQN convolutions for stacked frames."""
+"""Q-networks. The torso is chosen from the observation shape (``agent.network = "auto"``): an MLP
+for vectors, MinAtar's one-convolution network for small images, the Nature-DQN convolutions for
+84x84 frame stacks; a job may name one. Every one ends in a dueling head.
+
+Images arrive channels first, ``(C, H, W)``, as stored: ``uint8`` pixels are scaled by 1/255
+here (replay and messages keep bytes), ``bool`` planes (MinAtar) are taken as 0/1."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, TypeVar
 
 import torch
@@ -38,6 +43,32 @@ class DuelingMLP(nn.Module):
         return self.head(self.torso(obs.float()))
 
 
+def image_floats(obs: torch.Tensor) -> torch.Tensor:
+    """Stored image observations as the convolutions take them: uint8 pixels / 255, anything else as is."""
+    return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+
+
+NATURE_MIN_SIDE = 36  # the Nature convolutions (8/4, 4/2, 3/1) need 36x36 or more
+
+
+class MinAtarCNN(nn.Module):
+    """Small images: the network MinAtar's authors use for DQN (Young & Tian 2019), with a dueling head.
+
+    Input ``(B, C, H, W)`` -> Conv 16x3x3/1 with ReLU -> flatten (16 (H-2) (W-2); 1024 for 10x10) ->
+    value and advantage streams of width ``hidden`` (128 in the paper's network). With Breakout's 4
+    channels, 3 actions and hidden=128: 263,508 parameters.
+    """
+
+    def __init__(self, obs_shape: tuple[int, int, int], n_actions: int, hidden: int = 128):
+        super().__init__()
+        channels, height, width = obs_shape
+        self.torso = nn.Sequential(nn.Conv2d(channels, 16, kernel_size=3, stride=1), nn.ReLU(), nn.Flatten())
+        self.head = DuelingHead(16 * (height - 2) * (width - 2), n_actions, hidden)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.torso(image_floats(obs)))
+
+
 class NatureCNN(nn.Module):
     """Stacked frames: the Nature-DQN conv torso (Mnih et al. 2015), then a dueling head.
 
@@ -62,20 +93,56 @@ class NatureCNN(nn.Module):
         self.head = DuelingHead(features, n_actions, hidden)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.torso(obs.float() / 255.0))
+        return self.head(self.torso(image_floats(obs)))
 
 
-def build_network(obs_shape: tuple[int, ...], n_actions: int, hidden: list[int]) -> nn.Module:
-    """DuelingMLP for vector observations; NatureCNN for ``(C, H, W)`` frame stacks.
+class FlatMLP(DuelingMLP):
+    """Any observation flattened into a vector, then the MLP (``agent.network = "mlp"`` on images)."""
 
-    For frames the conv torso is fixed and only ``hidden[-1]`` is used, as the width of the
-    value and advantage streams (512 in the Nature/Ape-X network: set ``hidden = [512]``).
-    """
-    if len(obs_shape) == 1:
-        return DuelingMLP(obs_shape[0], n_actions, hidden)
-    if len(obs_shape) == 3:
-        return NatureCNN(tuple(obs_shape), n_actions, hidden[-1])
-    raise ValueError(f"no network for observations of shape {obs_shape} (vectors or (C, H, W) frame stacks)")
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: list[int]):
+        super().__init__(int(math.prod(obs_shape)), n_actions, hidden)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs.flatten(1))
+
+
+NETWORKS = ("mlp", "minatar", "nature")
+
+
+def network_for(obs_shape: tuple[int, ...], choice: str = "auto") -> str:
+    """Which network takes observations of ``obs_shape``: ``choice`` itself, or for "auto" the MLP for
+    vectors, MinAtar's for images under 36x36, Nature's from there. ValueError, saying why, for a shape the
+    network cannot take."""
+    if choice == "auto":
+        if len(obs_shape) == 1:
+            return "mlp"
+        if len(obs_shape) != 3:
+            raise ValueError(f"no network takes observations of shape {tuple(obs_shape)} on its own: vectors "
+                             f"and (C, H, W) images have one; agent.network = \"mlp\" flattens any shape")
+        return "nature" if min(obs_shape[1:]) >= NATURE_MIN_SIDE else "minatar"
+    if choice != "mlp" and len(obs_shape) != 3:
+        raise ValueError(f"the {choice} network takes (C, H, W) images, not observations of shape "
+                         f"{tuple(obs_shape)}; agent.network = \"mlp\" or \"auto\" takes them")
+    if choice == "minatar" and min(obs_shape[1:]) < 3:
+        raise ValueError(f"the minatar network's 3x3 convolution needs images of 3x3 or more, not {tuple(obs_shape)}")
+    if choice == "nature" and min(obs_shape[1:]) < NATURE_MIN_SIDE:
+        raise ValueError(f"the nature network needs images of {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} or more, "
+                         f"not {tuple(obs_shape)}; agent.network = \"minatar\" (or \"auto\") is made for small ones")
+    if choice not in NETWORKS:
+        raise ValueError(f"no network named {choice!r}; choose one of auto, {', '.join(NETWORKS)}")
+    return choice
+
+
+def build_network(obs_shape: tuple[int, ...], n_actions: int, hidden: list[int], choice: str = "auto") -> nn.Module:
+    """The Q-network :func:`network_for` picks. For images the convolutions are fixed and only ``hidden[-1]``
+    is used, as the width of the value and advantage streams (512 in the Nature/Ape-X network: set
+    ``hidden = [512]``; 128 in MinAtar's)."""
+    kind = network_for(tuple(obs_shape), choice)
+    if kind == "mlp":
+        return DuelingMLP(obs_shape[0], n_actions, hidden) if len(obs_shape) == 1 else FlatMLP(obs_shape, n_actions, hidden)
+    if kind == "minatar":
+        return MinAtarCNN(tuple(obs_shape), n_actions, hidden[-1])
+    return NatureCNN(tuple(obs_shape), n_actions, hidden[-1])
 
 
 T = TypeVar("T")

@@ -1,4 +1,8 @@
-"""Environment factories: gymnasium ids -> environments, checked before the job starts."""
+"""Environment factories: gymnasium ids -> environments, checked before the job starts.
+
+MinAtar's ids (``MinAtar/Breakout-v1``, ...) are registered here on first use: the ``minatar``
+package registers them through a Gymnasium plugin entry point that Gymnasium 1.x does not run.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,21 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config import ConfigError, EnvConfig
+from mpirl.envs.images import channels_first_shape, channels_last
+
+MINATAR_PREFIX = "MinAtar/"
+
+
+def _register_minatar(env_id: str) -> None:
+    """MinAtar's ids, registered by hand (its Gymnasium plugin entry point is not run by Gymnasium 1.x)."""
+    if any(known.startswith(MINATAR_PREFIX) for known in gym.envs.registry):
+        return  # registered already (an unknown game is refused with the rest)
+    try:
+        import minatar.gym
+    except ImportError as err:
+        raise ConfigError("env.id", f"{env_id!r} needs the minatar package ({err}); install it with "
+                                    "pip install 'mpirl[minatar]'") from None
+    minatar.gym.register_envs()
 
 
 def _check_id(env_id: str) -> None:
@@ -19,6 +38,8 @@ def _check_id(env_id: str) -> None:
             importlib.import_module(module)
         except ImportError as err:
             raise ConfigError("env.id", f"cannot import {module!r} to register {env_id!r}: {err}") from None
+    if env_id.startswith(MINATAR_PREFIX):
+        _register_minatar(env_id)
     if env_id in gym.envs.registry:
         return
     near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3)
@@ -39,14 +60,18 @@ def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
     return env
 
 
-def spaces_of(env: gym.Env, env_id: str) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(observation shape, observation dtype, number of actions) of a built env, validated for DQN."""
+def spaces_of(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(observation shape, observation dtype, number of actions) of a built env as the actor hands its
+    observations on (images channels first: :mod:`mpirl.envs.images`), validated for DQN."""
     obs, act = env.observation_space, env.action_space
     if not isinstance(act, gym.spaces.Discrete):
-        raise ConfigError("env.id", f"{env_id!r} has action space {act}; DQN needs a Discrete one")
+        raise ConfigError("env.id", f"{cfg.id!r} has action space {act}; DQN needs a Discrete one")
     if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError("env.id", f"{env_id!r} has observation space {obs}; mpirl needs a Box")
-    return tuple(obs.shape), np.dtype(obs.dtype), int(act.n)
+        raise ConfigError("env.id", f"{cfg.id!r} has observation space {obs}; mpirl needs a Box")
+    shape = tuple(obs.shape)
+    if channels_last(shape, cfg.channels):
+        shape = channels_first_shape(shape)
+    return shape, np.dtype(obs.dtype), int(act.n)
 
 
 def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -60,6 +85,6 @@ def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
         return vector_spaces(cfg)
     env = make_env(cfg)
     try:
-        return spaces_of(env, cfg.id)
+        return spaces_of(env, cfg)
     finally:
         env.close()

@@ -33,6 +33,7 @@ import numpy as np
 
 from mpirl.config import ConfigError, EnvConfig
 from mpirl.envs.factory import env_spaces, make_env, spaces_of
+from mpirl.envs.images import channels_last, to_channels_first
 
 ALE_PREFIX = "ALE/"
 _ALE_ID = re.compile(r"^ALE/(?P<name>[A-Za-z0-9_]+)(?P<ram>-ram)?(?:-v\d+)?$")
@@ -73,7 +74,8 @@ class GymVector:
     """k gymnasium environments stepped in sequence in this process.
 
     Attributes: ``num_envs`` (k), ``obs_shape`` (tuple), ``obs_dtype`` (np.dtype),
-    ``n_actions`` (int; the action space must be Discrete).
+    ``n_actions`` (int; the action space must be Discrete). Image observations come out channels
+    first (:mod:`mpirl.envs.images`).
     """
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int = 0):
@@ -81,7 +83,8 @@ class GymVector:
         seeds = env_seeds(seed, num_envs)
         self.envs = [make_env(cfg, seed=int(s)) for s in seeds]
         self.num_envs = num_envs
-        self.obs_shape, self.obs_dtype, self.n_actions = spaces_of(self.envs[0], cfg.id)
+        self.obs_shape, self.obs_dtype, self.n_actions = spaces_of(self.envs[0], cfg)
+        self.move_channels = channels_last(self.envs[0].observation_space.shape, cfg.channels)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Reset all envs (env i with a seed derived from ``seed``, default: the
@@ -103,9 +106,7 @@ class GymVector:
         final_obs = self._stack(last)  # np.stack copies: safe even if an env reuses its buffer
         obs = final_obs
         if resets:
-            obs = final_obs.copy()
-            for i, o in resets.items():
-                obs[i] = o
+            obs = self._stack([resets.get(i, o) for i, o in enumerate(last)])
         return StepResult(obs, reward, terminated, truncated, final_obs)
 
     def forced(self, actions: np.ndarray) -> np.ndarray:
@@ -113,7 +114,8 @@ class GymVector:
         return actions
 
     def _stack(self, rows: list) -> np.ndarray:
-        return np.stack(rows).astype(self.obs_dtype, copy=False)
+        batch = np.stack(rows).astype(self.obs_dtype, copy=False)
+        return to_channels_first(batch) if self.move_channels else batch
 
     def close(self) -> None:
         for env in self.envs:

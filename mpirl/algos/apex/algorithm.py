@@ -37,10 +37,14 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
         raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and Ape-X plays "
                                     "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
     obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    try:  # the estimate builds the job's network (shapes only): a shape no network takes is refused here
+    from mpirl.agents.networks import network_for
+    try:
+        network_for(obs_shape, cfg.agent.network)
+    except ValueError as err:  # a shape the chosen (or no) network takes
+        key = "env.id" if cfg.agent.network == "auto" else "agent.network"
+        raise ConfigError(key, f"{cfg.env.id!r} observes {obs_shape} {np.dtype(obs_dtype)}: {err}") from None
+    try:  # the estimate builds the job's network (shapes only): a layer that refuses the shape is caught here
         est = memory.estimate(cfg, world_size, obs_shape, obs_dtype, n_actions)
-    except ValueError as err:
-        raise ConfigError("env.id", str(err)) from None
     except RuntimeError as err:  # a layer refused the shape, e.g. a convolution wider than the image
         first = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError("env.id", f"{cfg.env.id!r} observes {obs_shape} {np.dtype(obs_dtype)} and the network "

@@ -32,13 +32,13 @@ def _slot_bytes(spec: dict, dedup: bool) -> float:
     return total
 
 
-def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, batch: int) -> tuple[int, int]:
+def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, choice: str, batch: int) -> tuple[int, int]:
     """(parameters in bytes, activations of one training batch in bytes) of the job's network, counted on torch's
     meta device (nothing is allocated, so a network no node can hold is refused by its size, not by building it)."""
     import torch
 
     from mpirl.agents.networks import build_network, parameter_count, shapes_only
-    net = shapes_only(lambda: build_network(obs_shape, n_actions, hidden))
+    net = shapes_only(lambda: build_network(obs_shape, n_actions, hidden, choice))
     params = parameter_count(net) * 4
     outputs: list[int] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() // 2))
@@ -64,7 +64,8 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     actors_per_buffer = math.ceil(senders / n_buf)  # ranks sending to a buffer
     games = cfg.env.envs_per_actor * (math.ceil(n_act / senders) if t.served else 1)  # stepped by one sender
     message = experience_layout(spec, c.send_batch, framed, games).max_nbytes
-    params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, rp.batch_size)
+    params, activations = _network_bytes(obs_shape, n_actions, cfg.agent.hidden, cfg.agent.network,
+                                         rp.batch_size)
     network = 5 * params + activations  # online, target, gradients, Adam's two moments
     proposed = rp.architecture == "proposed"
     process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)

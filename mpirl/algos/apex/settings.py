@@ -24,9 +24,9 @@ SECTIONS = {"apex": ApexConfig}
 
 USES = {
     **replay_job.USES,
-    "agent": ("gamma", "lr", "adam_eps", "hidden", "target_update", "grad_clip", "reward_clip", "device",
+    "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "target_update", "grad_clip", "reward_clip", "device",
               "torch_threads", "precision"),
-    "env": ("id", "envs_per_actor", "max_episode_steps", "frameskip", "frame_stack", "noop_max",
+    "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
             "repeat_action_probability", "env_threads", "terminal_on_life_loss", "fire_on_life_loss"),
     "replay": ("architecture", "capacity", "batch_size", "alpha", "beta", "beta_final", "beta_steps",
                "learning_starts", "n_replay", "shares", "priority_eps", "samples_per_insert", "dedup_frames"),

@@ -1,6 +1,7 @@
 """The replay memory contract (:mod:`mpirl.replay.memory`), checked the same way over every memory and sampler:
-transitions (prioritized, uniform), Atari transitions with frames stored once (prioritized), whole episodes
-(uniform, AccMER, prioritized). Each case is built from the real store and sampler."""
+transitions (prioritized, uniform), Atari transitions with frames stored once (prioritized), MinAtar's boolean
+planes (prioritized: bool stays bool, never taken for frames), whole episodes (uniform, AccMER, prioritized).
+Each case is built from the real store and sampler."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ TRANSITION = {"obs": ((4,), np.dtype(np.float32)), "action": ((), np.dtype(np.in
 ATARI = {"obs": ((4, 6, 6), np.dtype(np.uint8)), "action": ((), np.dtype(np.int64)),
          "reward": ((), np.dtype(np.float32)), "next_obs": ((4, 6, 6), np.dtype(np.uint8)),
          "done": ((), np.dtype(np.bool_))}
+MINATAR = {"obs": ((4, 10, 10), np.dtype(np.bool_)), "action": ((), np.dtype(np.int64)),
+           "reward": ((), np.dtype(np.float32)), "next_obs": ((4, 10, 10), np.dtype(np.bool_)),
+           "done": ((), np.dtype(np.bool_))}
 EPISODE = {"obs": ((T + 1, 2, 3), np.dtype(np.uint8)), "actions": ((T + 1, 2), np.dtype(np.int64)),
            "reward": ((T + 1,), np.dtype(np.float32)), "filled": ((T + 1,), np.dtype(np.bool_))}
 
@@ -39,6 +43,12 @@ def transitions(numbers: np.ndarray, spec: dict) -> dict:
             return np.broadcast_to(frames[:, :, None, None], (n, 4, 6, 6)).copy()
 
         out["obs"], out["next_obs"] = stack(numbers), stack(numbers + 3)
+    elif spec is MINATAR:  # boolean planes (MinAtar): cell (c, y, x) is bit (c + y + x) % 16 of the number
+        def planes(t: np.ndarray) -> np.ndarray:
+            bit = (np.arange(4)[:, None, None] + np.arange(10)[:, None] + np.arange(10)) % 16
+            return ((t[:, None, None, None] >> bit) & 1).astype(bool)
+
+        out["obs"], out["next_obs"] = planes(numbers), planes(numbers + 1)
     else:
         out["obs"] = np.repeat(numbers[:, None], 4, axis=1).astype(np.float32)
         out["next_obs"] = out["obs"] + 1
@@ -73,6 +83,7 @@ CASES = {
     "transitions uniform": (lambda: ReplayMemory(RingStore(TRANSITION, CAP), UniformSampler(CAP)), TRANSITION,
                             transitions, False, False),
     "atari frames once prioritized": (lambda: prioritized_ring(ATARI, dedup=True), ATARI, transitions, True, True),
+    "boolean planes prioritized": (lambda: prioritized_ring(MINATAR, dedup=True), MINATAR, transitions, True, True),
     "episodes uniform": (lambda: ReplayMemory(EpisodeStore(EPISODE, CAP), UniformSampler(CAP)), EPISODE, episodes,
                          False, False),
     "episodes accmer": (lambda: ReplayMemory(EpisodeStore(EPISODE, CAP), AccMERSampler(CAP, K, 0.5, 0.8)), EPISODE,
@@ -231,3 +242,8 @@ def test_nbytes_is_the_store_the_sampler_and_the_cache(case):
     assert memory.store.nbytes >= plain + memory.versions.nbytes
     if memory.framed:  # frames once: far below the stacks stored whole
         assert memory.store.nbytes < CAP * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in spec.values())
+
+
+def test_boolean_planes_are_records_not_frames_to_store_once():
+    assert prioritized_ring(MINATAR, dedup=True).framed == {}
+    assert set(prioritized_ring(ATARI, dedup=True).framed) == {"obs", "next_obs"}

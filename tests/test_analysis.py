@@ -32,11 +32,15 @@ def test_study_table_and_figures(pair):
     assert proc.returncode == 0, proc.stderr
     table = (pair / "table.txt").read_text()
     for label in ("loss, converged half", "transferred priority", "sampled priority", "generated / consumed",
-                  "learner comm %", "actor experiences/s", "learner experiences/s", "link bytes / trained exp"):
+                  "learner comm %", "actor experiences/s", "learner experiences/s", "link bytes / trained exp",
+                  "return, last 20 %, all", "return, last 20 %, least-exploring"):
         line = next(l for l in table.splitlines() if label in l)
-        proposed, baseline, ratio = (float(x) for x in line.split()[-3:])
+        proposed, baseline, ratio = (float(x) for x in line.split("|")[0].split()[-3:])  # medians, then ranges
         assert proposed > 0 and baseline > 0 and ratio == pytest.approx(proposed / baseline, rel=1e-2)
     assert (pair / "link-none-base.png").stat().st_size > 10_000
+    for quantity in ("loss", "p_t"):  # the paper's figure, one PNG per quantity over time
+        assert (pair / f"link-none-base-{quantity}.png").stat().st_size > 10_000
+    assert "L_t last / third quarter" in table and "every run:" in table
 
 
 def test_solve_table_and_curves_read_the_runs(pair):

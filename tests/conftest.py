@@ -219,10 +219,11 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 # ---------------------------------------------------------------- the order
-# The modules whose jobs take longest run first: with two workers taking whole files (setup.cfg), a long file
-# started last keeps one worker busy while the other has nothing left. Within a file the order is unchanged.
+# The modules whose jobs take longest run first: with workers taking whole files (setup.cfg), a long file
+# started last keeps one worker busy while the others have nothing left. Within a file the order is unchanged.
 LONGEST_FIRST = ("test_learning.py", "test_bench.py", "test_slurm.py", "test_qmix_job.py", "test_mpi_runs.py",
-                 "test_checkpoint.py", "test_preflight.py", "test_distql.py", "test_launcher.py")
+                 "test_frame_stream.py", "test_checkpoint.py", "test_preflight.py", "test_distql.py",
+                 "test_launcher.py", "test_minatar.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -340,8 +340,10 @@ def test_taxi_learns_with_two_workers(tmp_path):
         ev = f["eval"]["return_mean"][()]
     assert ret[:200].mean() < -150 and ret[-400:].mean() > 0, (ret[:200].mean(), ret[-400:].mean())
     # the server's own table, played greedily: after 20 merges (~100 episodes a worker) it still loses (a greedy
-    # loop until the 200-step limit is -200); at the end it delivers (Taxi's optimum is about +8 a ride)
-    assert ev[0] < 0 < ev[-1], ev
+    # loop until the 200-step limit is -200); at the end it delivers (Taxi's optimum is about +8 a ride). One late
+    # evaluation may still meet a greedy loop from a rarely visited start (-200 in one of its episodes: async
+    # merges keep changing the table), so the end is the median of the last five evaluations.
+    assert ev[0] < 0 < np.median(ev[-5:]), ev
 
 
 @pytest.mark.mpi

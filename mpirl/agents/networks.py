@@ -113,6 +113,8 @@ def network_for(obs_shape: tuple[int, ...], choice: str = "auto") -> str:
     """Which network takes observations of ``obs_shape``: ``choice`` itself, or for "auto" the MLP for
     vectors, MinAtar's for images under 36x36, Nature's from there. ValueError, saying why, for a shape the
     network cannot take."""
+    if choice != "auto" and choice not in NETWORKS:
+        raise ValueError(f"no network named {choice!r}; choose one of auto, {', '.join(NETWORKS)}")
     if choice == "auto":
         if len(obs_shape) == 1:
             return "mlp"
@@ -128,8 +130,6 @@ def network_for(obs_shape: tuple[int, ...], choice: str = "auto") -> str:
     if choice == "nature" and min(obs_shape[1:]) < NATURE_MIN_SIDE:
         raise ValueError(f"the nature network needs images of {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} or more, "
                          f"not {tuple(obs_shape)}; agent.network = \"minatar\" (or \"auto\") is made for small ones")
-    if choice not in NETWORKS:
-        raise ValueError(f"no network named {choice!r}; choose one of auto, {', '.join(NETWORKS)}")
     return choice
 
 

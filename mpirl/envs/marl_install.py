@@ -60,7 +60,8 @@ def missing_package(env_id: str, module: str) -> MarlDependencyError:
                                f"{install_hint(module, env_id)}", name=module)
 
 
-def _import(module: str, what: str):
+def import_for(module: str, what: str):
+    """``module`` imported for the env ``what``, or the :class:`MarlDependencyError` naming the install it needs."""
     try:
         return importlib.import_module(module)
     except ImportError as err:

@@ -56,13 +56,13 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from gymnasium import spaces
 
-from mpirl.envs.marl_install import _import, missing_package
+from mpirl.envs.marl_install import import_for, missing_package
 
 REWARD_MODES = ("same", "mean", "sum")
 
 
 def _pz_env_classes():
-    mod = _import("pettingzoo.utils.env", "a multi-agent environment")
+    mod = import_for("pettingzoo.utils.env", "a multi-agent environment")
     return mod.ParallelEnv, mod.AECEnv
 
 
@@ -302,14 +302,14 @@ class TeamEnv:
 
 
 def _predator_prey(kwargs: dict) -> TeamEnv:
-    mod = _import("mpirl.envs.predator_prey", "predator_prey")
+    mod = import_for("mpirl.envs.predator_prey", "predator_prey")
     return TeamEnv(mod.PredatorPrey(**kwargs), reward="same")
 
 
 def _pursuit(kwargs: dict) -> TeamEnv:
     # through PettingZoo's registry (1.27+): importing pettingzoo.sisl.pursuit_v5 directly warns
-    pz = _import("pettingzoo", "pettingzoo.sisl.pursuit_v5")
-    errors = _import("pettingzoo.env_registry.exceptions", "pettingzoo.sisl.pursuit_v5")
+    pz = import_for("pettingzoo", "pettingzoo.sisl.pursuit_v5")
+    errors = import_for("pettingzoo.env_registry.exceptions", "pettingzoo.sisl.pursuit_v5")
     try:
         env = pz.make("parallel", "sisl/pursuit-v5", **kwargs)
     except errors.FailedToImport as err:
@@ -319,7 +319,7 @@ def _pursuit(kwargs: dict) -> TeamEnv:
 
 
 def _simple_spread(kwargs: dict) -> TeamEnv:
-    mod = _import("mpe2.simple_spread_v3", "mpe2.simple_spread_v3")
+    mod = import_for("mpe2.simple_spread_v3", "mpe2.simple_spread_v3")
     kwargs = {"continuous_actions": False, **kwargs}
     return TeamEnv(mod.parallel_env(**kwargs), reward="mean", noop=0)  # action 0: no move
 

@@ -15,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from mpirl.bench.run_mpi import RunningJob, train_steps, wait_until
-from mpirl.launcher import launch_env
+# One torch thread in the test processes themselves (before anything imports torch): the workers share two
+# cores with each other's MPI jobs, and torch's idle threads spin. An in-process module (test_frame_stream.py)
+# took 52 CPU-s with the default two threads against 30 with one, in the same wall time. Tests that mean
+# threads set them (torch.set_num_threads); the jobs' ranks get the same default through mpi_env().
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from mpirl.bench.run_mpi import RunningJob, train_steps, wait_until  # noqa: E402
+from mpirl.launcher import launch_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "jobs"
@@ -221,9 +227,10 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- the order
 # The modules whose jobs take longest run first: with workers taking whole files (setup.cfg), a long file
 # started last keeps one worker busy while the others have nothing left. Within a file the order is unchanged.
-LONGEST_FIRST = ("test_learning.py", "test_bench.py", "test_slurm.py", "test_qmix_job.py", "test_mpi_runs.py",
-                 "test_frame_stream.py", "test_checkpoint.py", "test_preflight.py", "test_distql.py",
-                 "test_launcher.py", "test_minatar.py")
+LONGEST_FIRST = ("test_mpi_runs.py", "test_qmix_job.py", "test_slurm.py", "test_bench.py", "test_checkpoint.py",
+                 "test_learning.py", "test_preflight.py", "test_launcher.py", "test_faults.py",
+                 "test_frame_stream.py", "test_distql.py", "test_analysis.py", "test_apex_serving.py",
+                 "test_minatar.py", "test_types.py", "test_watch.py", "test_agent.py")  # by their summed durations
 
 
 def pytest_collection_modifyitems(session, config, items):

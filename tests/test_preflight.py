@@ -34,6 +34,19 @@ def test_the_estimate_is_near_the_peaks_measured_on_the_default_job():
     assert bigger.of("buffer") - est.of("buffer") == pytest.approx(9 * 50_000 * est.slot_bytes, rel=0.01)
 
 
+@pytest.mark.parametrize("shape, hidden", [((4,), [64, 64]), ((4, 84, 84), [512]), ((10, 10, 4), [128])],
+                         ids=["mlp", "nature", "minatar"])
+def test_a_small_network_counted_for_real_counts_as_on_the_meta_device(shape, hidden):
+    """Every rank counts the job's network; a small one by a real forward pass (cheap), a big one on the meta
+    device (nothing allocated): both give the same bytes."""
+    import torch
+    before = torch.random.get_rng_state()
+    real = apex_memory._network_bytes(shape, 4, hidden, "auto", 32)
+    assert torch.equal(torch.random.get_rng_state(), before)  # building it drew nothing from the rank's stream
+    assert real == apex_memory._network_bytes(shape, 4, hidden, "auto", 32, real_up_to=0)
+    assert real[0] <= apex_memory.REAL_FORWARD_BYTES
+
+
 def test_a_replay_no_node_can_hold_is_refused_by_validate():
     avail = memory.available_bytes()
     capacity = min(int(1.5 * avail / cartpole_slot()), 2**31 - 1)

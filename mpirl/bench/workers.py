@@ -69,10 +69,10 @@ COLLECT = ("run.train_steps=0", "run.env_steps=0", "replay.samples_per_insert=0"
            "checkpoint.every_seconds=0")
 
 
-def _checked(algorithm: str, job: Path, games: int):
+def _checked(algorithm: str, job: Path, games: int, extra: tuple = ()):
     from mpirl import config
     from mpirl.algos import algorithm as algo
-    cfg, _ = config.load(job, [f"env.envs_per_actor={games}"])
+    cfg, _ = config.load(job, [*extra, f"env.envs_per_actor={games}"])
     return cfg, algo(algorithm).check(cfg, cfg.world_size, str(job))
 
 
@@ -87,11 +87,11 @@ def _timed(step, count, seconds: float) -> float:
     return (count() - steps0) / (time.perf_counter() - t0)
 
 
-def single_process(case: Case, games: int, seconds: float, seed: int = 1) -> float:
+def single_process(case: Case, games: int, seconds: float, seed: int = 1, extra: tuple = ()) -> float:
     """Env steps/s of one process playing ``games`` games with one network (no MPI)."""
     import torch
     torch.set_num_threads(1)
-    cfg, checked = _checked(case.algorithm, case.job, games)
+    cfg, checked = _checked(case.algorithm, case.job, games, extra)
     from mpirl.roles.actor import Acting
     if case.algorithm == "qmix":
         from mpirl.algos.qmix.playing import Deciding, Games
@@ -140,9 +140,9 @@ def job_rate(run_dir: Path, seconds: float) -> float:
     return sum(float((st[-1] - st[0]) / (ts[-1] - ts[0])) for ts, st in rows.values())
 
 
-def one_job(case: Case, actors: int, workers, seconds: float, out: Path, name: str) -> float:
+def one_job(case: Case, actors: int, workers, seconds: float, out: Path, name: str, extra: tuple = ()) -> float:
     """``workers``: 0 (actors infer), "learner" (AW) or K worker ranks (AWL)."""
-    sets = [*COLLECT, *case.collect, f"run.wall_seconds={DEADLINE:g}", f"topology.workers={workers}",
+    sets = [*extra, *COLLECT, *case.collect, f"run.wall_seconds={DEADLINE:g}", f"topology.workers={workers}",
             "env.envs_per_actor=4"]
     ranks = 2 + actors + (workers if isinstance(workers, int) else 0)
     run_dir = run_job_until(ranks, str(case.job), sets, out, name, lambda d: spanned(sender_rows(d), seconds),
@@ -159,7 +159,9 @@ def settings(case: Case) -> list[tuple[str, int, int]]:
     return out
 
 
-def run(reps: int = MIN_REPS, seconds: float = 12.0, cases: tuple = ("qmix", "apex")) -> list[Row]:
+def run(reps: int = MIN_REPS, seconds: float = 12.0, cases: tuple = ("qmix", "apex"), extra: tuple = ()) -> list[Row]:
+    """``extra``: settings ("key=value") applied to every case's job first, on both sides (the suite's smaller
+    game); the bench's own measurement uses the jobs as they are."""
     if "qmix" in cases:
         try:
             import pettingzoo  # noqa: F401
@@ -173,12 +175,14 @@ def run(reps: int = MIN_REPS, seconds: float = 12.0, cases: tuple = ("qmix", "ap
                 games = 4 * actors
                 values = {SINGLE: [], ACTORS: [], AW: [], AWL: []}
                 for rep in range(reps):
-                    values[SINGLE].append(single_process(case, games, seconds))
-                    values[ACTORS].append(one_job(case, actors, 0, seconds, Path(tmp), f"{case.algorithm}-actors{rep}"))
+                    values[SINGLE].append(single_process(case, games, seconds, extra=extra))
+                    values[ACTORS].append(one_job(case, actors, 0, seconds, Path(tmp), f"{case.algorithm}-actors{rep}",
+                                                  extra))
                     if workers == 1:  # AW has one worker: the learner
                         values[AW].append(one_job(case, actors, "learner", seconds, Path(tmp),
-                                                  f"{case.algorithm}-aw{rep}"))
-                    values[AWL].append(one_job(case, actors, workers, seconds, Path(tmp), f"{case.algorithm}-awl{rep}"))
+                                                  f"{case.algorithm}-aw{rep}", extra))
+                    values[AWL].append(one_job(case, actors, workers, seconds, Path(tmp), f"{case.algorithm}-awl{rep}",
+                                               extra))
                 for ours in (AWL, AW, ACTORS):
                     if not values[ours]:
                         continue

@@ -32,18 +32,33 @@ def _slot_bytes(spec: dict, dedup: bool) -> float:
     return total
 
 
-def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, choice: str, batch: int) -> tuple[int, int]:
-    """(parameters in bytes, activations of one training batch in bytes) of the job's network, counted on torch's
-    meta device (nothing is allocated, so a network no node can hold is refused by its size, not by building it)."""
+REAL_FORWARD_BYTES = 64 * 2**20  # a network up to this size is counted by a real forward pass (below)
+
+
+def _network_bytes(obs_shape: tuple, n_actions: int, hidden: list, choice: str, batch: int,
+                   real_up_to: int = REAL_FORWARD_BYTES) -> tuple[int, int]:
+    """(parameters in bytes, activations of one training batch in bytes) of the job's network.
+
+    The network is first built on torch's meta device (nothing is allocated, so a network no node can hold is
+    refused by its size, not by building it). Its activations are then counted over a forward pass of two
+    observations: on the CPU when its parameters fit in ``real_up_to`` bytes (every rank of every job runs this
+    check; torch's first meta forward pass costs a second of CPU loading its decompositions, a real one of a
+    small network nothing), on the meta device otherwise. Both passes see the same output shapes."""
     import torch
 
     from mpirl.agents.networks import build_network, parameter_count, shapes_only
-    net = shapes_only(lambda: build_network(obs_shape, n_actions, hidden, choice))
+    build = lambda: build_network(obs_shape, n_actions, hidden, choice)  # noqa: E731
+    net = shapes_only(build)
     params = parameter_count(net) * 4
+    device = "cpu" if params <= real_up_to else "meta"
+    if device == "cpu":
+        with torch.random.fork_rng(devices=[]):  # the rank's random streams stay as they were
+            net = build()
     outputs: list[int] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() // 2))
              for m in net.modules() if not list(m.children())]
-    net(torch.zeros((2, *obs_shape), device="meta"))
+    with torch.no_grad():
+        net(torch.zeros((2, *obs_shape), device=device))
     for h in hooks:
         h.remove()
     # The batch's forward pass with its gradients, the target passes, and obs/next_obs as float32.

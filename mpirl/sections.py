@@ -179,6 +179,11 @@ class ReplayConfig:
     # Keep each distinct image frame once (Atari: ~7 KB a slot instead of 56 KB for obs + next_obs
     # stacks); baseline dumps then carry each frame once too. No effect on vector observations.
     dedup_frames: bool = setting(True)
+    # Frames per buffer the learner keeps of those the buffer sent it (proposed placement, frames once): a
+    # sampled reply then carries only the batch's frames the learner does not hold (mpirl/replay/frame_cache.py).
+    # The learner holds buffers x frame_cache frames (about 7 KB each for Atari) on its device.
+    frame_cache: int = setting(0, ge=0, le=2**26, why="0: off; used with replay.architecture = proposed and "
+                               "image frames stored once, no effect otherwise")
 
 
 @dataclass

@@ -83,13 +83,18 @@ def _reply_header(episode_slots: int) -> dict:
             "episodes": 1, "ep_return": episode_slots}
 
 
-def sample_layout(spec: dict, max_share: int, framed: dict | None = None) -> Layout:
-    """``framed``: the frame-stack fields stored once; they travel as dumps carry them."""
+def sample_layout(spec: dict, max_share: int, framed: dict | None = None, cache: bool = False) -> Layout:
+    """``framed``: the frame-stack fields stored once; they travel as dumps carry them. ``cache``: with the learner's
+    frame cache, ``frames`` holds only the frames it does not hold, and ``frame_slots`` (int32, one per sent frame)
+    the cache slot each goes into, -1 for none (:mod:`mpirl.replay.frame_cache`)."""
     fields = {"ids": ((), I64), "versions": ((), I64), "probs": ((), F64), "priority": ((), F32)}
     if not framed:
         return Layout(_reply_header(EPISODE_SLOTS), {**fields, **spec}, max_share)
     fields.update(_as_frame_indices(spec, framed))
-    return Layout(_reply_header(EPISODE_SLOTS), fields, max_share, counted=_frames_field(framed, max_share))
+    counted = _frames_field(framed, max_share)
+    if cache:
+        counted["frame_slots"] = ((), np.dtype(np.int32), counted["frames"][2])
+    return Layout(_reply_header(EPISODE_SLOTS), fields, max_share, counted=counted)
 
 
 def _as_frame_indices(spec: dict, framed: dict) -> dict:

@@ -40,6 +40,9 @@ class FramePool:
         self.frames = np.zeros((self.max_frames, *self.frame_shape), dtype=np.uint8)
         self.refs = np.zeros(self.max_frames, dtype=np.int32)
         self.keys = np.zeros(self.max_frames, dtype=np.uint64)
+        # Bumped each time an index is handed out: (index, generation) names one frame for the pool's lifetime
+        # (the learner's frame cache keys on it, mpirl.replay.frame_cache).
+        self.generation = np.zeros(self.max_frames, dtype=np.int64)
         self.frame_nbytes = int(np.prod(self.frame_shape, dtype=np.int64))
         # Free list as a stack whose top is the lowest index: frames fill the pool from 0 up.
         self._free = np.arange(self.max_frames - 1, -1, -1, dtype=np.int64)
@@ -79,6 +82,7 @@ class FramePool:
             raise MemoryError(f"frame pool full ({self.max_frames} frames)")
         idx = self._free[self._top - n:self._top][::-1].copy()
         self._top -= n
+        self.generation[idx] += 1
         if n:
             self.high_water = max(self.high_water, int(idx.max()) + 1)
         return idx

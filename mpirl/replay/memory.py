@@ -19,11 +19,14 @@ What the buffer and a learner call (all of it on :class:`ReplayMemory`)::
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
 from .samplers import Picks
+
+if TYPE_CHECKING:
+    from .frame_cache import CacheMirror
 
 
 class Sample(NamedTuple):
@@ -195,18 +198,20 @@ class ReplayMemory:
             self._gather(picks, out)
         return self._sample(picks)
 
-    def sample_into(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray]) -> Sample:
+    def sample_into(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray],
+                    mirror: CacheMirror | None = None) -> Sample:
         """:meth:`sample` ``k`` records straight into a reply message's views.
 
         ``out`` holds the record fields and ``ids``, ``versions``, ``probs`` and ``priority`` arrays of at least
         k rows (the buffer's sample reply layout); all of them are filled. With frames stored once, ``out`` has
         the frame-stack fields as ``<name>_idx`` into ``out["frames"]``, which gets each distinct frame of the
-        batch once (``Sample.frames`` says how many). A reuse block is copied from the cache.
+        batch once (``Sample.frames`` says how many); with the learner's frame cache (``mirror``) only those it does
+        not hold (:mod:`mpirl.replay.frame_cache`). A reuse block is copied from the cache.
         """
         picks = self.pick(k, rng)
         frames = 0
         if self.framed:
-            frames = self.store.gather_framed(picks.ids, out, out["frames"])  # type: ignore[attr-defined]
+            frames = self.store.gather_framed(picks.ids, out, out["frames"], mirror)  # type: ignore[attr-defined]
         else:
             self._gather(picks, out)
         s = self._sample(picks, frames)

@@ -20,13 +20,16 @@ and ``gather``/``export`` rebuild the stacks. Callers see the same records.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from numba import njit
 
 from .frames import FramePool, framed_fields
+
+if TYPE_CHECKING:
+    from .frame_cache import CacheMirror
 
 Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 NOT_HELD, OVER_RELEASED = -1, -2
@@ -317,15 +320,19 @@ class RingStore:
         n = self._export_plain(out)
         return n, self._frames_once(self.oldest_first(), out, frames_out)
 
-    def gather_framed(self, ids: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
+    def gather_framed(self, ids: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray,
+                      mirror: CacheMirror | None = None) -> int:
         """Like :meth:`gather`, with each distinct frame of the rows once (a sample reply's layout).
 
         ``out`` holds the plain fields and ``<name>_idx`` int32 per frame-stack field; the frames
-        they index go to ``frames_out`` in pool order. Returns the number of frames.
+        they index go to ``frames_out`` in pool order. Returns the number of frames. With the learner's
+        frame cache (``mirror``), only the frames it does not hold go, the indices point into its table, and
+        ``out["frame_slots"]`` says where each sent frame is kept (:mod:`mpirl.replay.frame_cache`).
         """
-        return self._frames_once(self._gather_plain(ids, out), out, frames_out)
+        return self._frames_once(self._gather_plain(ids, out), out, frames_out, mirror)
 
-    def _frames_once(self, slots: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray) -> int:
+    def _frames_once(self, slots: np.ndarray, out: Mapping[str, np.ndarray], frames_out: np.ndarray,
+                     mirror: CacheMirror | None = None) -> int:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
         pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
         k, width = len(slots), self.frame_cols.shape[1]
@@ -334,7 +341,14 @@ class RingStore:
         uniq = np.empty(k * width, dtype=np.int64)
         local = np.empty((k, width), dtype=np.int32)
         n = _distinct_frames(self.frame_cols, slots, self._seen, uniq, local)
-        np.take(self.pool.frames, uniq[:n], axis=0, out=frames_out[:n], mode="clip")
+        if mirror is not None:
+            place, send, install = mirror.split(uniq[:n], self.pool.generation)
+            local = place[local]
+            n = len(send)
+            np.take(self.pool.frames, send, axis=0, out=frames_out[:n], mode="clip")
+            out["frame_slots"][:n] = install
+        else:
+            np.take(self.pool.frames, uniq[:n], axis=0, out=frames_out[:n], mode="clip")
         pos = 0
         for name, (depth, _) in self.framed.items():
             out[f"{name}_idx"][:k] = local[:, pos:pos + depth]

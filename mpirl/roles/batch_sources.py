@@ -19,6 +19,7 @@ import numpy as np
 
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, sample_layout
+from mpirl.replay.frame_cache import FrameCache, cache_slots
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota, rate_quotas
 from mpirl.roles.shard_links import ShardLinks, joined
@@ -82,16 +83,27 @@ def _shard_links(loop: Learner, sampled: bool) -> ShardLinks:
     cfg, spec, n_buf = loop.cfg, loop.ctx.spec, len(loop.ctx.topo.buffers)
     most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
     framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
-    reply = sample_layout(spec, most, framed) if sampled else dump_layout(spec, cfg.replay.capacity, framed)
+    reply = (sample_layout(spec, most, framed, cache=bool(cache_slots(cfg.replay.frame_cache, cfg.replay.capacity,
+                                                                      framed))) if sampled
+             else dump_layout(spec, cfg.replay.capacity, framed))
     return ShardLinks(loop.ctx, loop.counters, reply, most, cfg.comm.prefetch + 1 if sampled else 1)
 
 
 class RemoteShards:
-    """Batches sampled by the buffers, each its share; the values go back in the next request."""
+    """Batches sampled by the buffers, each its share; the values go back in the next request. With the learner's
+    frame cache (``replay.frame_cache``, frames once) the replies carry only the frames it does not hold."""
 
     def __init__(self, loop: Learner):
         self.loop, self.cfg = loop, loop.cfg
         self.links = _shard_links(loop, sampled=True)
+        counted = self.links.links[0].reply.counted
+        self.cache = None
+        if "frame_slots" in counted:
+            shape, _, most = counted["frames"]
+            slots = cache_slots(self.cfg.replay.frame_cache, self.cfg.replay.capacity,
+                                framed_fields(loop.ctx.spec))
+            self.cache = FrameCache(len(self.links.links), slots, most * len(self.links.links), shape, loop.algo.device)
+            self.links.cache = self.cache
         self.backoff = Backoff()
         self.served = False
         self.waited = 0.0  # seconds spent polling for the replies of the next batch
@@ -122,8 +134,9 @@ class RemoteShards:
         probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
         prio = np.concatenate([v["priority"] for v in views])
         loop.algo.transferred(float(prio.mean()))
-        batch = Batch(joined(views, self.links.batch_fields), prio, probs, sum(self.links.sizes),
-                      sample_seconds=self.waited, origin=views)
+        fields = (joined(views, self.links.batch_fields) if self.cache is None
+                  else self.cache.join(views, self.links.batch_fields))
+        batch = Batch(fields, prio, probs, sum(self.links.sizes), sample_seconds=self.waited, origin=views)
         self.waited = 0.0
         return batch
 

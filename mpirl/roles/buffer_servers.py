@@ -18,6 +18,7 @@ import numpy as np
 
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import dump_layout, sample_layout
+from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
 from mpirl.replay.ring import RingStore
 
 if TYPE_CHECKING:
@@ -32,16 +33,24 @@ class ShardServer:
     def __init__(self, buffer: Buffer, share: int) -> None:
         self.memory = buffer.make_shard()
         self.ring = cast(RingStore, self.memory.store)  # where the records (and frames) are
-        self.reply = sample_layout(buffer.spec, share, buffer.framed)
+        cache = cache_slots(buffer.cfg.replay.frame_cache, buffer.cfg.replay.capacity, buffer.framed)
+        # The learner's frame cache as this buffer knows it (none: every reply carries all its batch's frames).
+        self.mirror = CacheMirror(cache) if cache else None
+        self.reply = sample_layout(buffer.spec, share, buffer.framed, cache=bool(cache))
         self.depth = buffer.cfg.comm.prefetch + 1  # replies in flight: the learner's prefetch, and one more
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
         """Sample ``want`` records straight into the reply buffer ``buf`` (none while the memory is empty, which
-        happens only at shutdown): (rows, distinct frames)."""
+        happens only at shutdown): (rows, frames sent)."""
         rows = want if self.memory.size else 0
-        counted = {"frames": self.reply.counted["frames"][2]} if self.reply.counted else {}
+        counted = {name: most for name, (_, _, most) in self.reply.counted.items()}
         views = self.reply.views(buf, rows, **counted)
-        return rows, (self.memory.sample_into(rows, rng, views).frames if rows else 0)
+        if not rows:
+            return 0, 0
+        sent = self.memory.sample_into(rows, rng, views, self.mirror).frames
+        if self.mirror is not None:
+            settle_slots(self.reply, buf, rows, sent)
+        return rows, sent
 
     def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
         """The priorities a request carries back: (stale, applied rows)."""

@@ -180,9 +180,9 @@ class Buffer:
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
                        shard_total=self.server.reply_total,
                        env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
-        if self.reply.counted:
-            self.reply.set(buf, frames_rows=frames)
-        self.replies.send(slot, self.reply.nbytes(rows, frames=frames))
+        counted = dict.fromkeys(self.reply.counted, frames)  # every counted field of a reply: one row per frame sent
+        self.reply.set(buf, **{f"{name}_rows": n for name, n in counted.items()})
+        self.replies.send(slot, self.reply.nbytes(rows, **counted))
 
     def serve(self, kind: int, seq: float, want: int = 0) -> None:
         """One reply: a batch of ``want`` records (a shard server) or the whole memory (a relay)."""

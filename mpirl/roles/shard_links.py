@@ -19,6 +19,7 @@ from mpirl.comm.layout import Layout
 from mpirl.comm.link import shaper_for
 from mpirl.comm.messages import BYE, request_layout
 from mpirl.metrics.writer import MetricsFile
+from mpirl.replay.frame_cache import FrameCache
 from mpirl.replay.quotas import RateMeter, even_quotas
 from mpirl.roles.context import RoleContext
 
@@ -89,6 +90,7 @@ class ShardLinks:
         # What each buffer's env steps add to its count: after a resume its actors count on from their last
         # metrics rows before the checkpoint (up to a log interval old), the learner from the checkpoint's count.
         self.env_offset = [0] * n_buf
+        self.cache: FrameCache | None = None  # the learner's frame cache, when its source keeps one
 
     def resumed(self, actor_steps: dict[int, int]) -> None:
         """After the counters came from a checkpoint: each buffer's env steps continue from their count
@@ -134,8 +136,11 @@ class ShardLinks:
 
     # -- the shards table: one row per buffer per interval ---------------------------
     def open_tables(self, file: MetricsFile) -> None:
+        # With the frame cache: per buffer the distinct frames of its batches the learner held (hits), those it
+        # sent (misses), and the bytes the hits kept off the link, since the run (or its resume) began.
+        cache = {"cache_hits": I8, "cache_misses": I8, "cache_bytes_saved": I8} if self.cache is not None else {}
         self.shard_table = file.table("shards", {
-            "time": F8, "buffer": I8, "quota": I8, "size": I8, "inserted_per_s": F8, "consumed": I8})
+            "time": F8, "buffer": I8, "quota": I8, "size": I8, "inserted_per_s": F8, "consumed": I8, **cache})
         if self.ctx.resume:
             self.shard_table.truncate(self.shard_table.rows_until("time", self.ctx.resume.job_time))
 
@@ -145,7 +150,13 @@ class ShardLinks:
         self.shard_table.extend(time=np.full(n, self.ctx.now()), buffer=np.array(self.ctx.topo.buffers),
                                 quota=np.array(self.quotas), size=np.array(self.sizes),
                                 inserted_per_s=np.array([m.rate for m in self.meters]),
-                                consumed=np.array(self.counters.consumed))
+                                consumed=np.array(self.counters.consumed), **self._cache_columns())
+
+    def _cache_columns(self) -> dict:
+        c = self.cache
+        if c is None:
+            return {}
+        return {"cache_hits": c.hits.copy(), "cache_misses": c.misses.copy(), "cache_bytes_saved": c.bytes_saved()}
 
     def close(self, train_steps: int) -> None:
         """Goodbye to every buffer (with the final counts), then drain every reply."""

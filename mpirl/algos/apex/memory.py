@@ -11,6 +11,7 @@ import numpy as np
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
+from mpirl.replay.frame_cache import cache_slots
 from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
@@ -85,9 +86,14 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     proposed = rp.architecture == "proposed"
     process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)
     if proposed:
-        replies = (c.prefetch + 1) * sample_layout(spec, share, framed).max_nbytes
+        cache = cache_slots(rp.frame_cache, rp.capacity, framed)
+        replies = (c.prefetch + 1) * sample_layout(spec, share, framed, cache=bool(cache)).max_nbytes
         buffer = process + NUMBA + memory + actors_per_buffer * c.recv_depth * message + replies
         learner = process + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
+        if cache:  # the learner's frame cache (on its device; counted here as if on its host) and each mirror
+            frame = int(np.prod(next(iter(framed.values()))[1]))
+            learner += (n_buf * cache + n_buf * share * sum(d for d, _ in framed.values())) * frame
+            buffer += 16 * cache
     else:
         dump = int(slot * rp.capacity)  # a dump fills about what the memory holds (frames once)
         buffer = process + memory + dump + actors_per_buffer * c.recv_depth * message

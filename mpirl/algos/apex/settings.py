@@ -29,7 +29,8 @@ USES = {
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
             "repeat_action_probability", "env_threads", "terminal_on_life_loss", "fire_on_life_loss"),
     "replay": ("architecture", "capacity", "batch_size", "alpha", "beta", "beta_final", "beta_steps",
-               "learning_starts", "n_replay", "shares", "priority_eps", "samples_per_insert", "dedup_frames"),
+               "learning_starts", "n_replay", "shares", "priority_eps", "samples_per_insert", "dedup_frames",
+               "frame_cache"),
     "comm": ("send_batch", "send_ring", "recv_depth", "n_update", "prefetch", "max_message_mb", "link"),
 }
 

@@ -72,6 +72,19 @@ def test_transport_and_actor_benches_run_two_ranks():
     assert rows and all(r.ratio > 0 and len(r.values[r.ours]) == 5 for r in rows)
 
 
+def test_cache_bench_counts_bytes_and_rebuild_time_three_ways():
+    from mpirl.bench import cache
+    rows = cache.run(reps=1, steps=24, shapes=(("tiny", 512, 16, 4.0, 8),))
+    assert [r.ours for r in rows] == [cache.CACHE, cache.PLAIN, cache.CACHE]
+    with_cache, plain, rebuild = rows
+    b = {k: v[0] for r in (with_cache, plain) for k, v in r.values.items()}
+    # A batch of 16 from 512 slots: the cache holds nearly every frame the batches draw, a plain reply sends each
+    # distinct one; a dump of 512 slots every 8 batches of 16 costs about 4 frames a trained experience.
+    assert 0 < b[cache.CACHE] < b[cache.PLAIN] and 0 < b[cache.CACHE] < b[cache.BASELINE]
+    assert with_cache.target == 2.0 and plain.target is None
+    assert all(v[0] > 0 for v in rebuild.values.values())
+
+
 @pytest.mark.mpi
 def test_pipeline_bench_reads_compute_and_waiting_from_real_jobs():
     from mpirl.bench import pipeline

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from mpirl.bench.report import Row, format_rows, write_rows
 
-BENCHES = ("replay", "transport", "pipeline", "actor", "fairness", "learner", "solve", "marl", "workers", "distql")
+BENCHES = ("replay", "cache", "transport", "pipeline", "actor", "fairness", "learner", "solve", "marl", "workers",
+           "distql")
 
 
 def _module(name: str):

@@ -115,7 +115,8 @@ class FrameCache:
         torch, table = self.torch, self.table
         if self._install is not None:  # the last batch has been used: its sent frames go into their slots
             rows, src = self._install
-            table[rows] = table[src]
+            flat = table.flatten(1)
+            flat.index_copy_(0, rows, flat.index_select(0, src))
             self._install = None
         out: dict[str, Any] = {name: np.concatenate([v[name] for v in views]) for name in names
                                if name != "frames" and not name.endswith("_idx") and name != "frame_slots"}

@@ -33,6 +33,7 @@ def test_study_table_and_figures(pair):
     table = (pair / "table.txt").read_text()
     for label in ("loss, converged half", "transferred priority", "sampled priority", "generated / consumed",
                   "learner comm %", "actor experiences/s", "learner experiences/s", "link bytes / trained exp",
+                  "experience bytes / trained exp",
                   "return, last 20 %, all", "return, last 20 %, least-exploring"):
         line = next(l for l in table.splitlines() if label in l)
         proposed, baseline, ratio = (float(x) for x in line.split("|")[0].split()[-3:])  # medians, then ranges

@@ -122,24 +122,21 @@ def test_a_reused_pool_index_is_a_different_frame():
 
 @pytest.mark.mpi
 def test_a_breakout_job_with_the_cache_sends_fewer_frames_than_it_trains_on(tmp_path):
-    """Two buffers, each with its part of the learner's cache (larger than its pool): every role exits 0, the
-    shards table counts hits, misses and bytes saved, and the replies carry less than one frame per trained
-    experience (without the cache each carries at least one, test_mpi_runs.py)."""
+    """A Breakout job with the learner's cache (larger than the buffer's pool; several buffers: the test above):
+    every role exits 0, the shards table counts hits, misses and bytes saved, and the replies carry less than one
+    frame per trained experience (without the cache each carries at least one, test_mpi_runs.py)."""
     import h5py
 
     from conftest import JOBS, run_mpi
-    job = run_mpi(5, tmp_path, "run.train_steps=60", "replay.learning_starts=300", "replay.capacity=2048",
-                  "env.envs_per_actor=2", "topology.buffers=2", "replay.frame_cache=4096",
+    job = run_mpi(4, tmp_path, "run.train_steps=40", "replay.learning_starts=300", "replay.capacity=2048",
+                  "env.envs_per_actor=2", "replay.frame_cache=4096",
                   job=JOBS / "breakout_proposed_small.toml", timeout=240)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t, s = f["learner/train"], f["learner/shards"]
-        assert t["train_steps"][-1] == 60 and np.isfinite(t["loss"][()]).any()
-        buf = s["buffer"][()]
-        last = {b: {k: int(s[k][()][buf == b][-1]) for k in ("cache_hits", "cache_misses", "cache_bytes_saved")}
-                for b in (1, 2)}
-        for b, c in last.items():
-            assert c["cache_hits"] > 0 and c["cache_misses"] > 0, last
-            assert c["cache_bytes_saved"] == 7_056 * c["cache_hits"]
-        trained = 60 * int(f["learner"].attrs["batch_size"])
+        assert t["train_steps"][-1] == 40 and np.isfinite(t["loss"][()]).any()
+        c = {k: int(s[k][-1]) for k in ("cache_hits", "cache_misses", "cache_bytes_saved")}
+        assert c["cache_hits"] > 0 and c["cache_misses"] > 0, c
+        assert c["cache_bytes_saved"] == 7_056 * c["cache_hits"]
+        trained = 40 * int(f["learner"].attrs["batch_size"])
         assert t["bytes_in"][-1] < 7_056 * trained, t["bytes_in"][-1] / trained

@@ -209,8 +209,10 @@ def test_long_haul_link_delays_every_batch(tmp_path):
 
 def test_atari_frames_stay_uint8_end_to_end(tmp_path):
     from conftest import JOBS
+    # Without the learner's frame cache, whose replies carry less (tests/test_frame_cache.py).
     job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
-                  "env.envs_per_actor=2", job=JOBS / "breakout_proposed_small.toml", timeout=240)
+                  "env.envs_per_actor=2", "replay.frame_cache=0", job=JOBS / "breakout_proposed_small.toml",
+                  timeout=240)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
@@ -272,7 +274,7 @@ def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
     from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
                   "env.envs_per_actor=2", "comm.link.compression=zstd", "comm.link.latency_ms=1",
-                  job=JOBS / "breakout_proposed_small.toml", timeout=240)
+                  "replay.frame_cache=0", job=JOBS / "breakout_proposed_small.toml", timeout=240)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t, b, totals = f["learner/train"], f["buffer_1/buffer"], f["learner"].attrs

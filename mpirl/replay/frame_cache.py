@@ -69,9 +69,6 @@ class CacheMirror:
         self.generation[mslot[keep]] = gens[miss[keep]]
         return place.astype(np.int32), uniq[miss], install
 
-    def clear(self) -> None:
-        self.index.fill(-1)
-
 
 def settle_slots(layout: Any, buf: np.ndarray, rows: int, sent: int) -> None:
     """A reply's ``frame_slots`` moved from where a reply with room for the most frames has them (where the buffer
@@ -101,10 +98,6 @@ class FrameCache:
         self.hits = np.zeros(self.buffers, dtype=np.int64)
         self.misses = np.zeros(self.buffers, dtype=np.int64)
         self._install: tuple[Any, Any] | None = None  # (cache rows, scratch rows) of the last batch's sent frames
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.table.numel())
 
     def bytes_saved(self) -> np.ndarray:
         """Per buffer, the frame bytes the cache kept off the link so far."""
@@ -146,6 +139,3 @@ class FrameCache:
         if len(rows_np):
             self._install = (torch.as_tensor(rows_np, device=table.device), torch.as_tensor(src_np, device=table.device))
         return out
-
-    def clear(self) -> None:
-        self._install = None

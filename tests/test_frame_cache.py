@@ -13,11 +13,11 @@ from mpirl.comm.messages import sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, settle_slots
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard
+from mpirl.roles.shard_links import batch_fields
 
 FRAME = (6, 6)
 SPEC = {"obs": ((4, *FRAME), np.uint8), "next_obs": ((4, *FRAME), np.uint8), "action": ((), np.int64),
         "reward": ((), np.float32)}
-REPLY_ONLY = ("ids", "versions", "probs", "priority")
 
 
 class Game:
@@ -48,7 +48,7 @@ def run(buffers: int, slots: int, capacity: int, rounds: int, prefetch: int, sha
     framed = framed_fields(SPEC)
     lay = sample_layout(SPEC, share, framed, cache=True)
     most = lay.counted["frames"][2]
-    names = [n for n in lay.fields if n not in REPLY_ONLY] + list(lay.counted)
+    names = batch_fields(lay)
     shards = [PrioritizedShard(SPEC, capacity, alpha=0.6, dedup_frames=True) for _ in range(buffers)]
     games = [Game(np.random.default_rng(seed + 10 + b)) for b in range(buffers)]
     mirrors = [CacheMirror(slots) for _ in range(buffers)]

@@ -35,10 +35,9 @@ from mpirl.bench.replay import INSERT, Ours, Stream
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.comm.messages import dump_layout, sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, cache_slots, settle_slots
-from mpirl.roles.shard_links import joined
+from mpirl.roles.shard_links import batch_fields, joined
 
 SHAPES = (("Breakout small", 32_768, 64, 4.0, 128), ("paper shape", 65_536, 512, 4.0, 128))
-REPLY_ONLY = ("ids", "versions", "probs", "priority")
 CACHE, PLAIN, BASELINE = "proposed + frame cache", "proposed", "baseline"
 
 
@@ -56,7 +55,7 @@ def measure(capacity: int, batch: int, spi: float, n_replay: int, steps: int, se
         ours.insert(*ours.incoming(stream, prio()))
     slots = cache_slots(capacity * sum(d for d, _ in framed.values()), capacity, framed)
     with_cache, plain = sample_layout(spec, batch, framed, cache=True), sample_layout(spec, batch, framed)
-    names = {lay: [n for n in lay.fields if n not in REPLY_ONLY] + list(lay.counted) for lay in (with_cache, plain)}
+    names = {lay: batch_fields(lay) for lay in (with_cache, plain)}
     bufs = {lay: lay.buffer() for lay in (with_cache, plain)}
     mirror = CacheMirror(slots)
     cache = FrameCache(1, slots, with_cache.counted["frames"][2], (84, 84), torch.device("cpu"))

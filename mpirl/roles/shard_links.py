@@ -56,6 +56,11 @@ class Counters:
         self.skipped = int(st["skipped"])
 
 
+def batch_fields(reply: Layout) -> list[str]:
+    """A batch's record fields as a reply carries them: with frames once, stacks as indices into ``frames``."""
+    return [name for name in reply.fields if name not in ("ids", "versions", "probs", "priority")] + list(reply.counted)
+
+
 def joined(views: list[dict], names: list[str]) -> dict[str, np.ndarray]:
     """One batch from every buffer's share: fields concatenated; with frames once, the frames too, and each
     share's ``<name>_idx`` moved past the frames of the shares before it."""
@@ -82,8 +87,7 @@ class ShardLinks:
                                  shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),
                                  chunk_bytes=int(cfg.comm.max_message_mb * 2**20)) for b in range(n_buf)]
         # A batch's record fields as replies carry them: with frames once, stacks as indices into "frames".
-        self.batch_fields = [name for name in reply.fields if name not in ("ids", "versions", "probs", "priority")]
-        self.batch_fields += list(reply.counted)
+        self.batch_fields = batch_fields(reply)
         self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
         self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate
         self.sizes = [0] * n_buf

@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mpirl.agents.dqn import to_tensors
@@ -58,13 +57,9 @@ class ActorCritic(nn.Module):
         return self.policy(h), self.value(h).squeeze(-1)
 
 
-class Acted(NamedTuple):
-    actions: np.ndarray  # int64 (k,)
-    logp: np.ndarray  # float32 (k,): the behaviour policy's log-probability of each action
-
-
 class ActorCriticPolicy:
-    """An actor's copy of the network: actions sampled from the policy, values of final observations."""
+    """An actor's copy of the network: the policy's log-probabilities (actions are sampled from them) and values of
+    final observations."""
 
     def __init__(self, obs_shape, n_actions: int, agent_cfg):
         self.net = ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network)
@@ -76,12 +71,10 @@ class ActorCriticPolicy:
         torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> Acted:
-        """One sampled action per observation of ``(k, *obs_shape)`` (Gumbel-max with ``rng``: reproducible)."""
+    def log_probs(self, obs: np.ndarray) -> np.ndarray:
+        """float64 ``(k, n_actions)``: the policy's log-probabilities of every action, per observation."""
         logits, _ = self.net(torch.as_tensor(obs))
-        logp = torch.log_softmax(logits.double(), dim=1).numpy()
-        actions = np.argmax(logp + rng.gumbel(size=logp.shape), axis=1)
-        return Acted(actions.astype(np.int64), logp[np.arange(len(actions)), actions].astype(np.float32))
+        return torch.log_softmax(logits.double(), dim=1).numpy()
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

@@ -52,6 +52,7 @@ def info(name: str) -> Info:
 if TYPE_CHECKING:  # the contract, held by mypy (tests/test_types.py): each folder's modules are what base.py says
     from mpirl.algos.apex import algorithm as apex, info as apex_info, settings as apex_settings
     from mpirl.algos.distql import algorithm as distql, info as distql_info, settings as distql_settings
+    from mpirl.algos.impala import algorithm as impala, info as impala_info, settings as impala_settings
     from mpirl.algos.qmix import algorithm as qmix, info as qmix_info, settings as qmix_settings
     from mpirl.contract import Settings
 
@@ -62,5 +63,6 @@ if TYPE_CHECKING:  # the contract, held by mypy (tests/test_types.py): each fold
     REGISTRY = {  # one line per algorithm
         "apex": _Folder(apex, apex_info, apex_settings),
         "distql": _Folder(distql, distql_info, distql_settings),
+        "impala": _Folder(impala, impala_info, impala_settings),
         "qmix": _Folder(qmix, qmix_info, qmix_settings),
     }

@@ -105,15 +105,15 @@ def insert_budget(cfg: JobConfig, topo, staging) -> InsertBudget:
 
 class Shipping:
     """A sender's line to its buffer (an actor's, or an inference worker's for the actors it serves): what the
-    decisions staged, in messages of ``comm.send_batch`` records with the sender's counters, within the insert
-    budget, and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
+    decisions staged, in messages of ``deciding.send_batch`` records with the sender's counters, within the
+    decisions' budget (``deciding.budget(topo)``: the replay algorithms' :func:`insert_budget`), and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
 
     def __init__(self, ctx: RoleContext, deciding):
         cfg, topo = ctx.cfg, ctx.topo
-        self.deciding, self.batch = deciding, cfg.comm.send_batch
+        self.deciding, self.batch = deciding, deciding.send_batch
         self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
                                        deciding.frames, deciding.framed)
-        self.budget = insert_budget(cfg, topo, deciding.staging)
+        self.budget = deciding.budget(topo)  # the algorithm's flow control: a replay ratio, a queue's depth
         self.steps_before = int(deciding.env_steps.sum())  # resumed: the steps before the checkpoint
         self.started = time.perf_counter()  # the clock of the steps/s reported
         self.throttled = 0.0  # seconds held back by the insert budget

@@ -38,6 +38,11 @@ class ShardServer:
         self.mirror = CacheMirror(cache) if cache else None
         self.reply = sample_layout(buffer.spec, share, buffer.framed, cache=bool(cache))
         self.depth = buffer.cfg.comm.prefetch + 1  # replies in flight: the learner's prefetch, and one more
+        self.min_fill = buffer.min_fill
+
+    def ready(self, want: int) -> bool:
+        """A request can be served: the memory holds ``replay.learning_starts`` (its share)."""
+        return self.memory.size >= self.min_fill
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
         """Sample ``want`` records straight into the reply buffer ``buf`` (none while the memory is empty, which
@@ -82,6 +87,11 @@ class Relay:
         self.ring = self.memory
         self.reply = dump_layout(buffer.spec, rp.capacity, buffer.framed)
         self.depth = 1
+        self.min_fill = buffer.min_fill
+
+    def ready(self, want: int) -> bool:
+        """A dump can be served (dumps are answered at once; this is for symmetry with the shard server)."""
+        return self.memory.size >= self.min_fill
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
         """Every stored experience into the reply buffer ``buf``, oldest first (frames once: the distinct frames

@@ -54,12 +54,12 @@ class Buffer:
         # Frames once on the wire: each sender's frames arrive once and wait in its window (frame_stream).
         served = [len(topo.served_by(a)) for a in topo.actors_of(topo.rank)] if topo.worker_of else []
         games = cfg.env.envs_per_actor * max(served + [1])  # the most games one sender steps
-        self.exp = experience_layout(spec, cfg.comm.send_batch, framed, games)
-        self.stream_frames = self.n_actors * window_frames(cfg.comm.send_batch, games, self.sender_lag(),
-                                                           framed) if framed else 0
+        rows = self.message_rows(games)
+        self.exp = experience_layout(spec, rows, framed, games)
+        self.stream_frames = self.n_actors * window_frames(rows, games, self.sender_lag(), framed) if framed else 0
         self.req = request_layout(share)
         # The placement: the replay memory here (served in batches), or relayed whole to the learner's.
-        self.server = (ShardServer if cfg.replay.architecture == "proposed" else Relay)(self, share)
+        self.server = self.make_server(share)
         self.store, self.reply = self.server.memory, self.server.reply
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
@@ -68,7 +68,7 @@ class Buffer:
         self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
                                 self.server.depth, shaper=shaper_for(cfg.comm.link),
                                 codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
-        pool = self.server.ring.pool  # the frames' pool, with frames once
+        pool = self.server.ring.pool if framed else None  # the frames' pool, with frames once
         self.windows = FrameWindows(pool) if framed and pool is not None else None
         self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
         # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its own).
@@ -92,6 +92,16 @@ class Buffer:
         """Steps a sender holds a game's records before it can send them (Ape-X's n-step window): its frames
         wait that much longer in the sender's window here. The algorithm's buffer says; none by default."""
         return 0
+
+    def message_rows(self, games: int) -> int:
+        """Records one sender's message holds at most (``games``: the most games one sender steps): ``comm.send_batch``
+        unless the algorithm's buffer says otherwise."""
+        return self.cfg.comm.send_batch
+
+    def make_server(self, share: int):
+        """What the learner is served from: the placement's server (:mod:`mpirl.roles.buffer_servers`), unless the
+        algorithm's buffer has its own (a trajectory queue)."""
+        return (ShardServer if self.cfg.replay.architecture == "proposed" else Relay)(self, share)
 
     def make_shard(self) -> ReplayMemory:
         """The replay memory a shard server serves from (a :class:`~mpirl.replay.memory.ReplayMemory`): the
@@ -210,7 +220,7 @@ class Buffer:
             self.on_request(buf)
             if not self.bye:
                 self.req_pool.post(slot)
-        while self.waiting and (self.store.size >= self.min_fill or self.bye):
+        while self.waiting and (self.server.ready(self.waiting[0][1]) or self.bye):
             seq, want = self.waiting.popleft()
             self.serve(SAMPLE, seq, want)
             progress = True

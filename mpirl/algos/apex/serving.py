@@ -21,71 +21,19 @@ import numpy as np
 from mpirl.agents.dqn import ActingPolicy, env_epsilons, explore
 from mpirl.config import JobConfig
 from mpirl.comm.messages import as_frame_ids
-from mpirl.envs.vector import AtariVector, GymVector, make_vector, stacks_shift
+from mpirl.envs.vector import stacks_shift
 from mpirl.replay.frame_stream import FrameStream
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
+from mpirl.replay.ratio import InsertBudget
+from mpirl.roles.actor import insert_budget
 from mpirl.roles.context import RoleContext
 from mpirl.roles.experience import Staging, oldest_frame
-from mpirl.roles.steps import Outcome, count_failure
+from mpirl.roles.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
+from mpirl.roles.steps import Outcome
 
-def step_spec(spaces) -> dict:
-    obs = (tuple(spaces.obs_shape), np.dtype(spaces.obs_dtype))
-    return {"obs": obs, "final_obs": obs, "taken": ((), np.dtype(np.int64)), "reward": ((), np.dtype(np.float32)),
-            "terminated": ((), np.dtype(np.bool_)), "truncated": ((), np.dtype(np.bool_)),
-            "life_lost": ((), np.dtype(np.bool_))}
+ApexGames = VectorGames  # an Ape-X actor's games: the shared vector games
 
-
-def action_shape(spaces) -> tuple:
-    return ()
-
-
-class ApexGames:
-    """One actor's games (a vector env), stepped with the actions it is given; no network, no MPI."""
-
-    def __init__(self, cfg: JobConfig, spaces, seed: int, label: str):
-        self.cfg, self.seed, self.label = cfg, seed, label
-        self.n = cfg.env.envs_per_actor
-        self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in step_spec(spaces).items()}
-        self.envs: GymVector | AtariVector | None = None  # built by start()
-        self.env_errors = self.failing = 0
-
-    def start(self) -> Outcome:
-        """Build and reset the games (a rebuilt set gets a seed of its own)."""
-        self.envs = envs = make_vector(self.cfg.env, seed=self.seed + 7919 * self.env_errors)
-        self.out["obs"][:] = envs.reset()
-        return Outcome(self.out, fresh=True)
-
-    def step(self, actions: np.ndarray) -> Outcome:
-        envs = self.envs
-        if envs is None:
-            raise RuntimeError("step() before start(): start() builds the games")
-        taken = envs.forced(actions)
-        try:
-            step = envs.step(taken)
-        except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
-            return self.recover(err)
-        self.failing = 0
-        o = self.out
-        o["taken"][:], o["reward"][:] = taken, step.reward
-        o["terminated"][:], o["truncated"][:] = step.terminated, step.truncated
-        o["life_lost"][:] = False if step.life_lost is None else step.life_lost
-        o["final_obs"][:], o["obs"][:] = step.final_obs, step.obs
-        return Outcome(o, fresh=False)
-
-    def recover(self, err: Exception) -> Outcome:
-        """A game raised: say so and rebuild them all (the worker drops their unfinished episodes)."""
-        count_failure(self, err)
-        self.close()
-        return self.start()
-
-    def close(self) -> None:
-        if self.envs is not None:
-            try:
-                self.envs.close()
-            except Exception:  # noqa: BLE001 - a broken env may not close cleanly either
-                pass
-            self.envs = None
 
 
 class ApexDeciding:
@@ -106,6 +54,7 @@ class ApexDeciding:
         if self.framed:
             depth, frame_shape = next(iter(self.framed.values()))
             self.frames = FrameStream(self.actors * self.E, depth, frame_shape, shifts=stacks_shift(cfg.env))
+        self.send_batch = cfg.comm.send_batch  # transitions per message
         self.staging = Staging(as_frame_ids(spec, self.framed), cfg.comm.send_batch + self.actors * self.E * cfg.apex.n_step)
         self.episodes: deque = deque()
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
@@ -117,6 +66,10 @@ class ApexDeciding:
 
     def epsilon(self, a: int = 0) -> float:
         return float(self.epsilons[a].mean())
+
+    def budget(self, topo) -> InsertBudget:
+        """The sender's flow control: its share of ``replay.samples_per_insert``'s budget."""
+        return insert_budget(self.cfg, topo, self.staging)
 
     def observe(self, a: int, outcome: Outcome) -> None:
         """Record what actor ``a``'s last actions led to: its n-step transitions become complete and are staged."""
@@ -176,8 +129,8 @@ class ApexDeciding:
         self.staging.drop(rows)
 
 
-def games(ctx: RoleContext, label: str) -> ApexGames:
-    return ApexGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
+def games(ctx: RoleContext, label: str) -> VectorGames:
+    return VectorGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
 
 
 def deciding(ctx: RoleContext, actors: list[int]) -> ApexDeciding:

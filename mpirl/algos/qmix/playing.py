@@ -20,6 +20,8 @@ import numpy as np
 from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule, explore
 from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
+from mpirl.replay.ratio import InsertBudget
+from mpirl.roles.actor import insert_budget
 from mpirl.roles.experience import Staging
 from mpirl.roles.steps import Outcome, count_failure
 
@@ -147,6 +149,7 @@ class Deciding:
         self.policy = QMixPolicy(spaces.n_agents, spaces.obs_shape, spaces.n_actions, cfg.qmix.rnn_hidden)
         self.policy.reset(rows)
         self.recorder = EpisodeRecorder(spec, rows)
+        self.send_batch = cfg.comm.send_batch  # episodes per message
         self.staging = Staging(spec, cfg.comm.send_batch + rows)
         self.episodes: deque = deque()  # (return, length) of finished episodes not yet reported
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
@@ -158,6 +161,10 @@ class Deciding:
 
     def rows(self, a: int) -> slice:
         return slice(a * self.E, (a + 1) * self.E)
+
+    def budget(self, topo) -> InsertBudget:
+        """The sender's flow control: its share of ``replay.samples_per_insert``'s budget."""
+        return insert_budget(self.cfg, topo, self.staging)
 
     def epsilon(self, a: int = 0) -> float:
         q = self.cfg.qmix

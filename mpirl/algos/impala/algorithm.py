@@ -1,0 +1,117 @@
+"""IMPALA behind the algorithm seam: its checks, roles, rank files and validate line.
+
+The ranks are the replay algorithms' (0 the learner, then the buffers, then the actors; :mod:`mpirl.comm.topology`)
+and so are the paths: actors send trajectories to their buffer, which queues them; the learner asks every queue
+for its share of a batch; parameters come down in versioned broadcasts. Records: one trajectory per row
+(:func:`mpirl.agents.actor_critic.trajectory_spec`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from mpirl.algos.impala.flow import queue_slots
+from mpirl.comm.messages import experience_layout, request_layout, sample_layout
+from mpirl.contract import RoleLoop
+from mpirl.config import ConfigError, JobConfig
+from mpirl.envs.factory import env_spaces
+from mpirl.replay_job import actor_count, check_world_size
+from mpirl.roles import memory
+from mpirl.roles.checks import Checked
+from mpirl.roles.replay_layout import (build_topology, layout, lazy_roles, rank_files, role_map,  # noqa: F401
+                                      star_estimate)
+
+
+class Spaces(NamedTuple):
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    n_actions: int
+
+
+def _spaces(cfg: JobConfig) -> Spaces:
+    if cfg.env.id == "predator_prey" or cfg.env.id.split(".")[0] in ("pettingzoo", "mpe2"):
+        raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and IMPALA plays "
+                                    "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
+    try:
+        obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
+    except ConfigError as err:
+        if "action space" in err.message:  # IMPALA's policy here is categorical
+            raise ConfigError("env.id", f"{err.message.split(';')[0]}; IMPALA here samples from a categorical "
+                                        "policy and continuous actions are not supported yet: choose an environment "
+                                        "with Discrete actions") from None
+        raise
+    return Spaces(tuple(obs_shape), np.dtype(obs_dtype), int(n_actions))
+
+
+def _n_params(spaces: Spaces, cfg: JobConfig) -> int:
+    """The actor-critic's parameters, counted on torch's meta device (a ConfigError for a shape it cannot take)."""
+    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.networks import network_for, parameter_count, shapes_only
+    try:
+        network_for(spaces.obs_shape, cfg.agent.network)
+    except ValueError as err:
+        key = "env.id" if cfg.agent.network == "auto" else "agent.network"
+        raise ConfigError(key, f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: {err}") from None
+    try:
+        return parameter_count(shapes_only(lambda: ActorCritic(spaces.obs_shape, spaces.n_actions, cfg.agent.hidden,
+                                                               cfg.agent.network)))
+    except RuntimeError as err:  # a layer refused the shape
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError("env.id", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype} and the network "
+                                    f"for that shape cannot take it ({first}); choose another environment") from None
+
+
+def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memory.Estimate:
+    """Each rank's memory: a queue's slots, the messages from their layouts, the network and the learner's batch
+    (its activations over B trajectories x (T+1) steps)."""
+    rp, c, t = cfg.replay, cfg.comm, cfg.topology
+    n_act = actor_count(cfg, world_size)
+    group = -(-n_act // t.buffers)
+    slot = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()) + 8
+    share = -(-rp.batch_size // t.buffers)
+    E = cfg.env.envs_per_actor
+    message = experience_layout(spec, E).max_nbytes
+    replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
+    params = 4 * n_params
+    steps = rp.batch_size * (cfg.impala.unroll + 1)
+    activations = steps * 4 * (int(np.prod(spec["obs"][0][1:])) + 4 * max(cfg.agent.hidden))
+    learner = (memory.PROCESS + memory.TRAINING + 4 * params + 2 * rp.batch_size * slot + activations
+               + t.buffers * (replies + request_layout(share).max_nbytes))
+    buffer = (memory.PROCESS + slot * queue_slots(cfg, n_act, t.buffers, group) + group * c.recv_depth * message
+              + replies)
+    actor = memory.PROCESS + 3 * E * slot + c.send_ring * message + 3 * params
+    return star_estimate(cfg, world_size, learner, buffer, actor, 0, slot, params)
+
+
+def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    from mpirl.agents.actor_critic import trajectory_spec
+    check_world_size(cfg, world_size, job_path)
+    n_act, t = actor_count(cfg, world_size), cfg.topology
+    if n_act % t.buffers:
+        raise ConfigError("world size", f"IMPALA's queues each need the same number of actors: {n_act} actor(s) do "
+                                        f"not spread evenly over {t.buffers} buffer(s); run with "
+                                        f"{1 + t.buffers + n_act + t.buffers - n_act % t.buffers} ranks, or set "
+                                        f"topology.actors to a multiple of topology.buffers")
+    spaces = _spaces(cfg)
+    spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll)
+    n_params = _n_params(spaces, cfg)
+    # The broadcast carries the version after the parameters (mpirl.algos.impala.learner).
+    return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
+
+
+ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
+
+
+def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
+    s, t, rp = checked.spaces, cfg.topology, cfg.replay
+    return (f"1 learner, {t.buffers} queue(s), {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace) on "
+            f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; trajectories of "
+            f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")
+
+
+def summary(run_dir: Path) -> str:
+    from mpirl.algos.impala.info import format_summary, summarize
+    return format_summary(summarize(run_dir))

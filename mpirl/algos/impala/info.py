@@ -1,0 +1,66 @@
+"""``mpirl info`` and ``mpirl watch`` for an IMPALA run: the shared learner-buffer-actor summary, then IMPALA's
+learner statistics (losses, entropy, clipped ratios, policy lag) and how long the actors waited for their queues."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from mpirl.metrics import summary as shared
+from mpirl.metrics.summary import _f
+from mpirl.metrics.watch import frame as star_frame
+
+STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "grad_norm", "lag_mean", "lag_max")
+
+
+def _held_back(run_dir: Path) -> float:
+    """Seconds the actors waited for their queues (each actor's last ``throttled_s``, summed)."""
+    total = 0.0
+    for path in Path(run_dir).glob("buffer_*.h5"):
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                t = f.get("actors")
+                if t is None or not len(t["actor"]):
+                    continue
+                actor, held = t["actor"][()], t["throttled_s"][()]
+                total += sum(float(held[actor == a][-1]) for a in np.unique(actor))
+        except (OSError, KeyError):
+            continue
+    return total
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    s = shared.summarize(run_dir)
+    train: dict[str, np.ndarray] = {}
+    try:
+        with h5py.File(Path(run_dir) / "learner.h5", "r", locking=False) as f:
+            grp = f.get("train")
+            if isinstance(grp, h5py.Group):
+                train = {k: np.asarray(v[...]) for k, v in grp.items()}
+    except (OSError, KeyError):
+        pass
+    s["impala"] = {**{k: shared._tail_mean(train, k) for k in STATS}, "held_back_s": _held_back(run_dir)}
+    return s
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    job, q = s.get("job", {}), s["impala"]
+    return "\n".join([
+        shared.format_summary(s), "",
+        f"IMPALA (V-trace) on {job.get('env.id', '-')}, trajectories of {job.get('impala.unroll', '-')} steps",
+        f"  loss / policy / value (last 10%)  {_f(q['loss'], '.4g')} / {_f(q['policy_loss'], '.4g')} / "
+        f"{_f(q['value_loss'], '.4g')}",
+        f"  entropy / rho clipped / |grad|    {_f(q['entropy'], '.4g')} / {_f(q['rho_clipped'], '.3g')} / "
+        f"{_f(q['grad_norm'], '.4g')}",
+        f"  policy lag (versions) mean / max  {_f(q['lag_mean'], '.2f')} / {_f(q['lag_max'], '.0f')}",
+        f"  actors held back by full queues   {_f(q['held_back_s'], ',.1f', ' s')}"])
+
+
+def frame(s: dict[str, Any]) -> str:
+    """``mpirl watch``: the learner-buffer-actor frame, then IMPALA's lag and entropy."""
+    q = s["impala"]
+    return (star_frame(s) + f"\nIMPALA        entropy {_f(q['entropy'], '.3g')}, policy lag mean "
+            f"{_f(q['lag_mean'], '.2f')} max {_f(q['lag_max'], '.0f')}, held back {_f(q['held_back_s'], ',.1f', ' s')}")

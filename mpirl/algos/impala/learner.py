@@ -1,0 +1,89 @@
+"""The IMPALA learner: an actor-critic trained with V-trace on batches of trajectories, over the one learner loop
+(:mod:`mpirl.roles.learner`) and its remote source: each buffer's queue serves its share of every batch, oldest
+trajectories first, each once.
+
+Its ``train`` rows add the losses, the entropy, the share of importance ratios rho_bar clipped, the gradient's norm
+(before clipping) and the policy lag: the learner's parameter version minus the version each trajectory was acted
+with, mean and max per batch, averaged over the row's batches (the max: the largest of them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mpirl.agents.actor_critic import ImpalaLearner
+from mpirl.agents.dqn import pick_device
+from mpirl.roles.batch_sources import Batch
+from mpirl.roles.context import RoleContext
+from mpirl.roles.learner import Learner, LearnerAlgorithm
+from mpirl.roles.shard_links import Counters
+
+F8 = np.float64
+STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")
+
+
+class ImpalaTraining(LearnerAlgorithm):
+    """IMPALA's side of the learner loop."""
+
+    agent: ImpalaLearner
+
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
+        super().__init__(ctx, rng, counters)
+        cfg = self.cfg
+        self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, cfg.impala,
+                                   pick_device(cfg.agent.device), seed=ctx.seed())
+        self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
+
+    @property
+    def n_params(self) -> int:
+        return self.agent.n_params + 1  # the broadcast carries the version after the parameters
+
+    def flat_params(self) -> np.ndarray:
+        """The network's parameters, then the version they are published as (the loop has counted it already):
+        the actors record it with each trajectory (:mod:`mpirl.algos.impala.serving`)."""
+        return np.append(self.agent.flat_params(), np.float32(self.counters.version))
+
+    def train(self, batch: Batch) -> np.ndarray | None:
+        stats = self.agent.train_step(batch.fields)
+        if stats is None:
+            return None
+        lag = self.counters.version - batch.fields["version"]
+        stats["lag_mean"] = float(lag.mean())
+        stats["lag_max"] = float(lag.max())
+        for k, v in stats.items():
+            self.acc[k].append(v)
+        return np.ones(len(lag), np.float32)  # nothing goes back to a queue
+
+    def divergence(self, in_a_row: int) -> str:
+        c = self.cfg
+        return (f"the learner has diverged: {in_a_row} batches in a row were not finite after train step "
+                f"{self.agent.steps} ({self.counters.skipped} skipped in all); in the last, {self.agent.fault}; "
+                f"the settings that feed it: agent.lr={c.agent.lr:g}, agent.grad_clip={c.agent.grad_clip:g}, "
+                f"agent.reward_clip={c.agent.reward_clip:g}, impala.rho_bar={c.impala.rho_bar:g}")
+
+    def state(self) -> dict:
+        return self.agent.state()
+
+    def restore(self, st: dict) -> None:
+        self.agent.restore(st)
+
+    def file_attrs(self, threads: int) -> dict:
+        return {"role": "learner", "rank": 0, "algorithm": "impala", "device": str(self.agent.device),
+                "torch_threads": threads, "n_params": self.agent.n_params, "batch_size": self.cfg.replay.batch_size,
+                "unroll": self.cfg.impala.unroll}
+
+    def columns(self) -> tuple[dict, dict]:
+        return {k: F8 for k in (*STATS, "lag_max")}, {}
+
+    def row(self) -> dict:
+        out = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}
+        out["lag_max"] = float(np.max(self.acc["lag_max"])) if self.acc["lag_max"] else math.nan
+        for v in self.acc.values():
+            v.clear()
+        return out
+
+
+def run_learner(ctx: RoleContext) -> str:
+    return Learner(ctx, ImpalaTraining).run()

@@ -1,0 +1,143 @@
+"""IMPALA's acting: the shared vector games (:mod:`mpirl.roles.games`) and the decisions (:class:`ImpalaDeciding`),
+what IMPALA gives the actor loop (:mod:`mpirl.roles.actor`).
+
+The decisions sample each game's action from the actor's copy of the policy, and record each game's trajectory:
+``impala.unroll`` steps with the behaviour policy's log-probability of the action actually taken, rewards,
+terminated and truncated apart, the value of the final observation where a time limit truncated an episode, and
+the parameter version the trajectory's first step was acted with. All games of an actor step together, so their
+trajectories end together and go in one message; the next ones start from the observation the last ended on.
+
+The parameter broadcast carries the learner's version as one more value after the network's parameters
+(:meth:`mpirl.algos.impala.learner.ImpalaTraining.flat_params`): that is how an actor knows the version it acts with.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from mpirl.agents.actor_critic import ActorCriticPolicy
+from mpirl.algos.impala.flow import queue_budget
+from mpirl.config import JobConfig
+from mpirl.replay.ratio import InsertBudget
+from mpirl.roles.context import RoleContext
+from mpirl.roles.experience import Staging
+from mpirl.roles.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
+from mpirl.roles.steps import Outcome
+
+
+class VersionedPolicy(ActorCriticPolicy):
+    """The actor's policy, loaded from a broadcast whose last value is the learner's parameter version."""
+
+    version = 0
+
+    def load_flat(self, params: np.ndarray) -> None:
+        self.version = int(params[-1])
+        super().load_flat(params[:-1])
+
+
+class ImpalaDeciding:
+    """The policy and the trajectories being recorded for the games of ``len(seeds)`` actors; no MPI."""
+
+    def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int]):
+        self.cfg, self.spec = cfg, spec
+        self.E, self.actors, self.T = cfg.env.envs_per_actor, len(seeds), cfg.impala.unroll
+        self.policy = VersionedPolicy(spaces.obs_shape, spaces.n_actions, cfg.agent)
+        self.rngs = [np.random.default_rng(s) for s in seeds]
+        self.send_batch = self.E  # an actor's games finish their trajectories together: one message
+        self.staging = Staging(spec, (self.actors + 1) * self.E)
+        self.frames = None  # trajectories carry their observations: no frames once
+        self.framed: dict = {}
+        # The trajectories being recorded: actor a's games are rows a*E .. a*E+E-1.
+        rows = self.actors * self.E
+        self.traj = {name: np.zeros((rows, *shape), dtype) for name, (shape, dtype) in spec.items()}
+        self.t = np.zeros(self.actors, dtype=np.int64)  # the step each actor's trajectories are at
+        self.started = np.zeros(self.actors, dtype=bool)
+        self.logp = np.zeros((rows, spaces.n_actions))  # the behaviour policy's log-probabilities at the last decision
+        self.episodes: deque = deque()
+        self.env_steps = np.zeros(self.actors, dtype=np.int64)
+        self.ep_return = np.zeros(rows)
+        self.ep_length = np.zeros(rows, dtype=np.int64)
+
+    def rows(self, a: int) -> slice:
+        return slice(a * self.E, (a + 1) * self.E)
+
+    def epsilon(self, a: int = 0) -> float:
+        return 0.0  # actions are sampled from the policy: no epsilon
+
+    def budget(self, topo) -> InsertBudget:
+        """The sender's flow control: its share of its queue (:mod:`mpirl.algos.impala.flow`)."""
+        return queue_budget(self.cfg, topo.n_actors, len(topo.buffers), topo.group.size - 1)
+
+    def _begin(self, a: int, obs: np.ndarray) -> None:
+        """Actor ``a``'s next trajectories start from ``obs``."""
+        r = self.rows(a)
+        self.traj["obs"][r, 0] = obs
+        self.traj["version"][r] = self.policy.version
+        self.t[a] = 0
+
+    def observe(self, a: int, outcome: Outcome) -> None:
+        """Record what actor ``a``'s last actions led to; finished trajectories are staged."""
+        o, r, tr = outcome.rows, self.rows(a), self.traj
+        if outcome.fresh or not self.started[a]:  # every game starts afresh (unfinished trajectories dropped)
+            self._begin(a, o["obs"])
+            self.ep_return[r], self.ep_length[r] = 0.0, 0
+            self.started[a] = True
+            return
+        t, taken = int(self.t[a]), o["taken"]
+        self.env_steps[a] += self.E
+        clip = self.cfg.agent.reward_clip
+        terminated = o["terminated"] | o["life_lost"]  # a lost life cuts the bootstrap where the env says so
+        truncated = o["truncated"] & ~terminated
+        tr["action"][r, t] = taken
+        tr["reward"][r, t] = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
+        tr["logp"][r, t] = self.logp[r][np.arange(self.E), taken]
+        tr["terminated"][r, t], tr["truncated"][r, t] = terminated, truncated
+        tr["final_value"][r, t] = 0.0
+        if truncated.any():  # a time limit: the episode's final observation's value bootstraps
+            tr["final_value"][r, t][truncated] = self.policy.values(o["final_obs"][truncated])
+        self.ep_return[r] += o["reward"]
+        self.ep_length[r] += 1
+        ended = o["terminated"] | o["truncated"]
+        for k in np.flatnonzero(ended):
+            self.episodes.append((float(self.ep_return[r][k]), int(self.ep_length[r][k])))
+        self.ep_return[r][ended], self.ep_length[r][ended] = 0.0, 0
+        tr["obs"][r, t + 1] = o["obs"]
+        if t + 1 < self.T:
+            self.t[a] = t + 1
+            return
+        for row in range(r.start, r.stop):
+            self.staging.put(tuple(arr[row] for arr in tr.values()))
+        self._begin(a, o["obs"])
+
+    def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
+        """Actions for the listed actors' games from one forward pass; each actor samples with its own stream."""
+        obs = outcomes[0].rows["obs"] if len(outcomes) == 1 else np.concatenate([o.rows["obs"] for o in outcomes])
+        logp = self.policy.log_probs(obs)
+        out = np.empty(len(logp), dtype=np.int64)
+        for i, a in enumerate(actors):
+            part, r = slice(i * self.E, (i + 1) * self.E), self.rows(a)
+            self.logp[r] = logp[part]
+            out[part] = np.argmax(logp[part] + self.rngs[a].gumbel(size=logp[part].shape), axis=1)
+        return out
+
+    def take(self, rows: int) -> tuple[dict, np.ndarray]:
+        return self.staging.take(rows), np.zeros(rows, np.float32)  # no priorities: a queue serves in order
+
+    def oldest_frame(self, rows: int) -> int:
+        return 0  # no frames once
+
+    def drop(self, rows: int) -> None:
+        self.staging.drop(rows)
+
+
+def games(ctx: RoleContext, label: str) -> VectorGames:
+    return VectorGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
+
+
+def deciding(ctx: RoleContext, actors: list[int]) -> ImpalaDeciding:
+    """The decisions for ``actors`` (world ranks), each with its own rank's seed."""
+    import torch
+    torch.set_num_threads(1)
+    return ImpalaDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors])

@@ -1,0 +1,73 @@
+"""IMPALA's settings: the ``[impala]`` section, and the keys of the shared sections it reads.
+
+A queue is a memory of trajectory slots, so IMPALA reads two keys of ``[replay]`` in that sense:
+``replay.capacity``, the trajectories one buffer's queue holds (a full queue holds its actors back), and
+``replay.batch_size``, the trajectories of one train batch (each queue serves its even share). With them the
+learner's remote sources and the buffer loop serve IMPALA as they serve the replay algorithms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpirl import replay_job
+from mpirl.domain import setting
+from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
+
+
+@dataclass
+class ImpalaConfig:
+    # Steps of one trajectory (of one game); each trajectory also carries the observation after its last step.
+    unroll: int = setting(20, ge=1, le=100_000)
+    # V-trace's truncation levels (Espeholt et al. 2018, section 4.1) and its lambda.
+    rho_bar: float = setting(1.0, gt=0, le=1e6)
+    c_bar: float = setting(1.0, gt=0, le=1e6)
+    lam: float = setting(1.0, ge=0, le=1, why="V-trace's lambda")
+    # The loss: policy gradient + value_coef x value loss - entropy_coef x entropy.
+    value_coef: float = setting(0.5, ge=0, le=1e6)
+    entropy_coef: float = setting(0.01, ge=0, le=1e6)
+    # IMPALA's optimizer is RMSProp (alpha 0.99, epsilon 0.01); Adam uses agent.adam_eps.
+    optimizer: str = setting("adam", choices=("adam", "rmsprop"))
+    rmsprop_alpha: float = setting(0.99, gt=0, lt=1)
+    rmsprop_eps: float = setting(0.01, gt=0, le=1)
+
+
+SECTIONS = {"impala": ImpalaConfig}
+
+USES = {
+    "run": replay_job.USES["run"],
+    "topology": ("buffers", "actors", "node_local"),
+    "checkpoint": ("every_seconds", "every_steps", "keep"),
+    "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "grad_clip", "reward_clip", "device", "torch_threads"),
+    "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
+            "repeat_action_probability", "env_threads", "terminal_on_life_loss", "fire_on_life_loss"),
+    "replay": ("capacity", "batch_size"),
+    "comm": ("send_ring", "recv_depth", "n_update", "prefetch", "max_message_mb", "link"),
+}
+
+MOVED: dict[str, str] = {}  # no key of a shared section has moved into [impala]
+
+
+def check(cfg) -> None:
+    """IMPALA's cross-field checks: a stop condition, the layout, and queues that can serve a batch."""
+    from mpirl.config import ConfigError
+    r, t, rp = cfg.run, cfg.topology, cfg.replay
+    if not (r.train_steps or r.env_steps or r.wall_seconds):
+        raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "
+                                 "run.wall_seconds")
+    if t.actors and t.actors < t.buffers:
+        raise ConfigError("topology.actors", f"must be 0 (every remaining rank) or >= topology.buffers "
+                                             f"({t.buffers}) so each queue has an actor, got {t.actors}")
+    if rp.batch_size < t.buffers:
+        raise ConfigError("replay.batch_size", f"trajectories per batch must be >= topology.buffers ({t.buffers}) "
+                                               f"so every queue serves a share, got {rp.batch_size}")
+    share = -(-rp.batch_size // t.buffers)
+    if rp.capacity < 2 * share:
+        raise ConfigError("replay.capacity", f"a queue must hold at least two batch shares ({2 * share} "
+                                             f"trajectories: one being served, one filling), got {rp.capacity}")
+    if rp.batch_size % t.buffers:
+        raise ConfigError("replay.batch_size", f"trajectories per batch must be a multiple of topology.buffers "
+                                               f"({t.buffers}): each queue serves an equal share, got {rp.batch_size}")
+    if rp.capacity < cfg.env.envs_per_actor:
+        raise ConfigError("replay.capacity", f"a queue must hold one actor's message (env.envs_per_actor = "
+                                             f"{cfg.env.envs_per_actor} trajectories), got {rp.capacity}")

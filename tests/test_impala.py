@@ -1,0 +1,191 @@
+"""IMPALA: the trajectory queue, the queue's flow control, the actors' trajectories (an episode's end inside one,
+terminated vs truncated), bad input, and a whole job on 4 ranks that learns CartPole."""
+
+from __future__ import annotations
+
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from mpirl import config
+from mpirl.agents.actor_critic import trajectory_spec
+from mpirl.algos.impala.flow import queue_budget, queue_slots
+from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
+from mpirl.roles.steps import Outcome
+
+from conftest import JOBS, run_cli, run_mpi
+
+JOB = JOBS / "impala_cartpole.toml"
+
+
+def load(*sets: str):
+    cfg, _ = config.load(JOB, list(sets))
+    return cfg
+
+
+# ---------------------------------------------------------------- the queue
+def test_the_queue_serves_oldest_first_each_once_and_refuses_to_overflow():
+    spec = trajectory_spec((2,), np.float32, 3)
+    q = TrajectoryQueue(spec, 5)
+    rec = {k: np.zeros((3, *shape), dtype) for k, (shape, dtype) in spec.items()}
+    rec["version"][:] = [10, 11, 12]
+    q.add(rec)
+    out = {k: np.zeros((2, *shape), dtype) for k, (shape, dtype) in spec.items()}
+    ids, versions = q.take_into(2, out)
+    assert out["version"].tolist() == [10, 11] and versions.tolist() == [0, 1] and q.size == 1
+    rec["version"][:] = [13, 14, 15]
+    q.add(rec)  # wraps around the end of the slots
+    with pytest.raises(QueueFull):
+        q.add(rec)  # 4 waiting + 3 > 5: refused, nothing dropped
+    assert q.size == 4
+    ids, versions = q.take_into(2, out)
+    assert out["version"].tolist() == [12, 13] and versions.tolist() == [2, 3]
+    with pytest.raises(ValueError):
+        q.take_into(3, {k: np.zeros((3, *shape), dtype) for k, (shape, dtype) in spec.items()})
+
+
+@pytest.mark.parametrize("actors,buffers,n_update,batch,capacity", [(2, 1, 1, 32, 128), (4, 2, 4, 16, 40),
+                                                                    (6, 3, 16, 60, 100)])
+def test_actors_held_to_their_allowance_never_overflow_their_queue(actors, buffers, n_update, batch, capacity):
+    """A simulation of the worst case: every actor sends all it is allowed (one message of E trajectories at a
+    time) whenever it may; the learner takes B / R of every queue per batch and publishes every n_update batches,
+    and an actor sees a version only when it is published. The fill never passes queue_slots."""
+    cfg = load(f"comm.n_update={n_update}", f"replay.batch_size={batch}", f"replay.capacity={capacity}",
+               f"topology.buffers={buffers}", "env.envs_per_actor=8")
+    group, E = actors // buffers, 8
+    budget = queue_budget(cfg, actors, buffers, group)
+    slots = queue_slots(cfg, actors, buffers, group)
+    sent, fill, most = [0] * actors, [0] * buffers, 0
+    version, steps = 1, 0
+    for _ in range(20_000):
+        for a in range(actors):  # the actors run ahead as far as their allowance lets them
+            while not budget.over(sent[a], version):
+                sent[a] += E
+                fill[a // group] += E
+        most = max(most, *fill)
+        share = batch // buffers
+        if all(f >= share for f in fill):  # the learner trains on a batch when every queue has its share
+            fill = [f - share for f in fill]
+            steps += 1
+            if steps % n_update == 0:
+                version += 1
+        else:
+            pytest.fail(f"the learner starved: fills {fill}, share {share}")
+    assert most <= slots, (most, slots)
+
+
+# ---------------------------------------------------------------- the actors' trajectories
+class _Spaces:
+    obs_shape, obs_dtype, n_actions = (4,), np.dtype(np.float32), 2
+
+
+def _outcome(obs, reward=0.0, terminated=(), truncated=(), final=None, taken=(0, 0), fresh=False):
+    n = len(obs)
+    rows = {"obs": np.asarray(obs, np.float32), "final_obs": np.asarray(final if final is not None else obs, np.float32),
+            "taken": np.asarray(taken, np.int64), "reward": np.full(n, reward, np.float32),
+            "terminated": np.isin(np.arange(n), terminated), "truncated": np.isin(np.arange(n), truncated),
+            "life_lost": np.zeros(n, bool)}
+    return Outcome(rows, fresh)
+
+
+def test_a_trajectory_crossing_an_episode_end_keeps_terminated_and_truncated_apart():
+    """Two games, trajectories of 4 steps. Game 0 terminates after step 1, game 1 is truncated after step 2: the
+    records say so at those steps, the truncated one carries the policy's value of its final observation, the
+    observations after the ends are the new episodes' first, and the next trajectory starts where this one ended."""
+    from mpirl.algos.impala.serving import ImpalaDeciding
+    cfg = load("impala.unroll=4", "env.envs_per_actor=2")
+    spec = trajectory_spec((4,), np.float32, 4)
+    d = ImpalaDeciding(cfg, _Spaces, spec, [1])
+    flat = np.append(0.3 * np.random.default_rng(0).normal(size=d.policy.n_params).astype(np.float32), 7.0)
+    d.policy.load_flat(flat)
+    o = [np.full((2, 4), float(i)) for i in range(8)]
+    prev = _outcome(o[0], fresh=True)
+    d.observe(0, prev)
+    final = np.full((2, 4), 99.0)
+    steps = [_outcome(o[1], 1.0, taken=(1, 0)), _outcome(o[2], 1.0, terminated=[0], taken=(0, 1), final=final),
+             _outcome(o[3], 1.0, truncated=[1], taken=(1, 1), final=final), _outcome(o[4], 1.0)]
+    for s in steps:  # as the actor loop: decide on what the last step showed, then record what the step led to
+        d.decide([0], [prev])
+        d.observe(0, s)
+        prev = s
+    assert d.staging.count == 2
+    rec, _ = d.take(2)
+    assert rec["terminated"].tolist() == [[False, True, False, False], [False, False, False, False]]
+    assert rec["truncated"].tolist() == [[False, False, False, False], [False, False, True, False]]
+    value = float(d.policy.values(final[1:2])[0])
+    assert rec["final_value"][1, 2] == pytest.approx(value) and rec["final_value"][0].tolist() == [0, 0, 0, 0]
+    assert rec["obs"][:, :, 0].tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert rec["action"].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0]]
+    assert rec["version"].tolist() == [7, 7]
+    for t in range(4):  # the behaviour policy's log-probability of the action taken, from the obs it was taken on
+        want = d.policy.log_probs(o[t].astype(np.float32))[np.arange(2), rec["action"][:, t]]
+        assert rec["logp"][:, t] == pytest.approx(want, rel=1e-5)
+    assert sorted(d.episodes) == [(2.0, 2), (3.0, 3)]  # returns unclipped, lengths in steps
+    d.drop(2)
+    s = _outcome(o[5], 1.0)
+    d.decide([0], [prev])
+    d.observe(0, s)
+    assert d.traj["obs"][0, :2, 0].tolist() == [4, 5]  # the next trajectory starts where the last ended
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("sets,key", [
+    (["impala.unroll=0"], "impala.unroll"),
+    (["impala.rho_bar=0"], "impala.rho_bar"),
+    (["impala.c_bar=-1"], "impala.c_bar"),
+    (["impala.rho_bar=nan"], "impala.rho_bar"),
+    (["replay.batch_size=4", "replay.capacity=4"], "replay.capacity"),
+    (["topology.buffers=2", "replay.batch_size=33"], "replay.batch_size"),
+    (["env.id=\"Pendulum-v1\""], "env.id"),
+    (["apex.n_step=3"], "apex"),
+    (["replay.alpha=0.5"], "replay.alpha"),
+])
+def test_bad_impala_input_is_exit_2_naming_the_key(sets, key):
+    args = ["validate", str(JOB), "-n", "4"]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert key in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_world_whose_actors_do_not_spread_evenly_over_the_queues_is_exit_2():
+    proc = run_cli("validate", str(JOB), "-n", "6", "--set", "topology.buffers=2", "--set", "replay.batch_size=32")
+    assert proc.returncode == 2 and "world size" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "same number of actors" in proc.stderr
+
+
+def test_continuous_actions_are_refused_saying_they_are_not_supported_yet():
+    proc = run_cli("validate", str(JOB), "-n", "4", "--set", 'env.id="Pendulum-v1"')
+    assert proc.returncode == 2 and "not supported yet" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- a whole job
+ENV_STEP_BUDGET = 1_500_000
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+def test_impala_learns_cartpole_on_4_ranks(tmp_path):
+    """Every role exits 0, returns rise from random play (about 22) past 195 within the env-step budget (this
+    machine: 475 after about 700,000), the trajectories' policy lag is recorded and small, and the queue never
+    held more than its slots."""
+    job = run_mpi(4, tmp_path, f"run.env_steps={ENV_STEP_BUDGET}", "run.wall_seconds=0", "run.target_return=195",
+                  job=JOB, timeout=3600, stall=300)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        reason = f.attrs["stop_reason"]
+        t = {k: f["learner/train"][k][()] for k in ("return_mean20", "lag_mean", "lag_max", "entropy", "env_steps")}
+        eps = f["buffer_1/episodes/return"][()]
+        fill = f["buffer_1/buffer/fill"][()]
+    assert "reached 195" in reason, (f"IMPALA did not reach mean return 195 over 20 episodes within "
+                                     f"{ENV_STEP_BUDGET} env steps: stopped by {reason!r}, last-20 mean "
+                                     f"{t['return_mean20'][-1]:.1f} after {t['env_steps'][-1]} env steps")
+    assert eps[:20].mean() < 60 and eps[-20:].mean() >= 150, (eps[:20].mean(), eps[-20:].mean())
+    lag = t["lag_mean"][np.isfinite(t["lag_mean"])]
+    assert len(lag) and 0 <= lag.mean() < 10 and np.nanmax(t["lag_max"]) >= 1, t["lag_mean"]
+    assert t["entropy"][np.isfinite(t["entropy"])][-1] < math.log(2)  # the policy left uniform
+    cfg = load()
+    assert fill.max() <= queue_slots(cfg, 2, 1, 2)

@@ -26,7 +26,7 @@ import torch
 class VTrace(NamedTuple):
     vs: torch.Tensor  # [B, T] the value targets
     advantages: torch.Tensor  # [B, T] the policy gradient's advantages, rho_s (r_s + gamma_s v_{s+1} - V(x_s))
-    rho_clipped: torch.Tensor  # [] the fraction of steps whose ratio rho_bar clipped
+    rho_clipped: torch.Tensor  # [] the fraction of steps whose ratio rho_bar clipped (by more than float rounding)
 
 
 @torch.no_grad()
@@ -59,4 +59,5 @@ def vtrace(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: tor
     # v_{s+1} as step s sees it, with the same ends as V(x_{s+1}).
     next_vs = torch.lerp(torch.cat([vs[:, 1:], bootstrap[:, None]], dim=1), final_values, trunc)
     advantages = rho * (rewards + discounts * next_vs - values)
-    return VTrace(vs, advantages, (ratio > rho_bar).to(values.dtype).mean())
+    # The actor's and the learner's forward passes round differently: a ratio within 1e-4 of rho_bar is not counted.
+    return VTrace(vs, advantages, (ratio > rho_bar * (1 + 1e-4)).to(values.dtype).mean())

@@ -95,6 +95,16 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                                         f"not spread evenly over {t.buffers} buffer(s); run with "
                                         f"{1 + t.buffers + n_act + t.buffers - n_act % t.buffers} ranks, or set "
                                         f"topology.actors to a multiple of topology.buffers")
+    i = cfg.impala
+    if len(i.actor_delay_us) not in (1, n_act):
+        raise ConfigError("impala.actor_delay_us", f"must hold one value for every actor or one per actor ({n_act}), "
+                                                   f"got {len(i.actor_delay_us)}: {i.actor_delay_us}")
+    if i.exchange == "sync" and cfg.replay.batch_size != n_act * cfg.env.envs_per_actor:
+        raise ConfigError("replay.batch_size", f"with impala.exchange = \"sync\" a batch is one round, a trajectory "
+                                               f"of every game of every actor: {n_act} actor(s) x "
+                                               f"{cfg.env.envs_per_actor} games = {n_act * cfg.env.envs_per_actor}; "
+                                               f"set replay.batch_size = {n_act * cfg.env.envs_per_actor}, got "
+                                               f"{cfg.replay.batch_size}")
     spaces = _spaces(cfg)
     spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll)
     n_params = _n_params(spaces, cfg)
@@ -107,7 +117,8 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
-    return (f"1 learner, {t.buffers} queue(s), {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace) on "
+    return (f"1 learner, {t.buffers} queue(s), {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
+            f"{cfg.impala.exchange}) on "
             f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; trajectories of "
             f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")
 

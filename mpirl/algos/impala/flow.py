@@ -18,10 +18,13 @@ from mpirl.replay.ratio import InsertBudget
 
 
 def queue_budget(cfg, n_actors: int, buffers: int, group: int) -> InsertBudget:
-    """One actor's allowance: its share of its queue, and one broadcast's consumption at a time."""
+    """One actor's allowance: its share of its queue, and one broadcast's consumption at a time. Synchronous
+    rounds (``impala.exchange = "sync"``, a batch of one trajectory per game of every actor, a broadcast after
+    each) are the same budget without the queue's share: one message per version, so an actor acts each round
+    with the parameters the last round made."""
     rp = cfg.replay
-    return InsertBudget(1.0, rp.batch_size, cfg.comm.n_update, n_actors, rp.capacity * buffers, buffers, group,
-                        slack=0)
+    warm = 0 if cfg.impala.exchange == "sync" else rp.capacity * buffers
+    return InsertBudget(1.0, rp.batch_size, cfg.comm.n_update, n_actors, warm, buffers, group, slack=0)
 
 
 def queue_slots(cfg, n_actors: int, buffers: int, group: int) -> int:

@@ -56,7 +56,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  entropy / rho clipped / |grad|    {_f(q['entropy'], '.4g')} / {_f(q['rho_clipped'], '.3g')} / "
         f"{_f(q['grad_norm'], '.4g')}",
         f"  policy lag (versions) mean / max  {_f(q['lag_mean'], '.2f')} / {_f(q['lag_max'], '.0f')}",
-        f"  actors held back by full queues   {_f(q['held_back_s'], ',.1f', ' s')}"])
+        f"  actors waiting (all, summed)      {_f(q['held_back_s'], ',.1f', ' s')}   "
+        f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})"])
 
 
 def frame(s: dict[str, Any]) -> str:

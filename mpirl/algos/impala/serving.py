@@ -4,7 +4,7 @@ what IMPALA gives the actor loop (:mod:`mpirl.roles.actor`).
 The decisions sample each game's action from the actor's copy of the policy, and record each game's trajectory:
 ``impala.unroll`` steps with the behaviour policy's log-probability of the action actually taken, rewards,
 terminated and truncated apart, the value of the final observation where a time limit truncated an episode, and
-the parameter version the trajectory's first step was acted with. All games of an actor step together, so their
+the parameter version the trajectory's first action was chosen with. All games of an actor step together, so their
 trajectories end together and go in one message; the next ones start from the observation the last ended on.
 
 The parameter broadcast carries the learner's version as one more value after the network's parameters
@@ -13,6 +13,7 @@ The parameter broadcast carries the learner's version as one more value after th
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
@@ -40,11 +41,12 @@ class VersionedPolicy(ActorCriticPolicy):
 class ImpalaDeciding:
     """The policy and the trajectories being recorded for the games of ``len(seeds)`` actors; no MPI."""
 
-    def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int]):
+    def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int], delays_us: list[float] | None = None):
         self.cfg, self.spec = cfg, spec
         self.E, self.actors, self.T = cfg.env.envs_per_actor, len(seeds), cfg.impala.unroll
         self.policy = VersionedPolicy(spaces.obs_shape, spaces.n_actions, cfg.agent)
         self.rngs = [np.random.default_rng(s) for s in seeds]
+        self.delays = [d * 1e-6 for d in (delays_us or [0.0] * self.actors)]  # seconds added to each step, per actor
         self.send_batch = self.E  # an actor's games finish their trajectories together: one message
         self.staging = Staging(spec, (self.actors + 1) * self.E)
         self.frames = None  # trajectories carry their observations: no frames once
@@ -72,9 +74,7 @@ class ImpalaDeciding:
 
     def _begin(self, a: int, obs: np.ndarray) -> None:
         """Actor ``a``'s next trajectories start from ``obs``."""
-        r = self.rows(a)
-        self.traj["obs"][r, 0] = obs
-        self.traj["version"][r] = self.policy.version
+        self.traj["obs"][self.rows(a), 0] = obs
         self.t[a] = 0
 
     def observe(self, a: int, outcome: Outcome) -> None:
@@ -117,7 +117,11 @@ class ImpalaDeciding:
         logp = self.policy.log_probs(obs)
         out = np.empty(len(logp), dtype=np.int64)
         for i, a in enumerate(actors):
+            if self.delays[a]:
+                time.sleep(self.delays[a])
             part, r = slice(i * self.E, (i + 1) * self.E), self.rows(a)
+            if self.t[a] == 0:  # a trajectory's first action: the version it is acted with (an actor of a
+                self.traj["version"][r] = self.policy.version  # synchronous round has waited for it by now)
             self.logp[r] = logp[part]
             out[part] = np.argmax(logp[part] + self.rngs[a].gumbel(size=logp[part].shape), axis=1)
         return out
@@ -137,7 +141,11 @@ def games(ctx: RoleContext, label: str) -> VectorGames:
 
 
 def deciding(ctx: RoleContext, actors: list[int]) -> ImpalaDeciding:
-    """The decisions for ``actors`` (world ranks), each with its own rank's seed."""
+    """The decisions for ``actors`` (world ranks), each with its own rank's seed and its delay
+    (``impala.actor_delay_us``, by its index among all the job's actors)."""
     import torch
     torch.set_num_threads(1)
-    return ImpalaDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors])
+    everyone = sorted(ctx.topo.buffer_of)
+    delays = ctx.cfg.impala.actor_delay_us
+    delays = [delays[0] if len(delays) == 1 else delays[everyone.index(a)] for a in actors]
+    return ImpalaDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors], delays)

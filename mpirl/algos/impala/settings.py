@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl import replay_job
-from mpirl.domain import setting
+from mpirl.domain import Domain, setting
 from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
 
 
@@ -26,6 +26,14 @@ class ImpalaConfig:
     # The loss: policy gradient + value_coef x value loss - entropy_coef x entropy.
     value_coef: float = setting(0.5, ge=0, le=1e6)
     entropy_coef: float = setting(0.01, ge=0, le=1e6)
+    # The survey's switch. "async" (IMPALA): the learner trains on whatever trajectories have arrived and actors
+    # never wait for parameters, only for room in their queue. "sync" (A2C-style rounds): every actor acts one
+    # trajectory per game with the current parameters, the learner trains on that round (replay.batch_size = actors
+    # x env.envs_per_actor) and broadcasts, and the actors wait for it; V-trace then sees no lag.
+    exchange: str = setting("async", choices=("async", "sync"))
+    # Microseconds added to each step of an actor's games: one value for every actor, or one per actor (the
+    # survey's straggler: a slow actor holds every round back under "sync").
+    actor_delay_us: list = setting([0], items=Domain(ge=0, le=10**9), why="one for all, or one per actor")
     # IMPALA's optimizer is RMSProp (alpha 0.99, epsilon 0.01); Adam uses agent.adam_eps.
     optimizer: str = setting("adam", choices=("adam", "rmsprop"))
     rmsprop_alpha: float = setting(0.99, gt=0, lt=1)
@@ -65,6 +73,9 @@ def check(cfg) -> None:
     if rp.capacity < 2 * share:
         raise ConfigError("replay.capacity", f"a queue must hold at least two batch shares ({2 * share} "
                                              f"trajectories: one being served, one filling), got {rp.capacity}")
+    if cfg.impala.exchange == "sync" and cfg.comm.n_update != 1:
+        raise ConfigError("comm.n_update", f"must be 1 with impala.exchange = \"sync\": each round is trained on "
+                                           f"and broadcast before the next is acted, got {cfg.comm.n_update}")
     if rp.batch_size % t.buffers:
         raise ConfigError("replay.batch_size", f"trajectories per batch must be a multiple of topology.buffers "
                                                f"({t.buffers}): each queue serves an equal share, got {rp.batch_size}")

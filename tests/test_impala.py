@@ -4,6 +4,8 @@ terminated vs truncated), bad input, and a whole job on 4 ranks that learns Cart
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import h5py
 import numpy as np
@@ -15,7 +17,8 @@ from mpirl.algos.impala.flow import queue_budget, queue_slots
 from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
 from mpirl.roles.steps import Outcome
 
-from conftest import JOBS, run_cli, run_mpi
+from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, train_steps, wait_for
+from mpirl.roles import checkpoint
 
 JOB = JOBS / "impala_cartpole.toml"
 
@@ -60,7 +63,7 @@ def test_actors_held_to_their_allowance_never_overflow_their_queue(exchange, act
                f"topology.buffers={buffers}", "env.envs_per_actor=8", f'impala.exchange="{exchange}"')
     group, E = actors // buffers, 8
     budget = queue_budget(cfg, actors, buffers, group)
-    slots = queue_slots(cfg, actors, buffers, group)
+    slots = queue_slots(cfg, buffers, group, 8)
     sent, fill, most = [0] * actors, [0] * buffers, 0
     version, steps = 1, 0
     for _ in range(20_000):
@@ -163,7 +166,7 @@ def _refusal(n: int, *sets: str) -> config.ConfigError:
     (["env.id=\"Pendulum-v1\""], "env.id"),
     (["apex.n_step=3"], "apex"),
     (["replay.alpha=0.5"], "replay.alpha"),
-    (["topology.workers=1"], "topology.workers"),
+    (["topology.workers=1", "impala.exchange=\"sync\"", "replay.batch_size=16"], "topology.workers"),
 ])
 def test_bad_impala_input_is_refused_naming_the_key(sets, key):
     err = _refusal(4, *sets)
@@ -213,4 +216,48 @@ def test_impala_learns_cartpole_on_4_ranks(tmp_path, exchange):
         assert len(lag) and 0 < lag.mean() < 10 and np.nanmax(t["lag_max"]) >= 1, t["lag_mean"]
     assert t["entropy"][np.isfinite(t["entropy"])][-1] < math.log(2)  # the policy left uniform
     cfg = load()
-    assert fill.max() <= queue_slots(cfg, 2, 1, 2)
+    assert fill.max() <= queue_slots(cfg, 1, 2, 8)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers", ["1", '"learner"'])
+def test_an_impala_job_with_inference_workers_runs_and_learns(tmp_path, workers):
+    """GA3C's predictor / SEED's layout: a worker rank (or the learner's rank) runs the policy for the actors and
+    builds their trajectories; every role exits 0, the worker served steps, and returns rose."""
+    n = 5 if workers == "1" else 4
+    job = run_mpi(n, tmp_path, "run.train_steps=200", "run.wall_seconds=0", "run.target_return=nan",
+                  f"topology.workers={workers}", job=JOB, timeout=600)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == "train_steps 200 reached"
+        worker = "worker_2" if workers == "1" else "worker_0"
+        assert f[f"{worker}/worker/steps_served"][-1] > 0
+        eps = f["buffer_1/episodes/return"][()]
+        assert np.isfinite(f["learner/train/lag_mean"][()]).any()
+    assert eps[-20:].mean() > eps[:20].mean(), (eps[:20].mean(), eps[-20:].mean())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("role,rank", [("learner", 0), ("queue", 1), ("actor", 3)])
+def test_a_killed_rank_ends_an_impala_job_and_resume_continues(tmp_path, role, rank):
+    """kill -9 of the learner, the queue's buffer rank or an actor: the job ends (never a hang), and --resume
+    continues from the last checkpoint to the end, the learner's rows one axis."""
+    out = tmp_path / "runs"
+    sets = ("run.target_return=nan", "run.env_steps=0", "run.wall_seconds=0", "checkpoint.every_steps=100",
+            "log.interval=0.2", "log.flush_seconds=0.2")
+    with start_mpi(4, out, "run.train_steps=1000000", *sets, job=JOB) as job:
+        wait_for(job, lambda: train_steps(out) >= 150, "150 train steps (a checkpoint at 100)")
+        os.kill(ranks_of(job.pid)[rank], signal.SIGKILL)
+        code, text = finish(job, 120)
+    assert code != 0 and f"rank {rank}" in text and "signal 9" in text, text[-3000:]
+    run_dir = next(out.glob("*/run.h5")).parent
+    done = int(checkpoint.checkpoints(run_dir)[-1].name[5:15])
+    assert done >= 100  # a periodic checkpoint, or the one a rank that outlived the kill wrote as it was stopped
+    steps = done + 100
+    job = run_mpi(4, out, f"run.train_steps={steps}", *sets, job=JOB, args=("--resume", str(run_dir)))
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["stop_reason"] == f"train_steps {steps} reached"
+        rows = f["learner/train/train_steps"][()]
+        assert np.all(np.diff(rows) >= 0) and rows[-1] == steps
+        assert np.all(np.diff(f["learner/train/time"][()]) >= 0)

@@ -21,8 +21,8 @@ from mpirl.envs.factory import env_spaces
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, layout, lazy_roles, rank_files, role_map,  # noqa: F401
-                                      star_estimate)
+from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
+                                      role_map, star_estimate)
 
 
 class Spaces(NamedTuple):
@@ -69,7 +69,8 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     (its activations over B trajectories x (T+1) steps)."""
     rp, c, t = cfg.replay, cfg.comm, cfg.topology
     n_act = actor_count(cfg, world_size)
-    group = -(-n_act // t.buffers)
+    senders = t.worker_ranks or (1 if t.on_learner else n_act)
+    group = -(-senders // t.buffers)
     slot = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()) + 8
     share = -(-rp.batch_size // t.buffers)
     E = cfg.env.envs_per_actor
@@ -80,17 +81,43 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     activations = steps * 4 * (int(np.prod(spec["obs"][0][1:])) + 4 * max(cfg.agent.hidden))
     learner = (memory.PROCESS + memory.TRAINING + 4 * params + 2 * rp.batch_size * slot + activations
                + t.buffers * (replies + request_layout(share).max_nbytes))
-    buffer = (memory.PROCESS + slot * queue_slots(cfg, n_act, t.buffers, group) + group * c.recv_depth * message
+    served = -(-n_act // senders)
+    message = experience_layout(spec, E * served).max_nbytes  # a sender's message: a trajectory per game it steps
+    buffer = (memory.PROCESS + slot * queue_slots(cfg, t.buffers, group, E * served) + group * c.recv_depth * message
               + replies)
-    actor = memory.PROCESS + 3 * E * slot + c.send_ring * message + 3 * params
-    return star_estimate(cfg, world_size, learner, buffer, actor, 0, slot, params)
+    if t.served:
+        import math
+        from mpirl.comm.messages import step_layout
+        from mpirl.roles.games import step_spec
+        served = math.ceil(n_act / max(t.worker_ranks, 1))
+        step = step_layout(step_spec(_Obs(spec["obs"][0][1:], spec["obs"][1])), E).max_nbytes
+        # A worker: the network, its send ring, its actors' trajectories being recorded and staged, their messages.
+        worker = memory.PROCESS + c.send_ring * message + 3 * params + 2 * served * E * slot + 3 * served * step
+        actor = memory.PROCESS + 3 * step  # its games and its step messages
+    else:
+        worker = 0
+        actor = memory.PROCESS + 3 * E * slot + c.send_ring * message + 3 * params
+    if t.on_learner:  # the learner's rank is the worker
+        learner, worker = learner + worker - memory.PROCESS, 0
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params)
+
+
+class _Obs:
+    """The spaces :func:`~mpirl.roles.games.step_spec` reads."""
+
+    def __init__(self, obs_shape, obs_dtype):
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     from mpirl.agents.actor_critic import trajectory_spec
     check_world_size(cfg, world_size, job_path)
     n_act, t = actor_count(cfg, world_size), cfg.topology
-    if n_act % t.buffers:
+    if t.worker_ranks and t.worker_ranks % t.buffers:
+        raise ConfigError("topology.workers", f"IMPALA's queues each need the same number of senders: "
+                                              f"{t.worker_ranks} workers do not spread evenly over {t.buffers} "
+                                              f"buffer(s); set topology.workers to a multiple of topology.buffers")
+    if not t.served and n_act % t.buffers:
         raise ConfigError("world size", f"IMPALA's queues each need the same number of actors: {n_act} actor(s) do "
                                         f"not spread evenly over {t.buffers} buffer(s); run with "
                                         f"{1 + t.buffers + n_act + t.buffers - n_act % t.buffers} ranks, or set "
@@ -117,7 +144,7 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
-    return (f"1 learner, {t.buffers} queue(s), {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
+    return (f"1 learner, {t.buffers} queue(s){inference(t)}, {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
             f"{cfg.impala.exchange}) on "
             f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; trajectories of "
             f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")

@@ -24,9 +24,9 @@ class QueueServer:
     prioritized = False  # records arrive without priorities (the message's priority field is ignored)
 
     def __init__(self, buffer: Buffer, share: int) -> None:
-        cfg, topo = buffer.cfg, buffer.ctx.topo
-        self.memory = TrajectoryQueue(buffer.spec, queue_slots(cfg, topo.n_actors, len(topo.buffers),
-                                                               buffer.n_actors))
+        cfg, topo = buffer.cfg, buffer.ctx.topo  # buffer.n_actors: the ranks that send here
+        self.memory = TrajectoryQueue(buffer.spec, queue_slots(cfg, len(topo.buffers), buffer.n_actors,
+                                                               buffer.exp.max_rows))
         self.ring = None  # no frame pool: trajectories carry their observations
         self.reply = sample_layout(buffer.spec, share)
         self.depth = cfg.comm.prefetch + 1

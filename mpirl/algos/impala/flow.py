@@ -6,7 +6,7 @@ actor's share of its queue): ``capacity`` = ``replay.capacity``, ``g`` the actor
 ``replay.batch_size``, ``A`` all actors. The learner publishes version ``v`` after ``(v - 1) * n_update`` batches,
 each taking ``B / R`` trajectories of every one of the ``R`` queues, so a queue whose ``g = A / R`` actors are all
 at version ``v`` holds at most ``g * ceil(capacity / g) + n_update * B / R`` trajectories, plus what a last step
-added (one message per actor). :func:`queue_slots` is that bound; an actor that has reached its allowance waits
+added (one message per actor). With inference workers the senders are the workers (``A``, ``g`` count them). :func:`queue_slots` is that bound; an actor that has reached its allowance waits
 (the ``throttled_s`` of the buffer's ``actors`` table) until the learner publishes again.
 """
 
@@ -27,8 +27,9 @@ def queue_budget(cfg, n_actors: int, buffers: int, group: int) -> InsertBudget:
     return InsertBudget(1.0, rp.batch_size, cfg.comm.n_update, n_actors, warm, buffers, group, slack=0)
 
 
-def queue_slots(cfg, n_actors: int, buffers: int, group: int) -> int:
-    """Slots a queue needs so its actors' allowances never overflow it (see the module's docstring)."""
+def queue_slots(cfg, buffers: int, group: int, message_rows: int) -> int:
+    """Slots a queue needs so its ``group`` senders' allowances never overflow it (see the module's docstring);
+    ``message_rows``: the trajectories of one sender's message (an actor's games; a worker's: its actors')."""
     rp = cfg.replay
     share = group * math.ceil(rp.capacity / max(group, 1))
-    return share + math.ceil(cfg.comm.n_update * rp.batch_size / buffers) + group * cfg.env.envs_per_actor
+    return share + math.ceil(cfg.comm.n_update * rp.batch_size / buffers) + group * message_rows

@@ -145,7 +145,7 @@ def deciding(ctx: RoleContext, actors: list[int]) -> ImpalaDeciding:
     (``impala.actor_delay_us``, by its index among all the job's actors)."""
     import torch
     torch.set_num_threads(1)
-    everyone = sorted(ctx.topo.buffer_of)
+    everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
     delays = ctx.cfg.impala.actor_delay_us
     delays = [delays[0] if len(delays) == 1 else delays[everyone.index(a)] for a in actors]
     return ImpalaDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors], delays)

@@ -44,7 +44,7 @@ SECTIONS = {"impala": ImpalaConfig}
 
 USES = {
     "run": replay_job.USES["run"],
-    "topology": ("buffers", "actors", "node_local"),
+    "topology": ("buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
@@ -63,9 +63,21 @@ def check(cfg) -> None:
     if not (r.train_steps or r.env_steps or r.wall_seconds):
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "
                                  "run.wall_seconds")
-    if t.actors and t.actors < t.buffers:
-        raise ConfigError("topology.actors", f"must be 0 (every remaining rank) or >= topology.buffers "
-                                             f"({t.buffers}) so each queue has an actor, got {t.actors}")
+    if t.on_learner and t.buffers != 1:
+        raise ConfigError("topology.buffers", f"must be 1 with topology.workers = 'learner' (the learner's rank is "
+                                              f"the one worker and sends to one queue), got {t.buffers}")
+    if t.worker_ranks and t.worker_ranks < t.buffers:
+        raise ConfigError("topology.workers", f"must be 0 or >= topology.buffers ({t.buffers}) so each queue has a "
+                                              f"worker sending to it, got {t.workers}")
+    if t.served and cfg.impala.exchange == "sync":
+        raise ConfigError("topology.workers", "impala.exchange = \"sync\" with inference workers is not supported "
+                                              "yet (a worker would answer an actor that finished its round with the "
+                                              "old parameters); set topology.workers = 0 or impala.exchange = "
+                                              "\"async\"")
+    if t.actors and t.actors < (t.worker_ranks or t.buffers):
+        raise ConfigError("topology.actors", f"must be 0 (every remaining rank) or >= topology."
+                                             f"{'workers' if t.worker_ranks else 'buffers'} "
+                                             f"({t.worker_ranks or t.buffers}) so each has an actor, got {t.actors}")
     if rp.batch_size < t.buffers:
         raise ConfigError("replay.batch_size", f"trajectories per batch must be >= topology.buffers ({t.buffers}) "
                                                f"so every queue serves a share, got {rp.batch_size}")

@@ -1,4 +1,4 @@
-"""Algorithms: one folder each (``apex``, ``qmix``, ``distql``), chosen by ``[agent] algorithm``.
+"""Algorithms: one folder each (``apex``, ``qmix``, ``impala``, ``distql``), chosen by ``[agent] algorithm``.
 
 A folder holds:
 

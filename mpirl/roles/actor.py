@@ -106,7 +106,8 @@ def insert_budget(cfg: JobConfig, topo, staging) -> InsertBudget:
 class Shipping:
     """A sender's line to its buffer (an actor's, or an inference worker's for the actors it serves): what the
     decisions staged, in messages of ``deciding.send_batch`` records with the sender's counters, within the
-    decisions' budget (``deciding.budget(topo)``: the replay algorithms' :func:`insert_budget`), and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
+    decisions' budget (``deciding.budget(topo)``: the replay algorithms' :func:`insert_budget`, a trajectory
+    queue's depth), and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
 
     def __init__(self, ctx: RoleContext, deciding):
         cfg, topo = ctx.cfg, ctx.topo

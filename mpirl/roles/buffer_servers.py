@@ -1,4 +1,5 @@
-"""What a buffer rank serves its learner from, one class per placement of the replay memory.
+"""What a buffer rank serves its learner from, one class per placement of the replay memory (an algorithm's buffer
+may bring its own server, such as a trajectory queue: ``Buffer.make_server``).
 
 Both take the experiences the buffer loop (:mod:`mpirl.roles.replay_buffer`) receives into ``memory``
 and answer the learner through the ``reply`` layout, over a ring of ``depth`` send buffers:
@@ -87,11 +88,10 @@ class Relay:
         self.ring = self.memory
         self.reply = dump_layout(buffer.spec, rp.capacity, buffer.framed)
         self.depth = 1
-        self.min_fill = buffer.min_fill
 
     def ready(self, want: int) -> bool:
-        """A dump can be served (dumps are answered at once; this is for symmetry with the shard server)."""
-        return self.memory.size >= self.min_fill
+        """A relay is asked for dumps only, answered as they come: no request waits on it."""
+        return True
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
         """Every stored experience into the reply buffer ``buf``, oldest first (frames once: the distinct frames

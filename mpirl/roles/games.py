@@ -1,6 +1,6 @@
 """A single-agent actor's games: a Gymnasium or Atari vector env (:mod:`mpirl.envs.vector`) stepped with the actions
-it is given, rebuilt when a game fails; what every single-agent algorithm's actors play (Ape-X's transitions, IMPALA's
-trajectories), on an actor rank or beside an inference worker. No network, no MPI.
+it is given, rebuilt when a game fails; what every single-agent algorithm's actors play, whether they record
+transitions or trajectories, on an actor rank or beside an inference worker. No network, no MPI.
 
 Per step they give what the last actions led to (:func:`step_spec`): the action actually taken (a forced FIRE after
 a life loss may replace the one given), the reward, terminated / truncated / life lost, the final observation of an

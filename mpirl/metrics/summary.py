@@ -221,8 +221,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "end_time": attrs.get("end_time"), "wall_seconds": attrs.get("wall_seconds"),
         "elapsed_seconds": max((x for x in times if x is not None), default=None),
         "name": job.get("run.name"), "world_size": prov.get("world_size"),
-        "architecture": job.get("replay.architecture",
-                                buffers[0]["architecture"] if buffers else None),
+        # what the learner says it trains from (a replay placement, or a queue), else the job's placement
+        "architecture": (learn["attrs"].get("architecture") if learn else None) or job.get(
+            "replay.architecture", buffers[0]["architecture"] if buffers else None),
         # worker_0.h5: the worker on the learner's rank (AW), no rank of its own
         "roles": {"learner": 1, "buffers": n_buf, "workers": len(workers),
                   "worker_on_learner": any(w["name"] == "worker_0" for w in workers),
@@ -280,8 +281,10 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"  train steps         {_f(L['train_steps']):>14}   {_f(L['train_steps_per_s'], ',.2f')} /s"
                 f" (recent {_f(L['train_steps_per_s_recent'], ',.2f')} /s)",
                 f"  env steps           {_f(L['env_steps']):>14}   episodes {_f(L['episodes'])}",
-                f"  loss (last 10%)     {_f(L['loss'], '.4g'):>14}   |TD| {_f(L['td_abs'], '.4g')}",
-                f"  p_s / p_t (last 10%){_f(L['p_s'], '.4g'):>14} / {_f(L['p_t'], '.4g')}",
+                f"  loss (last 10%)     {_f(L['loss'], '.4g'):>14}"
+                + ("" if _f(L['td_abs']) == "-" else f"   |TD| {_f(L['td_abs'], '.4g')}"),
+                *([] if _f(L['p_s']) == _f(L['p_t']) == "-" else  # an algorithm without priorities: no line
+                  [f"  p_s / p_t (last 10%){_f(L['p_s'], '.4g'):>14} / {_f(L['p_t'], '.4g')}"]),
                 f"  compute / comm      {_f(100 * L['compute_fraction'], '.1f', ' %'):>14} / "
                 f"{_f(100 * L['comm_fraction'], '.1f', ' %')}   "
                 f"({_f(L['compute_s'], ',.1f', ' s')} / {_f(L['comm_s'], ',.1f', ' s')})",

@@ -70,7 +70,8 @@ class ImpalaTraining(LearnerAlgorithm):
         self.agent.restore(st)
 
     def file_attrs(self, threads: int) -> dict:
-        return {"role": "learner", "rank": 0, "algorithm": "impala", "device": str(self.agent.device),
+        return {"role": "learner", "rank": 0, "algorithm": "impala", "architecture": "queue",
+                "device": str(self.agent.device),
                 "torch_threads": threads, "n_params": self.agent.n_params, "batch_size": self.cfg.replay.batch_size,
                 "unroll": self.cfg.impala.unroll}
 

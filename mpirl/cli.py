@@ -220,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
-                                     "solve", "marl", "workers", "distql"])
+                                     "solve", "impala", "marl", "workers", "distql"])
     sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.set_defaults(func=cmd_bench)

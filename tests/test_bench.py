@@ -115,6 +115,18 @@ def test_solve_bench_reports_thresholds_never_reached():
     assert not rows[2].met and "not reached" in format_rows("solve", rows)
 
 
+@pytest.mark.mpi
+def test_impala_bench_runs_both_and_reports_a_target_never_reached():
+    from mpirl.bench import impala
+    rows = impala.run(reps=1, budget=3000, wall=60)
+    assert [r.name.split(", ")[-1] for r in rows] == ["policy gradient (wall time)", "policy gradient (env steps)"]
+    for r in rows:
+        assert set(r.values) == {"mpirl IMPALA 4 ranks", "SB3 PPO (zoo)"} and all(len(v) == 1 for v in r.values.values())
+    # 3,000 env steps are not enough to average 475: neither gets there, so no verdict
+    assert rows[0].values["SB3 PPO (zoo)"] == [float("inf")] and "not reached" in rows[0].note
+    assert not rows[0].met
+
+
 def test_bench_command_line_refuses_bad_input(tmp_path):
     proc = run_cli("bench", "replay", "--reps", "3")
     assert proc.returncode == 2 and "--reps" in proc.stderr

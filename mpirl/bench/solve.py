@@ -68,14 +68,12 @@ def sb3(seed: int, budget: int, wall: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def sb3_main(seed: int, budget: int, wall: float) -> None:
-    """One SB3 DQN run (in its own process); prints the crossings as one JSON line."""
-    import gymnasium as gym
+def watch(thresholds, wall: float):
+    """An SB3 callback that records when the mean return of the last 20 training episodes first reached each of
+    ``thresholds`` (seconds since training started, env steps, episodes) and stops once all are reached or after
+    ``wall`` seconds. Its ``hits`` print as the JSON line the parent reads."""
     import numpy as np
-    from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.monitor import Monitor
 
     class Watch(BaseCallback):
         def __init__(self):
@@ -91,21 +89,33 @@ def sb3_main(seed: int, budget: int, wall: float) -> None:
                     self.returns.append(info["episode"]["r"])
                     if len(self.returns) >= 20:
                         mean = float(np.mean(self.returns[-20:]))
-                        for t in THRESHOLDS:
+                        for t in thresholds:
                             if mean >= t and str(t) not in self.hits:
                                 self.hits[str(t)] = {"seconds": time.perf_counter() - self.t0,
                                                      "env_steps": int(self.num_timesteps),
                                                      "episodes": len(self.returns)}
-            return len(self.hits) < len(THRESHOLDS) and time.perf_counter() - self.t0 < wall
+            return len(self.hits) < len(thresholds) and time.perf_counter() - self.t0 < wall
+
+        def crossings(self) -> str:
+            none = {"seconds": None, "env_steps": None, "episodes": None}
+            return json.dumps({str(t): self.hits.get(str(t), none) for t in thresholds})
+    return Watch()
+
+
+def sb3_main(seed: int, budget: int, wall: float) -> None:
+    """One SB3 DQN run (in its own process); prints the crossings as one JSON line."""
+    import gymnasium as gym
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.monitor import Monitor
 
     env = Monitor(gym.make("CartPole-v1"))
     model = DQN("MlpPolicy", env, exploration_fraction=ZOO_EXPLORATION * ZOO_STEPS / budget,
                 policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu", verbose=0, **ZOO)
     model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a /tmp/SB3-* dir per run
-    watch = Watch()
-    model.learn(total_timesteps=budget, callback=watch)
-    none = {"seconds": None, "env_steps": None, "episodes": None}
-    print(json.dumps({str(t): watch.hits.get(str(t), none) for t in THRESHOLDS}))
+    w = watch(THRESHOLDS, wall)
+    model.learn(total_timesteps=budget, callback=w)
+    print(w.crossings())
 
 
 def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 100.0) -> list[Row]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mpirl.bench.report import Row, format_rows, write_rows
 
-BENCHES = ("replay", "cache", "transport", "pipeline", "actor", "fairness", "learner", "solve", "marl", "workers",
-           "distql")
+BENCHES = ("replay", "cache", "transport", "pipeline", "actor", "fairness", "learner", "solve", "impala", "marl",
+           "workers", "distql")
 
 
 def _module(name: str):

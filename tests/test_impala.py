@@ -205,6 +205,7 @@ def test_impala_learns_cartpole_on_4_ranks(tmp_path, exchange):
         t = {k: f["learner/train"][k][()] for k in ("return_mean20", "lag_mean", "lag_max", "entropy", "env_steps")}
         eps = f["buffer_1/episodes/return"][()]
         fill = f["buffer_1/buffer/fill"][()]
+        test = {k: f["learner/test"][k][()] for k in ("return_mean", "episodes", "train_steps")}
     assert "reached 195" in reason, (f"IMPALA did not reach mean return 195 over 20 episodes within "
                                      f"{ENV_STEP_BUDGET} env steps: stopped by {reason!r}, last-20 mean "
                                      f"{t['return_mean20'][-1]:.1f} after {t['env_steps'][-1]} env steps")
@@ -215,6 +216,8 @@ def test_impala_learns_cartpole_on_4_ranks(tmp_path, exchange):
     else:  # trajectories acted while the learner moved on: a lag of a few versions
         assert len(lag) and 0 < lag.mean() < 10 and np.nanmax(t["lag_max"]) >= 1, t["lag_mean"]
     assert t["entropy"][np.isfinite(t["entropy"])][-1] < math.log(2)  # the policy left uniform
+    # the learner's own test round at the stop: 10 episodes of the final policy, far above random play
+    assert test["episodes"].tolist() == [10] and test["return_mean"][0] > 100, test
     cfg = load()
     assert fill.max() <= queue_slots(cfg, 1, 2, 8)
 

@@ -32,6 +32,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 from mpirl.metrics import heartbeat
@@ -58,6 +59,16 @@ def _tail_mean(t: dict, col: str, frac: float = 0.1) -> float:
 
 def _ratio(a: Any, b: Any) -> float:
     return float(a) / float(b) if a is not None and b not in (None, 0) else NAN
+
+
+def read_table(path: Path, name: str) -> dict[str, np.ndarray]:
+    """One table of one HDF5 file as {column: array}; {} when the file or the table is not there (yet)."""
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            grp = f.get(name)
+            return {k: np.asarray(v[...]) for k, v in grp.items()} if isinstance(grp, h5py.Group) else {}
+    except (OSError, KeyError):
+        return {}
 
 
 def _learner(t: dict) -> dict[str, Any]:

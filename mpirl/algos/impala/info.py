@@ -34,15 +34,12 @@ def _held_back(run_dir: Path) -> float:
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     s = shared.summarize(run_dir)
-    train: dict[str, np.ndarray] = {}
-    try:
-        with h5py.File(Path(run_dir) / "learner.h5", "r", locking=False) as f:
-            grp = f.get("train")
-            if isinstance(grp, h5py.Group):
-                train = {k: np.asarray(v[...]) for k, v in grp.items()}
-    except (OSError, KeyError):
-        pass
-    s["impala"] = {**{k: shared._tail_mean(train, k) for k in STATS}, "held_back_s": _held_back(run_dir)}
+    learner = Path(run_dir) / "learner.h5"
+    train, test = shared.read_table(learner, "train"), shared.read_table(learner, "test")
+    last = ({k: shared._last(test, k) for k in ("train_steps", "return_mean", "return_std", "episodes")}
+            if len(test.get("time", ())) else None)
+    s["impala"] = {**{k: shared._tail_mean(train, k) for k in STATS}, "held_back_s": _held_back(run_dir),
+                   "test": last}
     return s
 
 
@@ -57,7 +54,15 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{_f(q['grad_norm'], '.4g')}",
         f"  policy lag (versions) mean / max  {_f(q['lag_mean'], '.2f')} / {_f(q['lag_max'], '.0f')}",
         f"  actors waiting (all, summed)      {_f(q['held_back_s'], ',.1f', ' s')}   "
-        f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})"])
+        f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})",
+        _test_line(q["test"])])
+
+
+def _test_line(t: dict | None) -> str:
+    if not t:
+        return "  test episodes                     none yet"
+    return (f"  test ({_f(t['episodes'])} episodes, train step {_f(t['train_steps'])})  return "
+            f"{_f(t['return_mean'], ',.2f')} ± {_f(t['return_std'], ',.2f')}")
 
 
 def frame(s: dict[str, Any]) -> str:

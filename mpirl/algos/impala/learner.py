@@ -2,6 +2,9 @@
 (:mod:`mpirl.roles.learner`) and its remote source: each buffer's queue serves its share of every batch, oldest
 trajectories first, each once.
 
+Every ``impala.test_episodes`` episodes played by the learner with its policy (sampled, as the actors act), every
+``impala.test_every`` train steps and at the stop, go to the ``test`` table.
+
 Its ``train`` rows add the losses, the entropy, the share of importance ratios rho_bar clipped, the gradient's norm
 (before clipping) and the policy lag: the learner's parameter version minus the version each trajectory was acted
 with, mean and max per batch, averaged over the row's batches (the max: the largest of them).
@@ -9,18 +12,24 @@ with, mean and max per batch, averaged over the row's batches (the max: the larg
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 
 import numpy as np
+import torch
 
 from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
+from mpirl.envs.vector import make_vector
+from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.batch_sources import Batch
 from mpirl.roles.context import RoleContext
 from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
 
-F8 = np.float64
+F8, I8 = np.float64, np.int64
+MAX_TEST_STEPS = 108_000  # steps of one test round at most (30 minutes of Atari play); unfinished games not counted
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")
 
 
@@ -54,6 +63,9 @@ class ImpalaTraining(LearnerAlgorithm):
         stats["lag_max"] = float(lag.max())
         for k, v in stats.items():
             self.acc[k].append(v)
+        every = self.cfg.impala.test_every
+        if every and self.agent.steps % every == 0:
+            self.test()
         return np.ones(len(lag), np.float32)  # nothing goes back to a queue
 
     def divergence(self, in_a_row: int) -> str:
@@ -77,6 +89,47 @@ class ImpalaTraining(LearnerAlgorithm):
 
     def columns(self) -> tuple[dict, dict]:
         return {k: F8 for k in (*STATS, "lag_max")}, {}
+
+    def open_tables(self, file: MetricsFile) -> None:
+        self.test_table = file.table("test", {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F8,
+                                              "return_std": F8, "length_mean": F8, "episodes": I8, "seconds": F8})
+        if self.ctx.resume:
+            self.test_table.truncate(self.test_table.rows_until("time", self.ctx.resume.job_time))
+
+    def finish(self) -> None:
+        self.test()
+
+    def test(self) -> None:
+        """``impala.test_episodes`` episodes of the current policy, one game each, stepped together; a row."""
+        n, cfg = self.cfg.impala.test_episodes, self.cfg
+        if not n:
+            return
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(self.ctx.seed() + 1_000_003 + self.agent.steps)
+        games = make_vector(dataclasses.replace(cfg.env, envs_per_actor=n), seed=int(rng.integers(2**31)))
+        ret, length, done = np.zeros(n), np.zeros(n, np.int64), np.zeros(n, bool)
+        try:
+            obs = games.reset()
+            for _ in range(MAX_TEST_STEPS):
+                with torch.no_grad():
+                    logits, _ = self.agent.net(torch.as_tensor(obs, device=self.agent.device))
+                logp = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
+                step = games.step(games.forced(np.argmax(logp + rng.gumbel(size=logp.shape), axis=1)))
+                ret[~done] += step.reward[~done]
+                length[~done] += 1
+                done |= step.terminated | step.truncated
+                if done.all():
+                    break
+                obs = step.obs
+        finally:
+            games.close()
+        finished = ret[done]
+        self.test_table.append(time=self.ctx.now(), train_steps=self.agent.steps,
+                               env_steps=sum(self.counters.env_steps),
+                               return_mean=float(finished.mean()) if done.any() else math.nan,
+                               return_std=float(finished.std()) if done.any() else math.nan,
+                               length_mean=float(length[done].mean()) if done.any() else math.nan,
+                               episodes=int(done.sum()), seconds=time.perf_counter() - t0)
 
     def row(self) -> dict:
         out = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}

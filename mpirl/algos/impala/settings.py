@@ -34,6 +34,10 @@ class ImpalaConfig:
     # Microseconds added to each step of an actor's games: one value for every actor, or one per actor (the
     # survey's straggler: a slow actor holds every round back under "sync").
     actor_delay_us: list = setting([0], items=Domain(ge=0, le=10**9), why="one for all, or one per actor")
+    # The learner plays test_episodes episodes with its policy (actions sampled, as the actors act) every test_every
+    # train steps (0: only at the stop) and at the stop, into learner.h5's test table.
+    test_episodes: int = setting(10, ge=0, le=100_000, why="0: no test episodes")
+    test_every: int = setting(0, ge=0, le=10**9, why="train steps between test rounds; 0: only at the stop")
     # IMPALA's optimizer is RMSProp (alpha 0.99, epsilon 0.01); Adam uses agent.adam_eps.
     optimizer: str = setting("adam", choices=("adam", "rmsprop"))
     rmsprop_alpha: float = setting(0.99, gt=0, lt=1)

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from mpirl.metrics import summary as shared
@@ -17,19 +16,10 @@ from mpirl.metrics.watch import frame as star_frame
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")
 
 
-def _table(path: Path, name: str) -> dict[str, np.ndarray]:
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            grp = f.get(name)
-            return {k: np.asarray(v[...]) for k, v in grp.items()} if isinstance(grp, h5py.Group) else {}
-    except (OSError, KeyError):
-        return {}
-
-
 def summarize(run_dir: Path) -> dict[str, Any]:
     s = shared.summarize(run_dir)
     learner = Path(run_dir) / "learner.h5"
-    train, test = _table(learner, "train"), _table(learner, "test")
+    train, test = shared.read_table(learner, "train"), shared.read_table(learner, "test")
     q: dict[str, Any] = {k: shared._tail_mean(train, k) for k in STATS}
     for k in ("sample_s", "train_s", "test_s"):
         q[k] = shared._last(train, k)

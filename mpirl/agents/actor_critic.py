@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mpirl.agents.dqn import to_tensors
-from mpirl.agents.networks import build_network, image_floats, network_for
+from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
 from mpirl.agents.vtrace import vtrace
 
 
@@ -57,18 +57,13 @@ class ActorCritic(nn.Module):
         return self.policy(h), self.value(h).squeeze(-1)
 
 
-class ActorCriticPolicy:
+class ActorCriticPolicy(NetworkCopy):
     """An actor's copy of the network: the policy's log-probabilities (actions are sampled from them) and values of
     final observations."""
 
     def __init__(self, obs_shape, n_actions: int, agent_cfg):
-        self.net = ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network)
-        self.net.requires_grad_(False)
+        super().__init__(ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network))
         self.n_actions = n_actions
-        self.n_params = sum(p.numel() for p in self.net.parameters())
-
-    def load_flat(self, params: np.ndarray) -> None:
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
 
     @torch.no_grad()
     def log_probs(self, obs: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpirl.agents.networks import build_network
+from mpirl.agents.networks import NetworkCopy, build_network
 
 
 def transition_spec(obs_shape: tuple[int, ...], obs_dtype) -> dict:
@@ -237,17 +237,12 @@ def explore(greedy: np.ndarray, epsilon, rng: np.random.Generator, n_actions: in
     return np.where(take, rng.integers(n_actions, size=len(greedy)), greedy)
 
 
-class ActingPolicy:
+class ActingPolicy(NetworkCopy):
     """An actor's local copy of the network: epsilon-greedy actions and initial priorities."""
 
     def __init__(self, obs_shape, n_actions: int, agent_cfg):
-        self.net = build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network)
-        self.net.requires_grad_(False)
+        super().__init__(build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network))
         self.n_actions = n_actions
-        self.n_params = sum(p.numel() for p in self.net.parameters())
-
-    def load_flat(self, params: np.ndarray) -> None:
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:

@@ -160,3 +160,16 @@ def shapes_only(build: Callable[[], T]) -> T:
 def parameter_count(*modules: nn.Module | None) -> int:
     """Parameters of ``modules`` (None ones skipped), real or on the meta device."""
     return sum(p.numel() for m in modules if m is not None for p in m.parameters())
+
+
+class NetworkCopy:
+    """An actor's copy of a network, loaded from the flat float32 parameter vector a broadcast carries; no
+    gradients."""
+
+    def __init__(self, net: nn.Module):
+        self.net = net
+        self.net.requires_grad_(False)
+        self.n_params = parameter_count(net)
+
+    def load_flat(self, params) -> None:
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(params), self.net.parameters())

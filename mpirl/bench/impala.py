@@ -19,15 +19,11 @@ in this bench yet (docs/impala.md says what is and is not measured).
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.launcher import find_mpiexec, launch_command
+from mpirl.bench.solve import crossing_rows, launch_run, reference_run, seed_pairs, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "impala_cartpole.toml"
@@ -38,23 +34,13 @@ ZOO_ENVS, ZOO_LR, ZOO_CLIP = 8, 1e-3, 0.2
 
 def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
     from mpirl.metrics.summary import first_reach
-    sets = [f"run.seed={seed}", f"run.target_return={TARGET}", f"run.env_steps={budget}", f"run.wall_seconds={wall}",
-            f'run.out_dir="{out}"', f'run.name="impala-s{seed}"']
-    cmd, env = launch_command(find_mpiexec(), 4, str(JOB), sets, [])
-    cmd.append("--quiet")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=wall + 180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"mpirl IMPALA run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    run_dir = sorted(out.glob(f"impala-s{seed}-*/run.h5"))[-1].parent
+    run_dir = launch_run(JOB, f"impala-s{seed}", [f"run.seed={seed}", f"run.target_return={TARGET}",
+                                                  f"run.env_steps={budget}", f"run.wall_seconds={wall}"], wall, out)
     return {str(TARGET): first_reach(run_dir, TARGET)}
 
 
 def ppo(seed: int, budget: int, wall: float) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "mpirl.bench.impala", "--ppo", str(seed), str(budget), str(wall)],
-                          capture_output=True, text=True, timeout=wall + 180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"SB3 PPO run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return reference_run("mpirl.bench.impala", "--ppo", seed, budget, wall)
 
 
 def ppo_main(seed: int, budget: int, wall: float) -> None:
@@ -63,7 +49,6 @@ def ppo_main(seed: int, budget: int, wall: float) -> None:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.logger import Logger
 
-    from mpirl.bench.solve import watch
     env = make_vec_env("CartPole-v1", n_envs=ZOO_ENVS, seed=seed)  # each env in a Monitor: episode returns
     model = PPO("MlpPolicy", env, learning_rate=lambda left: ZOO_LR * left, clip_range=lambda left: ZOO_CLIP * left,
                 seed=seed, device="cpu", verbose=0, **ZOO_PPO)
@@ -74,29 +59,10 @@ def ppo_main(seed: int, budget: int, wall: float) -> None:
 
 
 def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0) -> list[Row]:
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        raise RuntimeError("the impala benchmark needs Stable-Baselines3: pip install 'mpirl[bench]'") from None
-    ours_name, ref = "mpirl IMPALA 4 ranks", "SB3 PPO (zoo)"
-    results: dict[str, list[dict]] = {ours_name: [], ref: []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(1, reps + 1):
-            results[ours_name].append(ours(seed, budget, wall, Path(tmp)))
-            results[ref].append(ppo(seed, budget, wall))
-    rows = []
-    for key in ("seconds", "env_steps"):
-        r = Row(f"solve CartPole-v1 to {TARGET:g}, policy gradient ({'wall time' if key == 'seconds' else 'env steps'})",
-                "s" if key == "seconds" else "env steps", ours_name, ref, higher_is_better=False,
-                target=1.0 if key == "seconds" else None)
-        missed = []
-        for impl, runs in results.items():
-            r.values[impl] = [math.inf if res[str(TARGET)][key] is None else float(res[str(TARGET)][key])
-                              for res in runs]
-            missed += [f"{impl} seed {seed}" for seed, v in enumerate(r.values[impl], start=1) if v == math.inf]
-        r.note = f"budget {budget:,} env steps, {wall:g} s" + (f"; not reached: {', '.join(missed)}" if missed else "")
-        rows.append(r)
-    return rows
+    results = seed_pairs("impala", reps, ("mpirl IMPALA 4 ranks", lambda seed, out: ours(seed, budget, wall, out)),
+                         ("SB3 PPO (zoo)", lambda seed: ppo(seed, budget, wall)))
+    return crossing_rows(results, (TARGET,), "solve CartPole-v1 to {t:g}, policy gradient ({what})",
+                         f"budget {budget:,} env steps, {wall:g} s")
 
 
 if __name__ == "__main__":

@@ -44,28 +44,37 @@ ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_st
 ZOO_STEPS, ZOO_EXPLORATION = 50_000, 0.16
 
 
-def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
-    from mpirl.metrics.summary import first_reach
-    # The run stops once its least exploring actor held the higher threshold (or at the budget).
-    sets = [f"run.seed={seed}", f"run.target_return={max(THRESHOLDS)}", "run.return_from=least_exploring",
-            f"run.env_steps={budget}", f"run.wall_seconds={wall}",
-            f'run.out_dir="{out}"', f'run.name="solve-s{seed}"']
-    cmd, env = launch_command(find_mpiexec(), 4, str(JOB), sets, [])
+def launch_run(job: Path, name: str, sets: list[str], wall: float, out: Path) -> Path:
+    """Our job on 4 ranks, quiet, to its end (within ``wall`` seconds and some start-up): its run directory."""
+    cmd, env = launch_command(find_mpiexec(), 4, str(job), [*sets, f'run.out_dir="{out}"', f'run.name="{name}"'], [])
     cmd.append("--quiet")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=wall + 180)
     if proc.returncode != 0:
-        raise RuntimeError(f"mpirl solve run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    run_dir = sorted(out.glob(f"solve-s{seed}-*/run.h5"))[-1].parent
+        raise RuntimeError(f"mpirl {name} run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return sorted(out.glob(f"{name}-*/run.h5"))[-1].parent
+
+
+def reference_run(module: str, flag: str, seed: int, budget: int, wall: float) -> dict:
+    """``python -m module flag seed budget wall`` (a reference's run in its own process): the JSON it printed last."""
+    proc = subprocess.run([sys.executable, "-m", module, flag, str(seed), str(budget), str(wall)],
+                          capture_output=True, text=True, timeout=wall + 180)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} {flag} run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
+    from mpirl.metrics.summary import first_reach
+    # The run stops once its least exploring actor held the higher threshold (or at the budget).
+    run_dir = launch_run(JOB, f"solve-s{seed}", [f"run.seed={seed}", f"run.target_return={max(THRESHOLDS)}",
+                                                 "run.return_from=least_exploring", f"run.env_steps={budget}",
+                                                 f"run.wall_seconds={wall}"], wall, out)
     evaluator = [3]  # world ranks 2 and 3 are the actors; the last explores least (epsilon 0.4 ** 8)
     return {str(t): first_reach(run_dir, t, actors=evaluator) for t in THRESHOLDS}
 
 
 def sb3(seed: int, budget: int, wall: float) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "mpirl.bench.solve", "--sb3", str(seed), str(budget), str(wall)],
-                          capture_output=True, text=True, timeout=wall + 180)
-    if proc.returncode != 0:
-        raise RuntimeError(f"SB3 solve run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return reference_run("mpirl.bench.solve", "--sb3", seed, budget, wall)
 
 
 def watch(thresholds, wall: float):
@@ -118,27 +127,42 @@ def sb3_main(seed: int, budget: int, wall: float) -> None:
     print(w.crossings())
 
 
-def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 100.0) -> list[Row]:
+def seed_pairs(bench: str, reps: int, ours_run, ref_run) -> dict[str, list[dict]]:
+    """``{ours name: [result per seed], reference name: [...]}``: per seed 1..reps, ours (``(name, run(seed,
+    out_dir))``) then the SB3 reference (``(name, run(seed))``), back to back."""
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
-        raise RuntimeError("the solve benchmark needs Stable-Baselines3: pip install 'mpirl[bench]'") from None
-    results = {"mpirl 4 ranks": [], "SB3 DQN (zoo)": []}
+        raise RuntimeError(f"the {bench} benchmark needs Stable-Baselines3: pip install 'mpirl[bench]'") from None
+    results: dict[str, list[dict]] = {ours_run[0]: [], ref_run[0]: []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, reps + 1):
-            results["mpirl 4 ranks"].append(ours(seed, budget, wall, Path(tmp)))
-            results["SB3 DQN (zoo)"].append(sb3(seed, budget, wall))
+            results[ours_run[0]].append(ours_run[1](seed, Path(tmp)))
+            results[ref_run[0]].append(ref_run[1](seed))
+    return results
+
+
+def run(reps: int = MIN_REPS, budget: int = 100_000, wall: float = 100.0) -> list[Row]:
+    results = seed_pairs("solve", reps, ("mpirl 4 ranks", lambda seed, out: ours(seed, budget, wall, out)),
+                         ("SB3 DQN (zoo)", lambda seed: sb3(seed, budget, wall)))
+    return crossing_rows(results, THRESHOLDS, "solve CartPole-v1 to {t:g} ({what})", f"budget {budget:,} env steps")
+
+
+def crossing_rows(results: dict[str, list[dict]], thresholds, title: str, note: str) -> list[Row]:
+    """Rows of the seconds and the env steps to each threshold, ours (``results``' first key) against the
+    reference (its second), one value per seed; a seed that never got there counts as infinite and is named in
+    the row's note. ``title`` is formatted with the threshold ``t`` and ``what`` is measured."""
+    ours, ref = results
     rows = []
-    for t in THRESHOLDS:
+    for t in thresholds:
         for key, unit in (("seconds", "s"), ("env_steps", "env steps")):
-            r = Row(f"solve CartPole-v1 to {t:g} ({'wall time' if key == 'seconds' else 'env steps'})", unit,
-                    "mpirl 4 ranks", "SB3 DQN (zoo)", higher_is_better=False,
-                    target=1.0 if key == "seconds" else None)
+            r = Row(title.format(t=t, what="wall time" if key == "seconds" else "env steps"), unit, ours, ref,
+                    higher_is_better=False, target=1.0 if key == "seconds" else None)
             missed = []
             for impl, runs in results.items():
                 r.values[impl] = [math.inf if res[str(t)][key] is None else float(res[str(t)][key]) for res in runs]
                 missed += [f"{impl} seed {seed}" for seed, v in enumerate(r.values[impl], start=1) if v == math.inf]
-            r.note = f"budget {budget:,} env steps" + (f"; not reached: {', '.join(missed)}" if missed else "")
+            r.note = note + (f"; not reached: {', '.join(missed)}" if missed else "")
             rows.append(r)
     return rows
 

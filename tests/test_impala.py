@@ -228,11 +228,11 @@ def test_an_impala_job_with_inference_workers_runs_and_learns(tmp_path, workers)
     """GA3C's predictor / SEED's layout: a worker rank (or the learner's rank) runs the policy for the actors and
     builds their trajectories; every role exits 0, the worker served steps, and returns rose."""
     n = 5 if workers == "1" else 4
-    job = run_mpi(n, tmp_path, "run.train_steps=200", "run.wall_seconds=0", "run.target_return=nan",
+    job = run_mpi(n, tmp_path, "run.train_steps=150", "run.wall_seconds=0", "run.target_return=nan",
                   f"topology.workers={workers}", job=JOB, timeout=600)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
-        assert f.attrs["stop_reason"] == "train_steps 200 reached"
+        assert f.attrs["stop_reason"] == "train_steps 150 reached"
         worker = "worker_2" if workers == "1" else "worker_0"
         assert f[f"{worker}/worker/steps_served"][-1] > 0
         eps = f["buffer_1/episodes/return"][()]
@@ -243,8 +243,9 @@ def test_an_impala_job_with_inference_workers_runs_and_learns(tmp_path, workers)
 @pytest.mark.mpi
 @pytest.mark.parametrize("role,rank", [("learner", 0), ("queue", 1), ("actor", 3)])
 def test_a_killed_rank_ends_an_impala_job_and_resume_continues(tmp_path, role, rank):
-    """kill -9 of the learner, the queue's buffer rank or an actor: the job ends (never a hang), and --resume
-    continues from the last checkpoint to the end, the learner's rows one axis."""
+    """kill -9 of the learner, the queue's buffer rank or an actor: the job ends (never a hang) with a checkpoint
+    to resume from; after the learner's death (the hardest: only its periodic checkpoint is left) --resume
+    continues to the end, the learner's rows one axis (resuming is the same path whichever rank died)."""
     out = tmp_path / "runs"
     sets = ("run.target_return=nan", "run.env_steps=0", "run.wall_seconds=0", "checkpoint.every_steps=100",
             "log.interval=0.2", "log.flush_seconds=0.2")
@@ -256,6 +257,8 @@ def test_a_killed_rank_ends_an_impala_job_and_resume_continues(tmp_path, role, r
     run_dir = next(out.glob("*/run.h5")).parent
     done = int(checkpoint.checkpoints(run_dir)[-1].name[5:15])
     assert done >= 100  # a periodic checkpoint, or the one a rank that outlived the kill wrote as it was stopped
+    if role != "learner":
+        return
     steps = done + 100
     job = run_mpi(4, out, f"run.train_steps={steps}", *sets, job=JOB, args=("--resume", str(run_dir)))
     assert job.proc.returncode == 0, job.output

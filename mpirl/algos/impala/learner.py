@@ -97,7 +97,9 @@ class ImpalaTraining(LearnerAlgorithm):
             self.test_table.truncate(self.test_table.rows_until("time", self.ctx.resume.job_time))
 
     def finish(self) -> None:
-        self.test()
+        """The stop's test round, unless the job is being preempted: its grace time is for the checkpoint."""
+        if not (self.ctx.preempt and self.ctx.preempt.requested()):
+            self.test()
 
     def test(self) -> None:
         """``impala.test_episodes`` episodes of the current policy, one game each, stepped together; a row."""

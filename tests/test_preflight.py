@@ -47,6 +47,19 @@ def test_a_small_network_counted_for_real_counts_as_on_the_meta_device(shape, hi
     assert real[0] <= apex_memory.REAL_FORWARD_BYTES
 
 
+def test_a_frame_cache_no_learner_can_hold_is_refused_naming_replay_frame_cache():
+    """Two buffers' caches on the learner (2 x 8 frames a slot) outgrow the node while each buffer's frame pool
+    (8 frames a slot) is still a reservation the kernel grants: the fix named is the cache's, not the capacity's."""
+    avail = memory.available_bytes()
+    capacity = int(0.6 * avail / (8 * 84 * 84))
+    proc = run_cli("validate", str(JOBS / "breakout_proposed_small.toml"), "-n", "5", "--set", "topology.buffers=2",
+                   "--set", f"replay.capacity={capacity}", "--set", f"replay.frame_cache={8 * capacity}")
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("mpirl: error: replay.frame_cache: the job needs about "), lines[0]
+    assert "lower replay.frame_cache" in lines[0] and "Traceback" not in proc.stderr
+
+
 def test_a_replay_no_node_can_hold_is_refused_by_validate():
     avail = memory.available_bytes()
     capacity = min(int(1.5 * avail / cartpole_slot()), 2**31 - 1)

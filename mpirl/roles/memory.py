@@ -44,6 +44,7 @@ class Estimate:
     network_key: str = "agent.hidden"  # the setting that sizes the network, named when the network dominates
     fix_text: str = ""  # the fix to name with network_key (an algorithm without a network: its tables)
     labels: dict[str, str] = field(default_factory=dict)  # a role's name in the message ("Q-server")
+    cache_bytes: int = 0  # the learner's frame cache (replay.frame_cache), when the job keeps one
 
     def of(self, role: str) -> int:
         """One rank of ``role``."""
@@ -71,6 +72,10 @@ class Estimate:
     def fix(self, cfg: JobConfig) -> tuple[str, str]:
         """The field to name and the fix, by what dominates the estimate."""
         replay = self.slot_bytes * cfg.replay.capacity
+        if self.cache_bytes > max(replay, self.network_bytes):
+            return ("replay.frame_cache", f"lower replay.frame_cache (now {cfg.replay.frame_cache:,} frames per "
+                                          f"buffer, {self.cache_bytes / 2**30:,.1f} GiB on the learner; 0 turns "
+                                          f"the cache off), or run the ranks on more nodes")
         if replay >= self.network_bytes:
             return ("replay.capacity", f"lower replay.capacity (now {cfg.replay.capacity:,}; about "
                                        f"{self.slot_bytes / 1024:,.1f} KiB a slot), or run the ranks on more nodes")

@@ -61,12 +61,13 @@ def layout(cfg: JobConfig, world_size: int) -> Layout:
 
 
 def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float, actor: float, worker: float, slot: float,
-                  network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden") -> Estimate:
+                  network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden",
+                  cache_bytes: int = 0) -> Estimate:
     """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role."""
     t = cfg.topology
     return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
                     {LEARNER: 1, BUFFER: t.buffers, WORKER: t.worker_ranks, ACTOR: actor_count(cfg, world_size)},
-                    slot, network_bytes, reserved, network_key=network_key)
+                    slot, network_bytes, reserved, network_key=network_key, cache_bytes=int(cache_bytes))
 
 
 def _span(ranks: list[int]) -> str:

@@ -85,6 +85,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
     network = 5 * params + activations  # online, target, gradients, Adam's two moments
     proposed = rp.architecture == "proposed"
     process = PROCESS + (ATARI if cfg.env.id.startswith("ALE/") else 0)
+    cache_bytes = 0
     if proposed:
         cache = cache_slots(rp.frame_cache, rp.capacity, framed)
         replies = (c.prefetch + 1) * sample_layout(spec, share, framed, cache=bool(cache)).max_nbytes
@@ -92,7 +93,8 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         learner = process + TRAINING + network + n_buf * (replies + request_layout(share).max_nbytes)
         if cache:  # the learner's frame cache (on its device; counted here as if on its host) and each mirror
             frame = int(np.prod(next(iter(framed.values()))[1]))
-            learner += (n_buf * cache + n_buf * share * sum(d for d, _ in framed.values())) * frame
+            cache_bytes = (n_buf * cache + n_buf * share * sum(d for d, _ in framed.values())) * frame
+            learner += cache_bytes
             buffer += 16 * cache
     else:
         dump = int(slot * rp.capacity)  # a dump fills about what the memory holds (frames once)
@@ -121,7 +123,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
         pool = max(pool, (rp.capacity * sum(d for d, _ in framed.values())
                           + actors_per_buffer * window_frames(c.send_batch, games, cfg.apex.n_step, framed)) * frame)
-    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool)
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool, cache_bytes=cache_bytes)
 
 
 class _Obs:

@@ -33,6 +33,8 @@ def check(cfg) -> None:
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     _need(r.train_steps or r.env_steps or r.wall_seconds, "run",
           "set at least one stop condition: run.train_steps, run.env_steps or run.wall_seconds")
+    _need(t.buffers >= 1, "topology.buffers", "must be >= 1: the buffer ranks hold the replay (0, actors sending "
+                                              "straight to the learner, is for agent.algorithm = \"impala\")")
     _need(not t.on_learner or t.buffers == 1, "topology.buffers",
           f"must be 1 with topology.workers = 'learner' (the learner's rank is the one worker and sends its "
           f"experience to one buffer), got {t.buffers}; set topology.buffers = 1, or use K worker ranks "

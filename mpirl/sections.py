@@ -42,7 +42,8 @@ class RunConfig:
 
 @dataclass
 class TopologyConfig:
-    buffers: int = setting(1, ge=1, le=4096)
+    # Buffer ranks; 0 (IMPALA only): the actors send straight to a queue on the learner's rank.
+    buffers: int = setting(1, ge=0, le=4096, why="0: actors send to the learner itself (IMPALA)")
     # Actor ranks in all; 0: every rank after the learner and the buffers is an actor.
     # Actors are spread over the buffers as evenly as possible.
     actors: int = setting(0, ge=0, le=1_000_000, why="0: every remaining rank")

@@ -167,6 +167,7 @@ def _refusal(n: int, *sets: str) -> config.ConfigError:
     (["apex.n_step=3"], "apex"),
     (["replay.alpha=0.5"], "replay.alpha"),
     (["topology.workers=1", "impala.exchange=\"sync\"", "replay.batch_size=16"], "topology.workers"),
+    (["topology.buffers=0", "topology.workers=1"], "topology.workers"),
 ])
 def test_bad_impala_input_is_refused_naming_the_key(sets, key):
     err = _refusal(4, *sets)
@@ -267,3 +268,33 @@ def test_a_killed_rank_ends_an_impala_job_and_resume_continues(tmp_path, role, r
         rows = f["learner/train/train_steps"][()]
         assert np.all(np.diff(rows) >= 0) and rows[-1] == steps
         assert np.all(np.diff(f["learner/train/time"][()]) >= 0)
+
+
+def test_buffers_0_is_for_impala_only():
+    """The replay algorithms keep their replay on buffer ranks: topology.buffers = 0 is refused naming it."""
+    with pytest.raises(config.ConfigError) as err:
+        config.load(JOBS / "cartpole.toml", ["topology.buffers=0"])
+    assert err.value.key == "topology.buffers" and "impala" in err.value.message
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("exchange", ["async", "sync"])
+def test_with_buffers_0_the_actors_send_straight_to_the_learners_queue(tmp_path, exchange):
+    """No buffer rank: 3 ranks, the learner and two actors. Every role exits 0, the learner's intake writes
+    buffer_0.h5 as a buffer rank would (episodes, actors, the queue's fill), the learner counts the actors' env
+    steps and episodes, and returns rise."""
+    sync = ["comm.n_update=1", "replay.batch_size=16"] if exchange == "sync" else []
+    job = run_mpi(3, tmp_path, "topology.buffers=0", "run.train_steps=150", "run.wall_seconds=0",
+                  "run.target_return=nan", f'impala.exchange="{exchange}"', *sync, job=JOB, timeout=600)
+    assert job.proc.returncode == 0, job.output
+    assert "ranks: 0 learner and queue; 1-2 actors" in job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == "train_steps 150 reached"
+        eps = f["buffer_0/episodes/return"][()]
+        actors = set(f["buffer_0/actors/actor"][()].tolist())
+        fill = f["buffer_0/buffer/fill"][()]
+        t = {k: f["learner/train"][k][()] for k in ("env_steps", "episodes", "lag_max")}
+    assert actors == {1, 2} and len(fill) and t["env_steps"][-1] > 0 and t["episodes"][-1] > 0
+    assert eps[-20:].mean() > eps[:20].mean(), (eps[:20].mean(), eps[-20:].mean())
+    if exchange == "sync":
+        assert np.nanmax(t["lag_max"]) == 0

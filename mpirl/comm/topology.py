@@ -166,8 +166,13 @@ class Topology:
 
     @property
     def learner_params(self) -> Any:
+        """The learner's broadcast: to the buffers it sends requests to, or, in a layout without requests (the
+        senders' experience straight into the learner), to those senders."""
         link = self.layout.link("requests")
-        return self.comm("parameters", link.source) if link else None
+        if link:
+            return self.comm("parameters", link.source)
+        link = self.layout.link("experience")
+        return self.comm("parameters", link.target) if link else None
 
     @property
     def serve(self) -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 
 from mpirl.comm.backoff import Backoff, wait_until
 from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, sample_layout
+from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.frame_cache import FrameCache, cache_slots
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota, rate_quotas
@@ -58,10 +59,30 @@ class LocalReplay(Protocol):
     def give_back(self, batch: Batch, values: np.ndarray) -> None: ...
 
 
+class Links(Protocol):
+    """What the loop asks of a source's lines to where its experience waits (:class:`~mpirl.roles.shard_links.
+    ShardLinks` for the buffers; a source of an algorithm's own may have others)."""
+
+    def resumed(self, actor_steps: dict[int, int]) -> None:
+        """After the counters came from a checkpoint: the env steps count on from ``actor_steps``."""
+
+    def open_tables(self, file: MetricsFile) -> None: ...
+
+    def write_rows(self) -> None: ...
+
+    def link_bytes(self) -> dict:
+        """``bytes_in``, ``bytes_in_raw``, ``bytes_out``, ``bytes_out_raw`` so far."""
+
+    def close(self, train_steps: int) -> None:
+        """The stop: goodbye, and every message in flight taken."""
+
+
 class BatchSource(Protocol):
     """Where the loop's batches come from and where their new values go."""
 
-    links: ShardLinks  # the lines to the buffers and what they tell (env steps, episodes, the shards table)
+    @property
+    def links(self) -> Links:
+        """The lines to where the experience waits and what they tell (env steps, episodes, tables)."""
 
     def start(self) -> None:
         """Before the first batch (after the first parameter broadcast)."""

@@ -63,16 +63,22 @@ class Buffer:
         self.store, self.reply = self.server.memory, self.server.reply
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
-        codec = codec_for(cfg.comm.link)
-        self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
-        self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
-                                self.server.depth, shaper=shaper_for(cfg.comm.link),
-                                codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
         pool = self.server.ring.pool if framed else None  # the frames' pool, with frames once
         self.windows = FrameWindows(pool) if framed and pool is not None else None
-        self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
-        # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its own).
-        self.params_out = ParamBroadcast(topo.group_params, ctx.n_params) if topo.group_params else None
+        # A layout without a learner link (the senders' experience straight into the learner): this buffer is
+        # the learner's own intake, in its process; the learner takes from the memory and broadcasts itself.
+        self.local = topo.learner is None
+        self.params_out: ParamBroadcast | None = None
+        if not self.local:  # a local buffer has no req_pool, replies or params_in
+            codec = codec_for(cfg.comm.link)
+            self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
+            self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
+                                    self.server.depth, shaper=shaper_for(cfg.comm.link),
+                                    codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
+            self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
+            # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its
+            # own).
+            self.params_out = ParamBroadcast(topo.group_params, ctx.n_params) if topo.group_params else None
 
         self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
         # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
@@ -206,15 +212,30 @@ class Buffer:
 
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""
+        progress = self.take_experience()
+        if not self.local:
+            self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+            progress = self.serve_learner() or progress
+        if self.tick.due():
+            self.write_row()
+        self.file.flush_if_due()
+        return progress
+
+    def take_experience(self) -> bool:
+        """Store every sender's message that has arrived; True if any did."""
         progress = False
-        self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-        self.replies.pump()
         for slot, _, buf, _ in self.exp_pool.poll():
             progress = True
             if self.on_experience(buf):
                 self.finals += 1
             else:
                 self.exp_pool.post(slot)
+        return progress
+
+    def serve_learner(self) -> bool:
+        """The learner's requests, the replies waiting for the memory, and the parameters to relay."""
+        progress = False
+        self.replies.pump()
         for slot, _, buf, _ in self.req_pool.poll():
             progress = True
             self.on_request(buf)
@@ -230,9 +251,6 @@ class Buffer:
                 self.params_out.publish(self.params_in.version, self.params_in.params, stop=self.params_in.stop)
             if not self.params_in.stop:
                 self.params_in.post()
-        if self.tick.due():
-            self.write_row()
-        self.file.flush_if_due()
         return progress
 
     def write_row(self) -> None:
@@ -242,8 +260,9 @@ class Buffer:
         self.t_buffer.append(
             time=t, experiences_in=self.inserted, experiences_in_per_s=rate,
             bytes_in=self.base["bytes_in"] + self.exp_pool.bytes_received,
-            bytes_out=self.base["bytes_out"] + self.replies.bytes_sent,
-            bytes_out_raw=self.base["bytes_out_raw"] + self.replies.raw_bytes_sent, fill=self.store.size,
+            bytes_out=self.base["bytes_out"] + (0 if self.local else self.replies.bytes_sent),
+            bytes_out_raw=self.base["bytes_out_raw"] + (0 if self.local else self.replies.raw_bytes_sent),
+            fill=self.store.size,
             stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
@@ -282,14 +301,19 @@ class Buffer:
                 backoff.reset()
             else:
                 backoff.sleep()
+        self.close()
+
+    def close(self) -> None:
+        """The last row, the replay snapshot when asked, and every request completed or cancelled."""
         self.write_row()
         if self.cfg.checkpoint.replay:
             self._save_replay()
         # Memory per slot as the run left it (frames stored once fill lazily, so not known at start).
         self.file.set_attrs(bytes_per_slot=self.store.nbytes / self.cfg.replay.capacity)
-        self.replies.close()
         self.exp_pool.close()
-        self.req_pool.close()
+        if not self.local:
+            self.replies.close()
+            self.req_pool.close()
         if self.params_out is not None:
             self.params_out.close()
         self.file.close()

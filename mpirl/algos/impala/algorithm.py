@@ -9,7 +9,7 @@ for its share of a batch; parameters come down in versioned broadcasts. Records:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -21,8 +21,13 @@ from mpirl.envs.factory import env_spaces
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
-                                      role_map, star_estimate)
+from mpirl.comm.topology import Layout, Link, Topology, build
+from mpirl.roles import replay_layout
+from mpirl.roles.replay_layout import ACTOR, LEARNER, inference, lazy_roles, star_estimate
+
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
 class Spaces(NamedTuple):
@@ -70,9 +75,10 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     rp, c, t = cfg.replay, cfg.comm, cfg.topology
     n_act = actor_count(cfg, world_size)
     senders = t.worker_ranks or (1 if t.on_learner else n_act)
-    group = -(-senders // t.buffers)
+    queues = max(t.buffers, 1)  # buffers = 0: the learner's own
+    group = -(-senders // queues)
     slot = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()) + 8
-    share = -(-rp.batch_size // t.buffers)
+    share = -(-rp.batch_size // queues)
     E = cfg.env.envs_per_actor
     message = experience_layout(spec, E).max_nbytes
     replies = (c.prefetch + 1) * sample_layout(spec, share).max_nbytes
@@ -83,8 +89,10 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
                + t.buffers * (replies + request_layout(share).max_nbytes))
     served = -(-n_act // senders)
     message = experience_layout(spec, E * served).max_nbytes  # a sender's message: a trajectory per game it steps
-    buffer = (memory.PROCESS + slot * queue_slots(cfg, t.buffers, group, E * served) + group * c.recv_depth * message
+    buffer = (memory.PROCESS + slot * queue_slots(cfg, queues, group, E * served) + group * c.recv_depth * message
               + replies)
+    if not t.buffers:  # the queue is the learner's, in its process
+        learner, buffer = learner + buffer - memory.PROCESS, 0
     if t.served:
         import math
         from mpirl.comm.messages import step_layout
@@ -113,11 +121,14 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     from mpirl.agents.actor_critic import trajectory_spec
     check_world_size(cfg, world_size, job_path)
     n_act, t = actor_count(cfg, world_size), cfg.topology
+    if n_act < 1:
+        raise ConfigError("world size", f"the job needs at least one actor, the MPI world has {world_size} rank(s); "
+                                        f"run: mpirl launch -n {world_size + 1} {job_path}")
     if t.worker_ranks and t.worker_ranks % t.buffers:
         raise ConfigError("topology.workers", f"IMPALA's queues each need the same number of senders: "
                                               f"{t.worker_ranks} workers do not spread evenly over {t.buffers} "
                                               f"buffer(s); set topology.workers to a multiple of topology.buffers")
-    if not t.served and n_act % t.buffers:
+    if not t.served and t.buffers and n_act % t.buffers:
         raise ConfigError("world size", f"IMPALA's queues each need the same number of actors: {n_act} actor(s) do "
                                         f"not spread evenly over {t.buffers} buffer(s); run with "
                                         f"{1 + t.buffers + n_act + t.buffers - n_act % t.buffers} ranks, or set "
@@ -142,9 +153,37 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
 
 
+def layout(cfg: JobConfig, world_size: int) -> Layout:
+    """The replay algorithms' layout (:mod:`mpirl.roles.replay_layout`), or with ``topology.buffers = 0`` the
+    learner and its actors alone: experience straight into the learner, parameters straight to the actors."""
+    if cfg.topology.buffers:
+        return replay_layout.layout(cfg, world_size)
+    return Layout({LEARNER: (0,), ACTOR: tuple(range(1, world_size))},
+                  (Link("experience", ACTOR, LEARNER), Link("parameters", LEARNER, ACTOR, hub="source")))
+
+
+def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
+    return build(world, layout(cfg, world.size), cfg.topology.node_local)
+
+
+def rank_files(topo: Topology) -> dict[str, str]:
+    """The replay layout's files; with the queue on the learner its intake writes ``buffer_0.h5``."""
+    if topo.learner is None:
+        return {"learner": "learner.h5", "buffer_0": "buffer_0.h5"}
+    return replay_layout.rank_files(topo)
+
+
+def role_map(topo: Topology) -> str:
+    if topo.learner is None:
+        actors = sorted(topo.buffer_of)
+        return f"0 learner and queue; {actors[0]}-{actors[-1]} actors" if len(actors) > 1 else "0 learner and queue; 1 actor"
+    return replay_layout.role_map(topo)
+
+
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t, rp = checked.spaces, cfg.topology, cfg.replay
-    return (f"1 learner, {t.buffers} queue(s){inference(t)}, {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
+    queues = f"{t.buffers} queue(s)" if t.buffers else "its queue"
+    return (f"1 learner, {queues}{inference(t)}, {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
             f"{cfg.impala.exchange}) on "
             f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; trajectories of "
             f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")

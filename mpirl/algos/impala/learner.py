@@ -23,7 +23,7 @@ from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
 from mpirl.envs.vector import make_vector
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.batch_sources import Batch
+from mpirl.roles.batch_sources import Batch, BatchSource
 from mpirl.roles.context import RoleContext
 from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
@@ -89,6 +89,13 @@ class ImpalaTraining(LearnerAlgorithm):
 
     def columns(self) -> tuple[dict, dict]:
         return {k: F8 for k in (*STATS, "lag_max")}, {}
+
+    def batch_source(self, loop: Learner) -> BatchSource | None:
+        """With ``topology.buffers = 0`` the learner's own queue; else the buffers' queues (remote shards)."""
+        if self.ctx.topo.learner is None:
+            from mpirl.algos.impala.local_queue import LocalQueue
+            return LocalQueue(loop)
+        return None
 
     def open_tables(self, file: MetricsFile) -> None:
         self.test_table = file.table("test", {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F8,

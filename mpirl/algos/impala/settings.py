@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from mpirl import replay_job
 from mpirl.domain import Domain, setting
-from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
 
 
 @dataclass
@@ -60,6 +59,13 @@ USES = {
 MOVED: dict[str, str] = {}  # no key of a shared section has moved into [impala]
 
 
+def world_size(cfg) -> int:
+    """Ranks the job needs; with ``topology.actors = 0``, two actors per queue (or per worker), two with the queue
+    on the learner (``topology.buffers = 0``)."""
+    t = cfg.topology
+    return 1 + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or max(t.buffers, 1)))
+
+
 def check(cfg) -> None:
     """IMPALA's cross-field checks: a stop condition, the layout, and queues that can serve a batch."""
     from mpirl.config import ConfigError
@@ -67,6 +73,10 @@ def check(cfg) -> None:
     if not (r.train_steps or r.env_steps or r.wall_seconds):
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "
                                  "run.wall_seconds")
+    if t.buffers == 0 and t.served:
+        raise ConfigError("topology.workers", "inference workers with topology.buffers = 0 (the queue on the "
+                                              "learner) are not supported yet; set topology.workers = 0 or "
+                                              "topology.buffers >= 1")
     if t.on_learner and t.buffers != 1:
         raise ConfigError("topology.buffers", f"must be 1 with topology.workers = 'learner' (the learner's rank is "
                                               f"the one worker and sends to one queue), got {t.buffers}")
@@ -82,17 +92,18 @@ def check(cfg) -> None:
         raise ConfigError("topology.actors", f"must be 0 (every remaining rank) or >= topology."
                                              f"{'workers' if t.worker_ranks else 'buffers'} "
                                              f"({t.worker_ranks or t.buffers}) so each has an actor, got {t.actors}")
+    queues = max(t.buffers, 1)  # buffers = 0: the one queue is the learner's
     if rp.batch_size < t.buffers:
         raise ConfigError("replay.batch_size", f"trajectories per batch must be >= topology.buffers ({t.buffers}) "
                                                f"so every queue serves a share, got {rp.batch_size}")
-    share = -(-rp.batch_size // t.buffers)
+    share = -(-rp.batch_size // queues)
     if rp.capacity < 2 * share:
         raise ConfigError("replay.capacity", f"a queue must hold at least two batch shares ({2 * share} "
                                              f"trajectories: one being served, one filling), got {rp.capacity}")
     if cfg.impala.exchange == "sync" and cfg.comm.n_update != 1:
         raise ConfigError("comm.n_update", f"must be 1 with impala.exchange = \"sync\": each round is trained on "
                                            f"and broadcast before the next is acted, got {cfg.comm.n_update}")
-    if rp.batch_size % t.buffers:
+    if rp.batch_size % queues:
         raise ConfigError("replay.batch_size", f"trajectories per batch must be a multiple of topology.buffers "
                                                f"({t.buffers}): each queue serves an equal share, got {rp.batch_size}")
     if rp.capacity < cfg.env.envs_per_actor:

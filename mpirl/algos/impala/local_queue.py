@@ -1,0 +1,113 @@
+"""The learner's own trajectory queue (``topology.buffers = 0``): the actors send straight to the learner.
+
+Its intake is the buffer loop's, run in the learner's process (a local :class:`~mpirl.algos.impala.buffer.
+QueueBuffer`: it receives the actors' messages into the queue and writes ``buffer_0.h5`` as a buffer rank writes
+its file); :class:`LocalQueue` pumps it between train steps and takes each batch from the queue itself, and
+:class:`LocalLinks` tells the loop what the actors' messages said (env steps, episodes, returns).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mpirl.algos.impala.buffer import QueueBuffer
+from mpirl.comm.backoff import Backoff
+from mpirl.metrics.writer import MetricsFile
+from mpirl.roles.batch_sources import Batch
+
+if TYPE_CHECKING:
+    from mpirl.roles.learner import Learner
+
+
+class LocalLinks:
+    """What the loop asks of its lines to the buffers, for the queue in its own process."""
+
+    def __init__(self, loop: Learner, buffer: QueueBuffer):
+        self.loop, self.buffer = loop, buffer
+        self.env_offset = 0  # a resumed run's actors count on from their last rows before the checkpoint
+
+    def resumed(self, actor_steps: dict[int, int]) -> None:
+        self.env_offset = self.loop.counters.env_steps[0] - sum(actor_steps.get(a, 0) for a in self.buffer.actor_steps)
+
+    def absorb(self) -> None:
+        """The actors' env steps and finished episodes, from the messages the intake took."""
+        c, b = self.loop.counters, self.buffer
+        c.env_steps[0] = sum(b.actor_steps.values()) + self.env_offset
+        while b.to_learner:
+            ret = b.to_learner.popleft()
+            c.episodes += 1
+            if not math.isnan(ret):
+                c.returns.append(ret)
+
+    def open_tables(self, file: MetricsFile) -> None:
+        """No shards table: the queue's rows are in buffer_0.h5."""
+
+    def write_rows(self) -> None:
+        """The queue writes its own rows."""
+
+    def link_bytes(self) -> dict:
+        """The actors' messages in (there is no link to a buffer, and nothing goes out on one)."""
+        got = self.buffer.exp_pool.bytes_received
+        return {"bytes_in": got, "bytes_in_raw": got, "bytes_out": 0, "bytes_out_raw": 0}
+
+    def close(self, train_steps: int) -> None:
+        """After the stop's broadcast: take the actors' last messages (each says goodbye), then close the queue."""
+        b, backoff = self.buffer, Backoff()
+        while b.finals < b.n_actors:
+            if b.step():
+                backoff.reset()
+            else:
+                backoff.sleep()
+        self.absorb()
+        b.stop_steps = train_steps
+        b.close()
+
+
+class LocalQueue:
+    """Batches of the oldest ``replay.batch_size`` trajectories of the learner's own queue, each once."""
+
+    def __init__(self, loop: Learner):
+        self.loop, self.batch_size = loop, loop.cfg.replay.batch_size
+        self.buffer = QueueBuffer(loop.ctx)
+        self.queue = self.buffer.server.memory
+        self.links = LocalLinks(loop, self.buffer)
+        self.out = {name: np.zeros((self.batch_size, *shape), dtype) for name, (shape, dtype) in loop.ctx.spec.items()}
+        self.backoff = Backoff()
+        self.waited = 0.0  # seconds spent waiting for the next batch's trajectories
+
+    def start(self) -> None:
+        """Nothing to ask for: the actors send as they go."""
+
+    def next_batch(self) -> Batch | None:
+        loop = self.loop
+        with loop.clock.communicating():
+            t = time.perf_counter()
+            self.buffer.step()
+            self.links.absorb()
+            self.waited += time.perf_counter() - t
+        if self.queue.size < self.batch_size:
+            return None
+        self.backoff.reset()
+        self.queue.take_into(self.batch_size, self.out)
+        self.buffer.consumed += self.batch_size
+        loop.counters.consumed[0] += self.batch_size
+        batch = Batch(self.out, np.ones(self.batch_size, np.float32), None, self.queue.size,
+                      sample_seconds=self.waited)
+        self.waited = 0.0
+        return batch
+
+    def wait(self) -> None:
+        with self.loop.clock.communicating():
+            t = time.perf_counter()
+            self.backoff.sleep()
+            self.waited += time.perf_counter() - t
+
+    def give_back(self, batch: Batch, values: np.ndarray) -> None:
+        """Nothing goes back: each trajectory was trained on once."""
+
+    def settle(self) -> None:
+        """Every batch is counted as it is taken."""

@@ -212,9 +212,11 @@ class Buffer:
 
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""
+        if not self.local:  # (a local buffer's learner hears signals and pumps its own sends)
+            self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
+            self.replies.pump()
         progress = self.take_experience()
         if not self.local:
-            self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
             progress = self.serve_learner() or progress
         if self.tick.due():
             self.write_row()
@@ -235,7 +237,6 @@ class Buffer:
     def serve_learner(self) -> bool:
         """The learner's requests, the replies waiting for the memory, and the parameters to relay."""
         progress = False
-        self.replies.pump()
         for slot, _, buf, _ in self.req_pool.poll():
             progress = True
             self.on_request(buf)

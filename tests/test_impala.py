@@ -49,18 +49,66 @@ def test_the_queue_serves_oldest_first_each_once_and_refuses_to_overflow():
         q.take_into(3, {k: np.zeros((3, *shape), dtype) for k, (shape, dtype) in spec.items()})
 
 
-@pytest.mark.parametrize("exchange,actors,buffers,n_update,batch,capacity", [
-    ("async", 2, 1, 1, 32, 128), ("async", 4, 2, 4, 16, 40), ("async", 6, 3, 16, 60, 100),
-    ("sync", 2, 1, 1, 16, 32), ("sync", 6, 3, 1, 48, 32)])
+def test_a_replay_share_serves_fresh_trajectories_once_and_draws_the_rest_from_those_served_before():
+    """Batches of 4 with 2 replayed: the first batch is all fresh (the replay is empty); after it, every batch holds
+    the 2 oldest waiting trajectories, each exactly once over the run, and 2 drawn from trajectories served in
+    earlier batches (never from this batch's fresh ones, never one still waiting), with probability 1 / the replay's
+    size; the replay keeps only the last 6 served."""
+    spec = trajectory_spec((1,), np.float32, 2)
+    q = TrajectoryQueue(spec, 64, replay=6)
+    rng = np.random.default_rng(0)
+    out = {k: np.zeros((4, *shape), dtype) for k, (shape, dtype) in spec.items()}
+    added, served, fresh_seen = 0, [], []
+    for step in range(12):
+        rec = {k: np.zeros((4, *shape), dtype) for k, (shape, dtype) in spec.items()}
+        rec["version"][:] = np.arange(added, added + 4)
+        q.add(rec)
+        added += 4
+        assert q.fresh(4, 2) == (4 if step == 0 else 2)
+        ids, versions, probs = q.take_batch(4, 2, out, rng)
+        got = out["version"].tolist()
+        n_fresh = 4 if step == 0 else 2
+        fresh, again = got[:n_fresh], got[n_fresh:]
+        assert fresh == list(range(len(fresh_seen), len(fresh_seen) + n_fresh))  # oldest waiting first
+        assert probs[:n_fresh].tolist() == [1.0] * n_fresh and versions[:n_fresh].tolist() == fresh
+        recent = served[-6:]
+        assert all(v in recent for v in again), (again, recent)  # from the last 6 served before this batch
+        assert probs[n_fresh:].tolist() == [1.0 / max(len(recent), 1)] * len(again)
+        fresh_seen += fresh
+        served += fresh
+    assert fresh_seen == list(range(len(fresh_seen)))  # every fresh trajectory exactly once, in order
+    assert q.replay.size == 6 and sorted(q.replay.versions.tolist()) == served[-6:]
+
+
+@pytest.mark.parametrize("sets,key", [
+    (["impala.replay_share=0.5"], "impala.replay_capacity"),
+    (["impala.replay_capacity=64"], "impala.replay_share"),
+    (["impala.replay_share=0.5", "impala.replay_capacity=64", "impala.exchange=\"sync\"", "comm.n_update=1",
+      "replay.batch_size=16"], "impala.replay_share"),
+    (["impala.replay_share=0.01", "impala.replay_capacity=64"], "impala.replay_share"),
+    (["impala.replay_share=0.5", "impala.replay_capacity=8"], "impala.replay_capacity"),
+    (["impala.replay_share=1"], "impala.replay_share"),
+])
+def test_bad_replay_settings_are_refused_naming_the_key(sets, key):
+    err = _refusal(4, *sets)
+    assert key in f"{err.key}: {err.message}", (err.key, err.message)
+
+
+@pytest.mark.parametrize("exchange,actors,buffers,n_update,batch,capacity,replay_share", [
+    ("async", 2, 1, 1, 32, 128, 0), ("async", 4, 2, 4, 16, 40, 0), ("async", 6, 3, 16, 60, 100, 0),
+    ("sync", 2, 1, 1, 16, 32, 0), ("sync", 6, 3, 1, 48, 32, 0),
+    ("async", 2, 1, 1, 32, 128, 0.5), ("async", 6, 3, 4, 60, 100, 0.75)])
 def test_actors_held_to_their_allowance_never_overflow_their_queue(exchange, actors, buffers, n_update, batch,
-                                                                   capacity):
+                                                                   capacity, replay_share):
     """A simulation of the worst case: every actor sends all it is allowed (one message of E trajectories at a
     time) whenever it may; the learner takes B / R of every queue per batch and publishes every n_update batches,
     and an actor sees a version only when it is published. The fill never passes queue_slots, and the learner
     never waits for a queue that its actors are not allowed to fill. Synchronous rounds: one message per actor
-    and version, exactly."""
+    and version, exactly. With a replay share the first batch is all fresh, the later ones take the share's fresh
+    part of every queue."""
+    replay = [f"impala.replay_share={replay_share}", f"impala.replay_capacity={batch}"] if replay_share else []
     cfg = load(f"comm.n_update={n_update}", f"replay.batch_size={batch}", f"replay.capacity={capacity}",
-               f"topology.buffers={buffers}", "env.envs_per_actor=8", f'impala.exchange="{exchange}"')
+               f"topology.buffers={buffers}", "env.envs_per_actor=8", f'impala.exchange="{exchange}"', *replay)
     group, E = actors // buffers, 8
     budget = queue_budget(cfg, actors, buffers, group)
     slots = queue_slots(cfg, buffers, group, 8)
@@ -73,6 +121,8 @@ def test_actors_held_to_their_allowance_never_overflow_their_queue(exchange, act
                 fill[a // group] += E
         most = max(most, *fill)
         share = batch // buffers
+        if steps:  # the replays give their part once they hold it (after the first batch)
+            share -= int(share * replay_share)
         if all(f >= share for f in fill):  # the learner trains on a batch when every queue has its share
             fill = [f - share for f in fill]
             steps += 1
@@ -224,6 +274,27 @@ def test_impala_learns_cartpole_on_4_ranks(tmp_path, exchange):
     assert test["episodes"].tolist() == [10] and test["return_mean"][0] > 100, test
     cfg = load()
     assert fill.max() <= queue_slots(cfg, 1, 2, 8)
+
+
+@pytest.mark.mpi
+def test_with_a_replay_share_half_of_every_batch_after_the_first_comes_from_the_queues_replay(tmp_path):
+    """impala.replay_share = 0.5 on 4 ranks: every role exits 0; the queue's rows count the trajectories it served
+    from its replay, half of each batch after the first, and the replayed ones, acted with older parameters, show
+    in the policy lag."""
+    batch, steps = 32, 150
+    job = run_mpi(4, tmp_path, f"run.train_steps={steps}", "run.wall_seconds=0", "run.target_return=nan",
+                  "impala.replay_share=0.5", "impala.replay_capacity=256", f"replay.batch_size={batch}", job=JOB,
+                  timeout=600)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == f"train_steps {steps} reached"
+        replayed = int(f["buffer_1/buffer/replayed"][()].sum())
+        lag = f["learner/train/lag_max"][()]
+    # Half of every batch but the first; the queue may have served the requests still in flight at the stop
+    # (comm.prefetch = 1: two) that the learner did not train on.
+    assert replayed % (batch // 2) == 0 and steps - 1 <= replayed // (batch // 2) <= steps + 1, replayed
+    # The replay holds the last 256 served trajectories, 16 batches' fresh halves: lags of many versions.
+    assert np.nanmax(lag) >= 8, lag
 
 
 @pytest.mark.mpi

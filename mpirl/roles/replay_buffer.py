@@ -125,7 +125,7 @@ class Buffer:
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
             "bytes_out_raw": I8,
             "fill": I8, "stale_updates": I8, "priority_updates": I8, "consumed": I8, "alpha": F8,
-            "total_priority": F8, "bytes_held": I8})
+            "total_priority": F8, "bytes_held": I8, **self.columns()})
         self.t_episodes = self.file.table("episodes", {"time": F8, "actor": I8, "env_steps": I8,
                                                        "return": F8, "length": I8})
         self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
@@ -267,7 +267,15 @@ class Buffer:
             stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
-            total_priority=self.server.total, bytes_held=self.store.nbytes)
+            total_priority=self.server.total, bytes_held=self.store.nbytes, **self.row())
+
+    def columns(self) -> dict:
+        """Columns the algorithm's buffer adds to its ``buffer`` table (name -> dtype)."""
+        return {}
+
+    def row(self) -> dict:
+        """The values of :meth:`columns` for the row being written."""
+        return {}
 
     # -- checkpoint.replay ---------------------------------------------------------
     def _replay_file(self):

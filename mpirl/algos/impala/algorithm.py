@@ -70,8 +70,8 @@ def _n_params(spaces: Spaces, cfg: JobConfig) -> int:
 
 
 def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memory.Estimate:
-    """Each rank's memory: a queue's slots, the messages from their layouts, the network and the learner's batch
-    (its activations over B trajectories x (T+1) steps)."""
+    """Each rank's memory: a queue's slots and its replay's, the messages from their layouts, the network and the
+    learner's batch (its activations over B trajectories x (T+1) steps)."""
     rp, c, t = cfg.replay, cfg.comm, cfg.topology
     n_act = actor_count(cfg, world_size)
     senders = t.worker_ranks or (1 if t.on_learner else n_act)
@@ -89,8 +89,8 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
                + t.buffers * (replies + request_layout(share).max_nbytes))
     served = -(-n_act // senders)
     message = experience_layout(spec, E * served).max_nbytes  # a sender's message: a trajectory per game it steps
-    buffer = (memory.PROCESS + slot * queue_slots(cfg, queues, group, E * served) + group * c.recv_depth * message
-              + replies)
+    held = queue_slots(cfg, queues, group, E * served) + cfg.impala.replay_capacity  # the queue and its replay
+    buffer = memory.PROCESS + slot * held + group * c.recv_depth * message + replies
     if not t.buffers:  # the queue is the learner's, in its process
         learner, buffer = learner + buffer - memory.PROCESS, 0
     if t.served:

@@ -2,7 +2,8 @@
 
 Receiving the actors' messages, relaying parameters and writing the group's metrics are the replay buffers';
 what differs is what the learner is served from (:class:`QueueServer`): each request takes the oldest
-trajectories of the queue, once each, and waits until the queue holds them. A message carries the trajectories an
+trajectories of the queue, once each, and waits until the queue holds them; with ``impala.replay_share`` part of
+each reply is drawn from the trajectories the queue served before (its replay). A message carries the trajectories an
 actor's games finished together (``envs_per_actor`` of them; a worker's: its actors').
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpirl.algos.impala.flow import queue_slots
+from mpirl.algos.impala.settings import replayed
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import sample_layout
 from mpirl.replay.trajectory_queue import TrajectoryQueue
@@ -25,23 +27,32 @@ class QueueServer:
 
     def __init__(self, buffer: Buffer, share: int) -> None:
         cfg, topo = buffer.cfg, buffer.ctx.topo  # buffer.n_actors: the ranks that send here
-        self.memory = TrajectoryQueue(buffer.spec, queue_slots(cfg, len(topo.buffers), buffer.n_actors,
-                                                               buffer.exp.max_rows))
+        queues = len(topo.buffers)
+        self.memory = TrajectoryQueue(buffer.spec, queue_slots(cfg, queues, buffer.n_actors, buffer.exp.max_rows),
+                                      replay=cfg.impala.replay_capacity)
+        self.replayed = replayed(cfg, queues)  # of each share, drawn from the replay once it holds them
+        self.served_again = 0  # trajectories served from the replay since the buffer's last row
         self.ring = None  # no frame pool: trajectories carry their observations
         self.reply = sample_layout(buffer.spec, share)
         self.depth = cfg.comm.prefetch + 1
 
     def ready(self, want: int) -> bool:
-        return self.memory.size >= want
+        return self.memory.size >= self.memory.fresh(want, self.replayed)
+
+    def take(self, n: int, out: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` trajectories into ``out``: the oldest waiting, and any replayed; (ids, versions, probs)."""
+        self.served_again += n - self.memory.fresh(n, self.replayed)
+        return self.memory.take_batch(n, self.replayed, out, rng)
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
-        """The oldest ``want`` trajectories into the reply (none at shutdown when fewer wait): (rows, 0)."""
-        rows = want if self.memory.size >= want else 0
+        """``want`` trajectories into the reply, the oldest waiting and any replayed (none at shutdown when fewer
+        wait): (rows, 0). A row's ``probs`` is the probability it was drawn with (below 1: replayed)."""
+        rows = want if self.ready(want) else 0
         views = self.reply.views(buf, rows)
         if rows:
-            ids, versions = self.memory.take_into(rows, views)
+            ids, versions, probs = self.take(rows, views, rng)
             views["ids"][:], views["versions"][:] = ids, versions
-            views["probs"][:], views["priority"][:] = 1.0, 1.0
+            views["probs"][:], views["priority"][:] = probs, 1.0
         return rows, 0
 
     def feedback(self, req: Layout, buf: np.ndarray, rows: int) -> tuple[int, int]:
@@ -58,8 +69,17 @@ class QueueServer:
 
 
 class QueueBuffer(Buffer):
+    server: QueueServer
+
     def message_rows(self, games: int) -> int:
         return games  # one trajectory per game a sender steps, all finished together
+
+    def columns(self) -> dict:
+        return {"replayed": np.int64}  # trajectories served from the replay since the last row
+
+    def row(self) -> dict:
+        n, self.server.served_again = self.server.served_again, 0
+        return {"replayed": n}
 
     def make_server(self, share: int) -> QueueServer:
         return QueueServer(self, share)

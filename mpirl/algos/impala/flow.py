@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from mpirl.algos.impala.settings import fresh_batch
 from mpirl.replay.ratio import InsertBudget
 
 
@@ -24,7 +25,7 @@ def queue_budget(cfg, n_actors: int, buffers: int, group: int) -> InsertBudget:
     with the parameters the last round made."""
     rp = cfg.replay
     warm = 0 if cfg.impala.exchange == "sync" else rp.capacity * buffers
-    return InsertBudget(1.0, rp.batch_size, cfg.comm.n_update, n_actors, warm, buffers, group, slack=0)
+    return InsertBudget(1.0, fresh_batch(cfg, buffers), cfg.comm.n_update, n_actors, warm, buffers, group, slack=0)
 
 
 def queue_slots(cfg, buffers: int, group: int, message_rows: int) -> int:
@@ -32,4 +33,4 @@ def queue_slots(cfg, buffers: int, group: int, message_rows: int) -> int:
     ``message_rows``: the trajectories of one sender's message (an actor's games; a worker's: its actors')."""
     rp = cfg.replay
     share = group * math.ceil(rp.capacity / max(group, 1))
-    return share + math.ceil(cfg.comm.n_update * rp.batch_size / buffers) + group * message_rows
+    return share + math.ceil(cfg.comm.n_update * fresh_batch(cfg, buffers) / buffers) + group * message_rows

@@ -32,6 +32,20 @@ def _held_back(run_dir: Path) -> float:
     return total
 
 
+def _replayed(run_dir: Path) -> int | None:
+    """Trajectories the queues served from their replays (None: runs without a replay share, or written before)."""
+    total, seen = 0, False
+    for path in Path(run_dir).glob("buffer_*.h5"):
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                t = f.get("buffer")
+                if t is not None and "replayed" in t:
+                    total, seen = total + int(t["replayed"][()].sum()), True
+        except (OSError, KeyError):
+            continue
+    return total if seen else None
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     s = shared.summarize(run_dir)
     learner = Path(run_dir) / "learner.h5"
@@ -39,7 +53,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     last = ({k: shared._last(test, k) for k in ("train_steps", "return_mean", "return_std", "episodes")}
             if len(test.get("time", ())) else None)
     s["impala"] = {**{k: shared._tail_mean(train, k) for k in STATS}, "held_back_s": _held_back(run_dir),
-                   "test": last}
+                   "replayed": _replayed(run_dir), "test": last}
     return s
 
 
@@ -55,6 +69,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  policy lag (versions) mean / max  {_f(q['lag_mean'], '.2f')} / {_f(q['lag_max'], '.0f')}",
         f"  actors waiting (all, summed)      {_f(q['held_back_s'], ',.1f', ' s')}   "
         f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})",
+        *([f"  replayed trajectories (all queues) {_f(q['replayed'], ',')}   (impala.replay_share "
+           f"{job.get('impala.replay_share', '-')})"] if q["replayed"] else []),
         _test_line(q["test"])])
 
 

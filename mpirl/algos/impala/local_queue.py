@@ -68,7 +68,8 @@ class LocalLinks:
 
 
 class LocalQueue:
-    """Batches of the oldest ``replay.batch_size`` trajectories of the learner's own queue, each once."""
+    """Batches of the oldest ``replay.batch_size`` trajectories of the learner's own queue, each once (with
+    ``impala.replay_share``, part of each drawn from the trajectories it served before)."""
 
     def __init__(self, loop: Learner):
         self.loop, self.batch_size = loop, loop.cfg.replay.batch_size
@@ -89,14 +90,14 @@ class LocalQueue:
             self.buffer.step()
             self.links.absorb()
             self.waited += time.perf_counter() - t
-        if self.queue.size < self.batch_size:
+        server, n = self.buffer.server, self.batch_size
+        if not server.ready(n):
             return None
         self.backoff.reset()
-        self.queue.take_into(self.batch_size, self.out)
-        self.buffer.consumed += self.batch_size
-        loop.counters.consumed[0] += self.batch_size
-        batch = Batch(self.out, np.ones(self.batch_size, np.float32), None, self.queue.size,
-                      sample_seconds=self.waited)
+        _, _, probs = server.take(n, self.out, self.buffer.rng)
+        self.buffer.consumed += n
+        loop.counters.consumed[0] += n
+        batch = Batch(self.out, np.ones(n, np.float32), probs, self.queue.size, sample_seconds=self.waited)
         self.waited = 0.0
         return batch
 

@@ -37,6 +37,10 @@ class ImpalaConfig:
     # train steps (0: only at the stop) and at the stop, into learner.h5's test table.
     test_episodes: int = setting(10, ge=0, le=100_000, why="0: no test episodes")
     test_every: int = setting(0, ge=0, le=10**9, why="train steps between test rounds; 0: only at the stop")
+    # Experience replay as in IMPALA's experiments (section 5.2.3): replay_share of every batch is drawn uniformly
+    # from the last replay_capacity trajectories each queue served, the rest are fresh (oldest first, each once).
+    replay_share: float = setting(0.0, ge=0, lt=1, why="the share of a batch drawn from the replay; 0: none")
+    replay_capacity: int = setting(0, ge=0, le=10**7, why="trajectories each queue keeps for replay; 0: none")
     # IMPALA's optimizer is RMSProp (alpha 0.99, epsilon 0.01); Adam uses agent.adam_eps.
     optimizer: str = setting("adam", choices=("adam", "rmsprop"))
     rmsprop_alpha: float = setting(0.99, gt=0, lt=1)
@@ -64,6 +68,19 @@ def world_size(cfg) -> int:
     on the learner (``topology.buffers = 0``)."""
     t = cfg.topology
     return 1 + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or max(t.buffers, 1)))
+
+
+def replayed(cfg, queues: int) -> int:
+    """Trajectories of one queue's share of a batch drawn from its replay (``impala.replay_share`` of the share,
+    rounded down)."""
+    share = -(-cfg.replay.batch_size // max(queues, 1))
+    return int(share * cfg.impala.replay_share) if cfg.impala.replay_capacity else 0
+
+
+def fresh_batch(cfg, queues: int) -> int:
+    """Fresh trajectories a batch takes from the queues once their replays are warm (each queue: its share less
+    what it replays); before that, a batch is all fresh."""
+    return cfg.replay.batch_size - queues * replayed(cfg, queues)
 
 
 def check(cfg) -> None:
@@ -106,6 +123,22 @@ def check(cfg) -> None:
     if rp.batch_size % queues:
         raise ConfigError("replay.batch_size", f"trajectories per batch must be a multiple of topology.buffers "
                                                f"({t.buffers}): each queue serves an equal share, got {rp.batch_size}")
+    i = cfg.impala
+    if (i.replay_share > 0) != (i.replay_capacity > 0):
+        key = "impala.replay_capacity" if i.replay_share > 0 else "impala.replay_share"
+        raise ConfigError(key, f"experience replay needs both impala.replay_share > 0 and impala.replay_capacity > 0 "
+                               f"(got {i.replay_share:g} and {i.replay_capacity}); set both, or both to 0")
+    if i.replay_share > 0:
+        if i.exchange == "sync":
+            raise ConfigError("impala.replay_share", "must be 0 with impala.exchange = \"sync\": a synchronous "
+                                                     "batch is one round of fresh trajectories")
+        if not replayed(cfg, queues):
+            raise ConfigError("impala.replay_share", f"{i.replay_share:g} of a queue's share of {share} trajectories "
+                                                     f"is less than one; raise it to at least {1 / share:.3g} or "
+                                                     f"raise replay.batch_size")
+        if i.replay_capacity < share:
+            raise ConfigError("impala.replay_capacity", f"must hold at least a queue's share of a batch ({share} "
+                                                        f"trajectories), got {i.replay_capacity}")
     if rp.capacity < cfg.env.envs_per_actor:
         raise ConfigError("replay.capacity", f"a queue must hold one actor's message (env.envs_per_actor = "
                                              f"{cfg.env.envs_per_actor} trajectories), got {rp.capacity}")

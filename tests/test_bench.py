@@ -116,15 +116,23 @@ def test_solve_bench_reports_thresholds_never_reached():
 
 
 @pytest.mark.mpi
-def test_impala_bench_runs_both_and_reports_a_target_never_reached():
+def test_impala_bench_runs_ours_and_the_references_each_in_its_venv_and_reports_a_target_never_reached():
+    """Ours, SB3's PPO, RLlib's APPO and Sample Factory's APPO (the last two in the venvs the bench makes for them on
+    first use) each run a seed with a budget too small to average 475: every row holds one value per implementation,
+    no verdict on the target, and every implementation collected env steps at a positive rate."""
     from mpirl.bench import impala
-    rows = impala.run(reps=1, budget=3000, wall=60)
-    assert [r.name.split(", ")[-1] for r in rows] == ["policy gradient (wall time)", "policy gradient (env steps)"]
+    refs = ("SB3 PPO (zoo)", "RLlib APPO", "Sample Factory APPO")
+    rows = impala.run(reps=1, budget=3000, wall=60, references=refs)
+    assert [r.name for r in rows] == [name for ref in refs for name in (
+        f"solve CartPole-v1 to 475 vs {ref} (wall time)", f"solve CartPole-v1 to 475 vs {ref} (env steps)",
+        f"env steps/s collected on the way vs {ref}")]
     for r in rows:
-        assert set(r.values) == {"mpirl IMPALA 4 ranks", "SB3 PPO (zoo)"} and all(len(v) == 1 for v in r.values.values())
-    # 3,000 env steps are not enough to average 475: neither gets there, so no verdict
-    assert rows[0].values["SB3 PPO (zoo)"] == [float("inf")] and "not reached" in rows[0].note
-    assert not rows[0].met
+        assert set(r.values) == {"mpirl IMPALA 4 ranks", r.reference} and all(len(v) == 1 for v in r.values.values())
+    for crossing in rows[0::3]:  # 3,000 env steps are not enough to average 475: no verdict
+        assert crossing.values[crossing.reference] == [float("inf")] and "not reached" in crossing.note
+        assert not crossing.met
+    for rate in rows[2::3]:
+        assert all(0 < v[0] < float("inf") for v in rate.values.values()), rate.values
 
 
 def test_bench_command_line_refuses_bad_input(tmp_path):

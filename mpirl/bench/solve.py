@@ -106,8 +106,11 @@ def watch(thresholds, wall: float):
             return len(self.hits) < len(thresholds) and time.perf_counter() - self.t0 < wall
 
         def crossings(self) -> str:
+            """The crossings, and the env steps sampled and the seconds they took (all of the run)."""
             none = {"seconds": None, "env_steps": None, "episodes": None}
-            return json.dumps({str(t): self.hits.get(str(t), none) for t in thresholds})
+            return json.dumps({**{str(t): self.hits.get(str(t), none) for t in thresholds},
+                               "env_steps_sampled": int(self.num_timesteps), "episodes": len(self.returns),
+                               "seconds": time.perf_counter() - self.t0})
     return Watch()
 
 

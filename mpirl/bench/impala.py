@@ -25,7 +25,9 @@ Times run from the start of learning: MPI start-up and imports excluded for mpir
 construction for SB3 and RLlib (``ray.init`` and ``build_algo``); Sample Factory builds its workers inside the
 process the clock starts with. A seed that never gets there within the budget counts as not reached (infinite
 time). Env steps/s is every env step sampled over the run's seconds (to the crossing, the budget or the wall);
-for Sample Factory, the steps of the episodes that finished.
+for Sample Factory, the steps of the episodes that finished. Learner env steps/s is every env step the learner
+trained on over the same seconds, each pass counted (ours: trajectories x unroll; RLlib's lifetime count; SB3's
+and Sample Factory's are not read, so those rows are left out).
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
     with h5py.File(run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
         steps, seconds = int(t["env_steps"][-1]), float(t["time"][-1])
-    return {str(TARGET): first_reach(run_dir, TARGET), "env_steps_sampled": steps, "seconds": seconds}
+        trained = int(t["samples_trained"][-1]) * int(f["learner"].attrs["unroll"])  # trajectories x their steps
+    return {str(TARGET): first_reach(run_dir, TARGET), "env_steps_sampled": steps, "env_steps_trained": trained,
+            "seconds": seconds}
 
 
 def ppo(seed: int, budget: int, wall: float) -> dict:
@@ -125,6 +129,12 @@ def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
         for impl, runs in pair.items():
             rate.values[impl] = [r["env_steps_sampled"] / r["seconds"] for r in runs]
         rows.append(rate)
+        if all(r.get("env_steps_trained") is not None for r in results[name]):  # Sample Factory's is not read
+            learned = Row(f"learner env steps/s trained vs {name}", "env steps/s", OURS, name, target=1.0,
+                          note=note + "; every pass counted (RLlib's PPO trains each step num_epochs times)")
+            for impl, runs in pair.items():
+                learned.values[impl] = [r["env_steps_trained"] / r["seconds"] for r in runs]
+            rows.append(learned)
     return rows
 
 

@@ -14,6 +14,7 @@ import pytest
 from mpirl import config
 from mpirl.agents.actor_critic import trajectory_spec
 from mpirl.algos.impala.flow import queue_budget, queue_slots
+from mpirl.algos.impala.serving import version_of, with_version
 from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
 from mpirl.roles.steps import Outcome
 
@@ -157,7 +158,7 @@ def test_a_trajectory_crossing_an_episode_end_keeps_terminated_and_truncated_apa
     cfg = load("impala.unroll=4", "env.envs_per_actor=2")
     spec = trajectory_spec((4,), np.float32, 4)
     d = ImpalaDeciding(cfg, _Spaces, spec, [1])
-    flat = np.append(0.3 * np.random.default_rng(0).normal(size=d.policy.n_params).astype(np.float32), 7.0)
+    flat = with_version(0.3 * np.random.default_rng(0).normal(size=d.policy.n_params).astype(np.float32), 7)
     d.policy.load_flat(flat)
     o = [np.full((2, 4), float(i)) for i in range(8)]
     prev = _outcome(o[0], fresh=True)
@@ -183,12 +184,20 @@ def test_a_trajectory_crossing_an_episode_end_keeps_terminated_and_truncated_apa
         assert rec["logp"][:, t] == pytest.approx(want, rel=1e-5)
     assert sorted(d.episodes) == [(2.0, 2), (3.0, 3)]  # returns unclipped, lengths in steps
     d.drop(2)
-    d.policy.load_flat(np.append(flat[:-1], 8.0))  # new parameters before the next trajectory's first action
+    d.policy.load_flat(with_version(flat[:-1], 8))  # new parameters before the next trajectory's first action
     s = _outcome(o[5], 1.0)
     d.decide([0], [prev])
     d.observe(0, s)
     assert d.traj["obs"][0, :2, 0].tolist() == [4, 5]  # the next trajectory starts where the last ended
     assert d.traj["version"].tolist() == [8, 8]  # ... and records the version its first action was chosen with
+
+
+def test_the_version_rides_the_broadcast_exactly_past_float32s_integers():
+    """2**24 + 1 is not a float32: as a value it would come back as 2**24; as int32 bits it comes back whole."""
+    flat = np.arange(5, dtype=np.float32)
+    for v in (0, 1, 2**24 + 1, 2**31 - 1):
+        params = with_version(flat, v)
+        assert params.dtype == np.float32 and version_of(params) == v and np.array_equal(params[:-1], flat)
 
 
 # ---------------------------------------------------------------- bad input

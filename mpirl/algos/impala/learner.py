@@ -21,6 +21,7 @@ import torch
 
 from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
+from mpirl.algos.impala.serving import with_version
 from mpirl.envs.vector import make_vector
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.batch_sources import Batch, BatchSource
@@ -52,7 +53,7 @@ class ImpalaTraining(LearnerAlgorithm):
     def flat_params(self) -> np.ndarray:
         """The network's parameters, then the version they are published as (the loop has counted it already):
         the actors record it with each trajectory (:mod:`mpirl.algos.impala.serving`)."""
-        return np.append(self.agent.flat_params(), np.float32(self.counters.version))
+        return with_version(self.agent.flat_params(), self.counters.version)
 
     def train(self, batch: Batch) -> np.ndarray | None:
         stats = self.agent.train_step(batch.fields)

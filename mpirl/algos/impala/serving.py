@@ -28,13 +28,24 @@ from mpirl.roles.games import VectorGames, action_shape, step_spec  # noqa: F401
 from mpirl.roles.steps import Outcome
 
 
+def with_version(flat: np.ndarray, version: int) -> np.ndarray:
+    """The broadcast's values: the network's float32 parameters, then ``version`` as the bits of an int32 (exact
+    to 2**31 - 1; as a float32 value it would round past 2**24 versions). A broadcast moves bytes, never values."""
+    return np.append(flat.astype(np.float32, copy=False), np.array([version], np.int32).view(np.float32))
+
+
+def version_of(params: np.ndarray) -> int:
+    return int(np.ascontiguousarray(params[-1:], dtype=np.float32).view(np.int32)[0])
+
+
 class VersionedPolicy(ActorCriticPolicy):
-    """The actor's policy, loaded from a broadcast whose last value is the learner's parameter version."""
+    """The actor's policy, loaded from a broadcast whose last value is the learner's parameter version
+    (:func:`with_version`)."""
 
     version = 0
 
     def load_flat(self, params: np.ndarray) -> None:
-        self.version = int(params[-1])
+        self.version = version_of(params)
         super().load_flat(params[:-1])
 
 

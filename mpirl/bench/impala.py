@@ -26,8 +26,9 @@ construction for SB3 and RLlib (``ray.init`` and ``build_algo``); Sample Factory
 process the clock starts with. A seed that never gets there within the budget counts as not reached (infinite
 time). Env steps/s is every env step sampled over the run's seconds (to the crossing, the budget or the wall);
 for Sample Factory, the steps of the episodes that finished. Learner env steps/s is every env step the learner
-trained on over the same seconds, each pass counted (ours: trajectories x unroll; RLlib's lifetime count; SB3's
-and Sample Factory's are not read, so those rows are left out).
+trained on over the same seconds, each pass counted (ours: trajectories x unroll; RLlib's APPO's and IMPALA's
+lifetime counts; RLlib's PPO counts every minibatch pass of every epoch, and SB3's and Sample Factory's are not
+read, so those rows are left out).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
         rows.append(rate)
         if all(r.get("env_steps_trained") is not None for r in results[name]):  # Sample Factory's is not read
             learned = Row(f"learner env steps/s trained vs {name}", "env steps/s", OURS, name, target=1.0,
-                          note=note + "; every pass counted (RLlib's PPO trains each step num_epochs times)")
+                          note=note + "; every pass counted")
             for impl, runs in pair.items():
                 learned.values[impl] = [r["env_steps_trained"] / r["seconds"] for r in runs]
             rows.append(learned)

@@ -69,23 +69,25 @@ def main(algo: str, seed: int, budget: int, wall: float, target: float) -> None:
     # Ray's session files go in the run's own folder, removed with it (by default they stay in /tmp/ray).
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars},
              _temp_dir=os.path.join(folder, "ray"))
-    import episode_file
-    register_env("episode-logged-cartpole", lambda _cfg: episode_file.make("CartPole-v1"))
-    algo_obj = config(algo, seed).build_algo()
-    t0_wall, t0 = time.time(), time.perf_counter()
-    hit, sampled, trained, rows = None, 0, 0, []
-    while True:
-        result = algo_obj.train()
-        sampled = int(find(result, "num_env_steps_sampled_lifetime") or 0)
-        trained = int(find(result, "num_env_steps_trained_lifetime") or 0)
-        rows = episodes(folder)
-        hit = crossing(rows, target, t0_wall)
-        if hit or sampled >= budget or time.perf_counter() - t0 >= wall:
-            break
-    seconds = time.perf_counter() - t0
-    algo_obj.stop()
-    ray.shutdown()
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        import episode_file
+        register_env("episode-logged-cartpole", lambda _cfg: episode_file.make("CartPole-v1"))
+        algo_obj = config(algo, seed).build_algo()
+        t0_wall, t0 = time.time(), time.perf_counter()
+        hit, sampled, trained, rows = None, 0, 0, []
+        while True:
+            result = algo_obj.train()
+            sampled = int(find(result, "num_env_steps_sampled_lifetime") or 0)
+            trained = int(find(result, "num_env_steps_trained_lifetime") or 0)
+            rows = episodes(folder)
+            hit = crossing(rows, target, t0_wall)
+            if hit or sampled >= budget or time.perf_counter() - t0 >= wall:
+                break
+        seconds = time.perf_counter() - t0
+        algo_obj.stop()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
     none = {"seconds": None, "env_steps": None, "episodes": None}
     # PPO's lifetime count adds every minibatch pass of every epoch (about 190 per sampled step here): not a rate
     # to set beside a learner that trains each step once, so it is not reported.

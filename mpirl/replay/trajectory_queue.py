@@ -18,6 +18,12 @@ from typing import Mapping
 import numpy as np
 
 
+def slots(spec: dict, capacity: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``capacity`` rows of every field of ``spec``, and each row's insertion number (-1: empty)."""
+    data = {name: np.zeros((capacity, *shape), dtype) for name, (shape, dtype) in spec.items()}
+    return data, np.full(capacity, -1, dtype=np.int64)
+
+
 class QueueFull(RuntimeError):
     """More records arrived than the queue has room for."""
 
@@ -30,8 +36,7 @@ class TrajectoryQueue:
     def __init__(self, spec: dict, capacity: int, replay: int = 0):
         self.spec, self.capacity = spec, int(capacity)
         self.replay = TrajectoryReplay(spec, replay) if replay else None
-        self.data = {name: np.zeros((self.capacity, *shape), dtype) for name, (shape, dtype) in spec.items()}
-        self.versions = np.full(self.capacity, -1, dtype=np.int64)
+        self.data, self.versions = slots(spec, self.capacity)
         self.head = 0  # the oldest record's slot
         self.size = 0  # records waiting
         self.inserted = 0  # records ever added (the next one's version)
@@ -101,8 +106,7 @@ class TrajectoryReplay:
 
     def __init__(self, spec: dict, capacity: int):
         self.capacity = int(capacity)
-        self.data = {name: np.zeros((self.capacity, *shape), dtype) for name, (shape, dtype) in spec.items()}
-        self.versions = np.full(self.capacity, -1, dtype=np.int64)
+        self.data, self.versions = slots(spec, self.capacity)
         self.next = 0  # the slot the next record goes into
         self.size = 0
 

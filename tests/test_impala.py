@@ -13,7 +13,7 @@ import pytest
 
 from mpirl import config
 from mpirl.agents.actor_critic import trajectory_spec
-from mpirl.algos.impala.flow import queue_budget, queue_slots
+from mpirl.algos.impala.flow import Windows, queue_budget, queue_slots, window
 from mpirl.algos.impala.serving import version_of, with_version
 from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
 from mpirl.roles.steps import Outcome
@@ -95,6 +95,56 @@ def test_bad_replay_settings_are_refused_naming_the_key(sets, key):
     assert key in f"{err.key}: {err.message}", (err.key, err.message)
 
 
+class _QueueSim:
+    """Actors, their queues and the learner without MPI, each actor's flow control as the job's: under "async" the
+    queue's :class:`Windows` (grants seen at once, as the worst case for the fill), under "sync" the version budget
+    (a version seen only when published). ``pace[a]``: actor a may send one message every ``pace[a]`` ticks."""
+
+    def __init__(self, cfg, actors: int, buffers: int, E: int, pace=None):
+        self.cfg, self.E, self.buffers, self.group = cfg, E, buffers, actors // buffers
+        self.sync = cfg.impala.exchange == "sync"
+        self.budget = queue_budget(cfg, actors, buffers, self.group)
+        self.windows = [Windows(range(self.group), window(cfg, self.group)) for _ in range(buffers)]
+        self.slots = queue_slots(cfg, buffers, self.group, E)
+        self.pace = pace or [1] * actors
+        self.sent, self.fill, self.most = [0] * actors, [0] * buffers, 0
+        self.version, self.steps, self.tick = 1, 0, 0
+
+    def over(self, a: int) -> bool:
+        q, i = divmod(a, self.group)
+        if self.sync:
+            return self.budget.over(self.sent[a], self.version)
+        return self.sent[a] >= self.windows[q].granted(i)
+
+    def advance(self, replay_share: float = 0.0) -> bool:
+        """One tick: every actor whose turn it is sends all it may, then the learner trains if every queue holds its
+        share; True if it trained."""
+        self.tick += 1
+        for a in range(len(self.sent)):
+            if self.tick % self.pace[a]:
+                continue
+            while not self.over(a):
+                q, i = divmod(a, self.group)
+                self.sent[a] += self.E
+                self.fill[q] += self.E
+                self.windows[q].arrived(i, self.E)
+                if self.pace[a] > 1:
+                    break  # a slow actor: one message per turn
+        self.most = max(self.most, *self.fill)
+        share = self.cfg.replay.batch_size // self.buffers
+        if self.steps:  # the replays give their part once they hold it (after the first batch)
+            share -= int(share * replay_share)
+        if not all(f >= share for f in self.fill):
+            return False
+        self.fill = [f - share for f in self.fill]
+        for w in self.windows:
+            w.take(share)
+        self.steps += 1
+        if self.steps % self.cfg.comm.n_update == 0:
+            self.version += 1
+        return True
+
+
 @pytest.mark.parametrize("exchange,actors,buffers,n_update,batch,capacity,replay_share", [
     ("async", 2, 1, 1, 32, 128, 0), ("async", 4, 2, 4, 16, 40, 0), ("async", 6, 3, 16, 60, 100, 0),
     ("sync", 2, 1, 1, 16, 32, 0), ("sync", 6, 3, 1, 48, 32, 0),
@@ -102,38 +152,49 @@ def test_bad_replay_settings_are_refused_naming_the_key(sets, key):
 def test_actors_held_to_their_allowance_never_overflow_their_queue(exchange, actors, buffers, n_update, batch,
                                                                    capacity, replay_share):
     """A simulation of the worst case: every actor sends all it is allowed (one message of E trajectories at a
-    time) whenever it may; the learner takes B / R of every queue per batch and publishes every n_update batches,
-    and an actor sees a version only when it is published. The fill never passes queue_slots, and the learner
-    never waits for a queue that its actors are not allowed to fill. Synchronous rounds: one message per actor
-    and version, exactly. With a replay share the first batch is all fresh, the later ones take the share's fresh
-    part of every queue."""
+    time) whenever it may; the learner takes B / R of every queue per batch. The fill never passes queue_slots,
+    and the learner never waits for a queue that its actors are not allowed to fill. Synchronous rounds: one
+    message per actor and version, exactly. With a replay share the first batch is all fresh, the later ones take
+    the share's fresh part of every queue."""
     replay = [f"impala.replay_share={replay_share}", f"impala.replay_capacity={batch}"] if replay_share else []
     cfg = load(f"comm.n_update={n_update}", f"replay.batch_size={batch}", f"replay.capacity={capacity}",
                f"topology.buffers={buffers}", "env.envs_per_actor=8", f'impala.exchange="{exchange}"', *replay)
-    group, E = actors // buffers, 8
-    budget = queue_budget(cfg, actors, buffers, group)
-    slots = queue_slots(cfg, buffers, group, 8)
-    sent, fill, most = [0] * actors, [0] * buffers, 0
-    version, steps = 1, 0
+    sim = _QueueSim(cfg, actors, buffers, 8)
     for _ in range(20_000):
-        for a in range(actors):  # the actors run ahead as far as their allowance lets them
-            while not budget.over(sent[a], version):
-                sent[a] += E
-                fill[a // group] += E
-        most = max(most, *fill)
-        share = batch // buffers
-        if steps:  # the replays give their part once they hold it (after the first batch)
-            share -= int(share * replay_share)
-        if all(f >= share for f in fill):  # the learner trains on a batch when every queue has its share
-            fill = [f - share for f in fill]
-            steps += 1
-            if steps % n_update == 0:
-                version += 1
-        else:
-            pytest.fail(f"the learner starved: fills {fill}, share {share}")
-    assert most <= slots, (most, slots)
+        if not sim.advance(replay_share):
+            pytest.fail(f"the learner starved: fills {sim.fill}")
+    assert sim.most <= sim.slots, (sim.most, sim.slots)
     if exchange == "sync":
-        assert all(s == 8 * (version - 1) for s in sent), (sent, version)  # a round per version, none ahead
+        assert all(s == 8 * (sim.version - 1) for s in sim.sent), (sim.sent, sim.version)  # a round per version
+
+
+def test_a_fast_actor_takes_up_the_room_a_slow_one_leaves():
+    """The survey's straggler under "async": actor 1 may send only every 4th tick. Its window stays its own, and
+    the fast actor's room comes back as the learner takes its trajectories, so the fast actor sends most of what
+    the learner trains on and the learner trains nearly every tick (an equal share of the consumption per actor, the
+    flow control this replaced, held the fast actor to the slow one's pace: in this simulation the learner then
+    trained on 504 of the 4,000 ticks, and the fast actor sent no more than the slow one)."""
+    cfg = load("replay.batch_size=32", "replay.capacity=128", "env.envs_per_actor=8")
+    sim = _QueueSim(cfg, 2, 1, 8, pace=[1, 4])
+    trained = sum(sim.advance() for _ in range(4000))
+    assert sim.most <= sim.slots, (sim.most, sim.slots)
+    assert sim.sent[0] > 3 * sim.sent[1], sim.sent  # the fast actor sends at its own pace
+    assert trained > 0.9 * 4000, trained
+    # Both actors' rows are all accounted for: taken, or still waiting in the queue.
+    w = sim.windows[0]
+    assert sum(w.taken.values()) + sim.fill[0] == sum(sim.sent)
+
+
+def test_windows_give_each_message_back_to_its_sender_oldest_first():
+    w = Windows([1, 2], 10)
+    w.arrived(1, 4)
+    w.arrived(2, 4)
+    w.arrived(1, 0)  # a goodbye without trajectories holds no room
+    w.arrived(1, 4)
+    assert w.take(6) == {1, 2} and (w.granted(1), w.granted(2)) == (14, 12)
+    assert w.take(2) == {2} and w.granted(2) == 14
+    assert w.take(8) == {1} and w.granted(1) == 18  # only 4 were waiting: the rest finds nothing to give back
+    assert w.take(1) == set()
 
 
 # ---------------------------------------------------------------- the actors' trajectories
@@ -305,6 +366,30 @@ def test_with_a_replay_share_half_of_every_batch_after_the_first_comes_from_the_
     assert replayed % (batch // 2) == 0 and steps - 1 <= replayed // (batch // 2) <= steps + 1, replayed
     # The replay holds the last 256 served trajectories, 16 batches' fresh halves: lags of many versions.
     assert np.nanmax(lag) >= 8, lag
+
+
+@pytest.mark.mpi
+def test_a_slowed_actor_does_not_hold_the_fast_one_back(tmp_path):
+    """The survey's straggler under "async" on 4 ranks: the last actor sleeps 0.1 s a step (an unroll of 20 steps
+    takes it 2 s). The queue gives the fast actor its room back as the learner takes its trajectories, so 60 batches
+    of 32 trajectories are trained on and every role exits 0, and nearly all came from the fast actor (under the
+    equal-share flow control this replaced, the fast actor could send only 16 trajectories per batch beyond its
+    window, and the run waited on the slow one's 8 trajectories per 2 s for the rest)."""
+    steps = 60
+    job = run_mpi(4, tmp_path, f"run.train_steps={steps}", "run.wall_seconds=0", "run.target_return=nan",
+                  "impala.actor_delay_us=[0, 100000]", "impala.test_episodes=0", job=JOB, timeout=900, stall=300)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["stop_reason"] == f"train_steps {steps} reached"
+        a = f["buffer_1/actors"]
+        actor, env_steps = a["actor"][()], a["env_steps"][()]
+        throttled = a["throttled_s"][()]
+    fast, slow = sorted(np.unique(actor))
+    last = {x: int(env_steps[actor == x][-1]) for x in (fast, slow)}
+    # The learner trained on 60 x 32 trajectories of 20 steps: 38,400 steps, the slow actor's 8 games made a few
+    # hundred a second at most.
+    assert last[fast] > 4 * last[slow], last
+    assert throttled[actor == slow][-1] == 0.0  # the slow actor never used up its window
 
 
 @pytest.mark.mpi

@@ -1,4 +1,4 @@
-"""Versioned parameter broadcast with the stop flag inside it.
+"""Versioned parameters from one root to the members of a communicator, with the stop flag inside.
 
 One message: ``int64[2]`` header (version, stop) followed by the flat float32
 parameters. The root starts an ``Ibcast`` every time it publishes; every other
@@ -9,6 +9,14 @@ it, so shutdown never leaves a rank waiting in a collective.
 
 With a link shaper the root holds each broadcast until its emulated arrival
 time (``pump()`` starts it), so parameters pay the long-haul link too.
+
+A broadcast moves at the pace of its slowest member: a member that enters MPI
+rarely (an actor slowed down, polling once per message it sends) holds the
+root's next broadcast, and with it every other member, back. Where members run
+at their own pace (IMPALA's asynchronous actors) the layout declares the link
+``each`` and :class:`ParamSends` sends to each member on its own instead: the
+same versions in the same order, the newest when a member's last one has
+arrived, nobody waiting for anyone. :func:`param_channel` picks.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from mpirl.comm.backoff import wait_until
 from mpirl.comm.link import LinkShaper
 
 HEADER_BYTES = 16
+TAG_PARAMS = 17  # ParamSends' point-to-point messages
 
 
 class ParamBroadcast:
@@ -104,6 +113,69 @@ class ParamBroadcast:
     def close(self) -> None:
         """Complete the last broadcast (root) before the communicator goes away."""
         wait_until(self.done)
+
+    @property
+    def bytes_sent(self) -> int:
+        """What the root has sent (a broadcast counted once, as the tree of the MPI library spreads it)."""
+        return self.broadcasts * self.nbytes
+
+
+class ParamSends(ParamBroadcast):
+    """The versioned parameters sent to each member of ``comm`` on its own: ``publish`` makes them the newest and
+    sends them to every member whose last send has completed; ``pump()`` (the root's loop) sends the newest to the
+    others as theirs complete. A member sees versions in order, skipping those published while its last was still
+    on the way; the stop is the last thing each member receives. The member's side is the broadcast's
+    (``post``/``arrived``), with a receive for a broadcast."""
+
+    def __init__(self, comm: MPI.Comm, n_params: int, root: int = 0):
+        super().__init__(comm, n_params, root)
+        members = [r for r in range(comm.size) if r != root] if self.is_root else []
+        self.out = {m: np.zeros_like(self.buf) for m in members}  # each member's copy while its send is in flight
+        self.sends = dict.fromkeys(members, MPI.REQUEST_NULL)
+        self.due: set[int] = set()  # members the newest parameters have not been sent to yet
+        self.sent = 0  # messages sent
+
+    def _start(self) -> None:  # a member's receive
+        self.request = self.comm.Irecv([self.buf, MPI.BYTE], self.root, TAG_PARAMS)
+
+    def pump(self) -> bool:
+        """Send the newest parameters to each member due them whose last send has completed; True while any is
+        still due. The sends are synchronous (``Issend``: complete once the member's receive took them), so a
+        member that does not look has one message waiting for it, never a backlog of buffered ones."""
+        for m in sorted(self.due):
+            if self.sends[m].Test():
+                self.out[m][:] = self.buf
+                self.sends[m] = self.comm.Issend([self.out[m], MPI.BYTE], m, TAG_PARAMS)
+                self.due.discard(m)
+                self.sent += 1
+        return bool(self.due)
+
+    def done(self) -> bool:
+        return not self.pump() and all([r.Test() for r in self.sends.values()])
+
+    def publish(self, version: int, params: np.ndarray | None, stop: bool = False, timer=None) -> None:
+        """The newest parameters, to every member as soon as its last send has completed (never waits)."""
+        assert self.is_root and not self.closed
+        self.header[:] = (version, int(stop))
+        if params is not None:
+            self.params[:] = params
+        self.due = set(self.sends)
+        self.pump()
+        self.broadcasts += 1
+        self.closed = stop
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.sent * self.nbytes
+
+
+def param_channel(comm: MPI.Comm, n_params: int, each: bool, shaper: LinkShaper | None = None):
+    """The parameters' way over ``comm``: a broadcast, or (``each``) a send to each member on its own."""
+    if each:
+        if shaper is not None:
+            raise ValueError("a shaped link broadcasts: ParamSends has no shaper")
+        return ParamSends(comm, n_params)
+    return ParamBroadcast(comm, n_params, shaper=shaper)
 
 
 class ParamFollower:

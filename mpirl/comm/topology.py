@@ -56,11 +56,14 @@ LinkKind = Literal["experience", "requests", "parameters", "gradients", "observa
 class Link:
     """``source`` ranks send ``kind`` to ``target`` ranks. ``hub``: which side is rank 0 of each group (the
     side a rank of the other side joins): the target for flows into a centre (experience into a buffer,
-    observations into a worker, gradients into a server), the source for broadcasts and requests."""
+    observations into a worker, gradients into a server), the source for broadcasts and requests. ``each``
+    (parameters): sent to each member on its own rather than broadcast, for members that run at their own pace
+    (:class:`~mpirl.comm.params.ParamSends`)."""
     kind: LinkKind
     source: str
     target: str
     hub: Literal["source", "target"] = "target"
+    each: bool = False
 
     @property
     def hubs(self) -> str:
@@ -154,25 +157,43 @@ class Topology:
     def group(self) -> Any:
         return self.comm("experience")
 
+    def _params_from(self, kind: LinkKind, side: str) -> Link | None:
+        """The parameter link from the ``side`` ("source"/"target") role of the first ``kind`` link."""
+        link = self.layout.link(kind)
+        return self.layout.link("parameters", getattr(link, side)) if link else None
+
     @property
     def group_params(self) -> Any:
-        """The buffer's broadcast to its senders (None where the layout declares none)."""
-        link = self.layout.link("experience")
-        return self.comm("parameters", link.target) if link else None
+        """The buffer's parameters to its senders (None where the layout declares none)."""
+        link = self._params_from("experience", "target")
+        return self.comms.get(link) if link else None
+
+    @property
+    def group_params_each(self) -> bool:
+        """Are they sent to each sender on its own (the link's ``each``) rather than broadcast?"""
+        link = self._params_from("experience", "target")
+        return bool(link and link.each)
 
     @property
     def learner(self) -> Any:
         return self.comm("requests")
 
+    def _learner_params(self) -> Link | None:
+        """The learner's parameters: to the buffers it sends requests to, or, in a layout without requests (the
+        senders' experience straight into the learner), to those senders."""
+        if self.layout.link("requests"):
+            return self._params_from("requests", "source")
+        return self._params_from("experience", "target")
+
     @property
     def learner_params(self) -> Any:
-        """The learner's broadcast: to the buffers it sends requests to, or, in a layout without requests (the
-        senders' experience straight into the learner), to those senders."""
-        link = self.layout.link("requests")
-        if link:
-            return self.comm("parameters", link.source)
-        link = self.layout.link("experience")
-        return self.comm("parameters", link.target) if link else None
+        link = self._learner_params()
+        return self.comms.get(link) if link else None
+
+    @property
+    def learner_params_each(self) -> bool:
+        link = self._learner_params()
+        return bool(link and link.each)
 
     @property
     def serve(self) -> Any:

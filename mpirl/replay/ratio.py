@@ -40,3 +40,7 @@ class InsertBudget:
 
     def over(self, sent: int, version: int) -> bool:
         return sent >= self.allowed(version)
+
+    def close(self) -> None:
+        """Nothing to end: the budget is the sender's own arithmetic (a budget granted by the receiver ends its
+        line here)."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import EPISODE_SLOTS
-from mpirl.comm.params import ParamBroadcast, ParamFollower
+from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
@@ -114,7 +114,9 @@ class Shipping:
         self.deciding, self.batch = deciding, deciding.send_batch
         self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
                                        deciding.frames, deciding.framed)
-        self.budget = deciding.budget(topo)  # the algorithm's flow control: a replay ratio, a queue's depth
+        # The algorithm's flow control (``over(sent, version)``, ``close()`` after the goodbye): a replay ratio, or
+        # a window its queue grants.
+        self.budget = deciding.budget(topo)
         self.steps_before = int(deciding.env_steps.sum())  # resumed: the steps before the checkpoint
         self.started = time.perf_counter()  # the clock of the steps/s reported
         self.throttled = 0.0  # seconds held back by the insert budget
@@ -155,6 +157,7 @@ class Shipping:
             self.send(0, version, env_errors)
         self.send(0, version, env_errors, final=True)
         self.sender.close()
+        self.budget.close()
 
 
 def run_actor(ctx: RoleContext, serving: ModuleType) -> None:
@@ -164,7 +167,8 @@ def run_actor(ctx: RoleContext, serving: ModuleType) -> None:
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     shipping = Shipping(ctx, acting.deciding)
-    params = ParamFollower(ParamBroadcast(topo.group_params, ctx.n_params), acting.policy.load_flat)
+    params = ParamFollower(param_channel(topo.group_params, ctx.n_params, topo.group_params_each),
+                           acting.policy.load_flat)
     params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     acting.start()
     shipping.started = time.perf_counter()

@@ -28,7 +28,7 @@ import torch
 
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.link import shaper_for
-from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.params import param_channel
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
@@ -170,7 +170,8 @@ class Learner:
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
         self.algo = algorithm(ctx, self.rng, self.counters)
-        self.params = ParamBroadcast(topo.learner_params, self.algo.n_params, shaper=shaper_for(cfg.comm.link))
+        self.params = param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
+                                    shaper=shaper_for(cfg.comm.link))
         self.server = None  # the worker on this rank (AW)
         if ctx.serving:
             self.server = Worker(ctx, ctx.serving)
@@ -255,7 +256,7 @@ class Learner:
         In: batches and dumps from the buffers. Out: requests with priorities, and the
         parameter broadcasts (never compressed).
         """
-        params = self.params.broadcasts * self.params.nbytes
+        params = self.params.bytes_sent
         now = self.source.links.link_bytes()
         now["bytes_out"] += params
         now["bytes_out_raw"] += params

@@ -23,7 +23,7 @@ from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, T
                                  request_layout)
 from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
-from mpirl.comm.params import ParamBroadcast
+from mpirl.comm.params import ParamBroadcast, param_channel
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
@@ -75,10 +75,11 @@ class Buffer:
             self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
                                     self.server.depth, shaper=shaper_for(cfg.comm.link),
                                     codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
-            self.params_in = ParamBroadcast(topo.learner_params, ctx.n_params)
+            self.params_in = param_channel(topo.learner_params, ctx.n_params, topo.learner_params_each)
             # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its
             # own).
-            self.params_out = ParamBroadcast(topo.group_params, ctx.n_params) if topo.group_params else None
+            self.params_out = (param_channel(topo.group_params, ctx.n_params, topo.group_params_each)
+                               if topo.group_params else None)
 
         self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
         # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
@@ -149,8 +150,8 @@ class Buffer:
         self.actor_last = {a: (self.actor_steps.get(a, 0), self.last_t) for a in ctx.topo.actors_of(ctx.topo.rank)}
 
     # -- experiences from actors -----------------------------------------------
-    def on_experience(self, buf: np.ndarray) -> bool:
-        """Store one actor message; returns True if it was the actor's last."""
+    def on_experience(self, buf: np.ndarray, source: int) -> bool:
+        """Store one message of sender ``source`` (its rank in the group); returns True if it was its last."""
         exp = self.exp
         rows = store_experience(self.store, exp, buf, self.server.prioritized, self.windows, self.framed)
         self.inserted += rows
@@ -215,6 +216,8 @@ class Buffer:
         if not self.local:  # (a local buffer's learner hears signals and pumps its own sends)
             self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
             self.replies.pump()
+            if self.params_out is not None:  # sent to each sender on its own: the newest to those it is due
+                self.params_out.pump()
         progress = self.take_experience()
         if not self.local:
             progress = self.serve_learner() or progress
@@ -226,9 +229,9 @@ class Buffer:
     def take_experience(self) -> bool:
         """Store every sender's message that has arrived; True if any did."""
         progress = False
-        for slot, _, buf, _ in self.exp_pool.poll():
+        for slot, source, buf, _ in self.exp_pool.poll():
             progress = True
-            if self.on_experience(buf):
+            if self.on_experience(buf, source):
                 self.finals += 1
             else:
                 self.exp_pool.post(slot)

@@ -29,7 +29,7 @@ import numpy as np
 
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
-from mpirl.comm.params import ParamBroadcast, ParamFollower
+from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.actor import Shipping
@@ -251,7 +251,7 @@ class Worker:
 def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
     """A worker rank: the parameters from its buffer's broadcast, turns with back-off in between."""
     worker = Worker(ctx, serving)
-    broadcast = ParamBroadcast(ctx.topo.group_params, ctx.n_params)
+    broadcast = param_channel(ctx.topo.group_params, ctx.n_params, ctx.topo.group_params_each)
     params = ParamFollower(broadcast, lambda flat: worker.load(flat, broadcast.version))
     params.start()  # the first parameters (or the stop)
     idle = Backoff(first=20e-6, longest=2e-3)

@@ -8,6 +8,7 @@ for its share of a batch; parameters come down in versioned broadcasts. Records:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -155,11 +156,19 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:
     """The replay algorithms' layout (:mod:`mpirl.roles.replay_layout`), or with ``topology.buffers = 0`` the
-    learner and its actors alone: experience straight into the learner, parameters straight to the actors."""
+    learner and its actors alone: experience straight into the learner, parameters straight to the actors. Under
+    ``impala.exchange = "async"`` the senders' parameters go to each on its own (``Link.each``): a broadcast would
+    move at the pace of the slowest actor, and IMPALA's actors run at their own."""
     if cfg.topology.buffers:
-        return replay_layout.layout(cfg, world_size)
-    return Layout({LEARNER: (0,), ACTOR: tuple(range(1, world_size))},
-                  (Link("experience", ACTOR, LEARNER), Link("parameters", LEARNER, ACTOR, hub="source")))
+        lay = replay_layout.layout(cfg, world_size)
+    else:
+        lay = Layout({LEARNER: (0,), ACTOR: tuple(range(1, world_size))},
+                     (Link("experience", ACTOR, LEARNER), Link("parameters", LEARNER, ACTOR, hub="source")))
+    if cfg.impala.exchange == "sync":  # a round: everyone waits for the same parameters anyway
+        return lay
+    hub = lay.link("experience").target  # who receives the senders' trajectories sends them their parameters
+    return Layout(lay.ranks, tuple(replace(k, each=True) if k.kind == "parameters" and k.source == hub else k
+                                   for k in lay.links))
 
 
 def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpirl.algos.impala.flow import queue_slots
+from mpirl.algos.impala.flow import Windows, queue_slots, window
 from mpirl.algos.impala.settings import replayed
+from mpirl.comm.credit import CreditGrants
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import sample_layout
 from mpirl.replay.trajectory_queue import TrajectoryQueue
@@ -35,13 +36,21 @@ class QueueServer:
         self.ring = None  # no frame pool: trajectories carry their observations
         self.reply = sample_layout(buffer.spec, share)
         self.depth = cfg.comm.prefetch + 1
+        # Asynchronous exchange: each sender's window, given back as the learner takes its trajectories.
+        senders = list(range(1, buffer.n_actors + 1))  # their ranks in the group
+        self.windows = Windows(senders, window(cfg, buffer.n_actors)) if cfg.impala.exchange == "async" else None
+        self.credit = CreditGrants(topo.group, senders) if self.windows else None
 
     def ready(self, want: int) -> bool:
         return self.memory.size >= self.memory.fresh(want, self.replayed)
 
     def take(self, n: int, out: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``n`` trajectories into ``out``: the oldest waiting, and any replayed; (ids, versions, probs)."""
-        self.served_again += n - self.memory.fresh(n, self.replayed)
+        fresh = self.memory.fresh(n, self.replayed)
+        self.served_again += n - fresh
+        if self.windows:
+            for sender in self.windows.take(fresh):
+                self.credit.grant(sender, self.windows.granted(sender))
         return self.memory.take_batch(n, self.replayed, out, rng)
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
@@ -83,6 +92,29 @@ class QueueBuffer(Buffer):
 
     def make_server(self, share: int) -> QueueServer:
         return QueueServer(self, share)
+
+    def on_experience(self, buf: np.ndarray, source: int) -> bool:
+        """A message into the queue; with windows its rows count against its sender's, and its last closes the
+        sender's credit line."""
+        before = self.inserted
+        final = super().on_experience(buf, source)
+        server = self.server
+        if server.windows:
+            server.windows.arrived(source, self.inserted - before)
+            if final:
+                server.credit.close(source)
+        return final
+
+    def step(self) -> bool:
+        progress = super().step()
+        if self.server.credit:
+            progress = self.server.credit.flush() or progress
+        return progress
+
+    def close(self) -> None:
+        if self.server.credit:  # every sender has said goodbye: its line ends before the communicator does
+            self.server.credit.finish()
+        super().close()
 
 
 def run_buffer(ctx: RoleContext) -> None:

@@ -1,36 +1,89 @@
 """How IMPALA's actors are held back by their queue, and how large a queue must be so nothing is ever dropped.
 
-Each actor sends at most ``allowed(v) = ceil(capacity / g) + v * n_update * B / A`` trajectories while it holds
-parameter version ``v`` (a :class:`~mpirl.replay.ratio.InsertBudget` at one sample per insert whose warm-up is the
-actor's share of its queue): ``capacity`` = ``replay.capacity``, ``g`` the actors of its queue, ``B`` =
-``replay.batch_size``, ``A`` all actors. The learner publishes version ``v`` after ``(v - 1) * n_update`` batches,
-each taking ``B / R`` trajectories of every one of the ``R`` queues, so a queue whose ``g = A / R`` actors are all
-at version ``v`` holds at most ``g * ceil(capacity / g) + n_update * B / R`` trajectories, plus what a last step
-added (one message per actor). With inference workers the senders are the workers (``A``, ``g`` count them). :func:`queue_slots` is that bound; an actor that has reached its allowance waits
-(the ``throttled_s`` of the buffer's ``actors`` table) until the learner publishes again.
+**Asynchronous exchange: a window per sender, granted by the queue.** Each of a queue's ``g`` senders may have
+``window = ceil(replay.capacity / g)`` trajectories sent and not yet taken by the learner. The queue serves its
+oldest trajectories first, so those the learner takes are those of the oldest messages: :class:`Windows` gives each
+message's rows back to its sender as they are taken, and the queue tells the sender its new total
+(:mod:`mpirl.comm.credit`). A sender stops while ``sent + staged >= window + its rows taken``. A fast sender gets its
+room back as fast as the learner takes its trajectories, whatever the others do: a slow actor holds back only its
+own window, never the fast one (an equal share of the learner's consumption, which this replaced, held the fast
+actor to the slow one's pace). A sender starts one message on its last row of room, so a queue holds at most
+``g * (window + message_rows)`` trajectories: :func:`queue_slots`.
+
+**Synchronous rounds** keep the version's arithmetic (:func:`queue_budget`): one message per actor and version, so
+every actor acts each round with the parameters the last round made.
+
+With inference workers the senders are the workers (``g`` counts them, a message holds their actors' games).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from mpirl.algos.impala.settings import fresh_batch
+from mpirl.comm.credit import CreditLine
 from mpirl.replay.ratio import InsertBudget
 
 
+def window(cfg, group: int) -> int:
+    """Trajectories one of a queue's ``group`` senders may have in it (sent, not yet taken)."""
+    return math.ceil(cfg.replay.capacity / max(group, 1))
+
+
 def queue_budget(cfg, n_actors: int, buffers: int, group: int) -> InsertBudget:
-    """One actor's allowance: its share of its queue, and one broadcast's consumption at a time. Synchronous
-    rounds (``impala.exchange = "sync"``, a batch of one trajectory per game of every actor, a broadcast after
-    each) are the same budget without the queue's share: one message per version, so an actor acts each round
-    with the parameters the last round made."""
-    rp = cfg.replay
-    warm = 0 if cfg.impala.exchange == "sync" else rp.capacity * buffers
-    return InsertBudget(1.0, fresh_batch(cfg, buffers), cfg.comm.n_update, n_actors, warm, buffers, group, slack=0)
+    """A synchronous round's allowance: one message per version, so an actor acts each round with the parameters
+    the last round made (a batch is one trajectory per game of every actor, a broadcast follows each)."""
+    return InsertBudget(1.0, fresh_batch(cfg, buffers), cfg.comm.n_update, n_actors, 0, buffers, group, slack=0)
 
 
 def queue_slots(cfg, buffers: int, group: int, message_rows: int) -> int:
-    """Slots a queue needs so its ``group`` senders' allowances never overflow it (see the module's docstring);
+    """Slots a queue needs so its ``group`` senders never overflow it (see the module's docstring);
     ``message_rows``: the trajectories of one sender's message (an actor's games; a worker's: its actors')."""
-    rp = cfg.replay
-    share = group * math.ceil(rp.capacity / max(group, 1))
-    return share + math.ceil(cfg.comm.n_update * fresh_batch(cfg, buffers) / buffers) + group * message_rows
+    if cfg.impala.exchange == "sync":  # a round's batch, and one message per sender more
+        return math.ceil(cfg.comm.n_update * fresh_batch(cfg, buffers) / buffers) + group * message_rows
+    return group * (window(cfg, group) + message_rows)
+
+
+class SenderWindow:
+    """A sender's side of the asynchronous flow control: its window, grown by its queue's grants."""
+
+    def __init__(self, cfg, comm):
+        self.line = CreditLine(comm, window(cfg, comm.size - 1))
+
+    def over(self, sent: int, version: int) -> bool:
+        return self.line.over(sent)
+
+    def close(self) -> None:
+        self.line.close()
+
+
+class Windows:
+    """The queue's ledger of its senders' windows (no MPI): ``arrived`` per message, ``take`` as the learner takes
+    the oldest trajectories; ``granted(sender)`` is the sender's total allowance."""
+
+    def __init__(self, senders, size: int):
+        self.size = size
+        self.taken = dict.fromkeys(senders, 0)  # each sender's trajectories the learner has taken
+        self.waiting: deque = deque()  # [sender, rows not yet taken] of each message, oldest first
+
+    def arrived(self, sender: int, rows: int) -> None:
+        if rows:
+            self.waiting.append([sender, rows])
+
+    def take(self, rows: int) -> set[int]:
+        """The learner took the ``rows`` oldest trajectories: the senders whose allowance grew."""
+        grew = set()
+        while rows and self.waiting:
+            oldest = self.waiting[0]
+            k = min(rows, oldest[1])
+            oldest[1] -= k
+            rows -= k
+            self.taken[oldest[0]] += k
+            grew.add(oldest[0])
+            if not oldest[1]:
+                self.waiting.popleft()
+        return grew
+
+    def granted(self, sender: int) -> int:
+        return self.size + self.taken[sender]

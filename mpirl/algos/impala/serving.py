@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 
 from mpirl.agents.actor_critic import ActorCriticPolicy
-from mpirl.algos.impala.flow import queue_budget
+from mpirl.algos.impala.flow import SenderWindow, queue_budget
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
 from mpirl.roles.context import RoleContext
@@ -79,9 +79,12 @@ class ImpalaDeciding:
     def epsilon(self, a: int = 0) -> float:
         return 0.0  # actions are sampled from the policy: no epsilon
 
-    def budget(self, topo) -> InsertBudget:
-        """The sender's flow control: its share of its queue (:mod:`mpirl.algos.impala.flow`)."""
-        return queue_budget(self.cfg, topo.n_actors, len(topo.buffers), topo.group.size - 1)
+    def budget(self, topo) -> InsertBudget | SenderWindow:
+        """The sender's flow control (:mod:`mpirl.algos.impala.flow`): its window on its queue, grown by the queue as
+        the learner takes its trajectories; in synchronous rounds, one message per version."""
+        if self.cfg.impala.exchange == "sync":
+            return queue_budget(self.cfg, topo.n_actors, len(topo.buffers), topo.group.size - 1)
+        return SenderWindow(self.cfg, topo.group)
 
     def _begin(self, a: int, obs: np.ndarray) -> None:
         """Actor ``a``'s next trajectories start from ``obs``."""

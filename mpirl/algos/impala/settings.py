@@ -94,6 +94,10 @@ def check(cfg) -> None:
         raise ConfigError("topology.workers", "inference workers with topology.buffers = 0 (the queue on the "
                                               "learner) are not supported yet; set topology.workers = 0 or "
                                               "topology.buffers >= 1")
+    if t.buffers == 0 and (cfg.comm.link.bandwidth_gbps or cfg.comm.link.latency_ms):
+        raise ConfigError("comm.link", "emulates the link between the learner and its buffers, and "
+                                       "topology.buffers = 0 has none (the queue is the learner's); unset comm.link "
+                                       "or set topology.buffers >= 1")
     if t.on_learner and t.buffers != 1:
         raise ConfigError("topology.buffers", f"must be 1 with topology.workers = 'learner' (the learner's rank is "
                                               f"the one worker and sends to one queue), got {t.buffers}")

@@ -286,7 +286,6 @@ def _refusal(n: int, *sets: str) -> config.ConfigError:
     (["env.id=\"Pendulum-v1\""], "env.id"),
     (["apex.n_step=3"], "apex"),
     (["replay.alpha=0.5"], "replay.alpha"),
-    (["topology.workers=1", "impala.exchange=\"sync\"", "replay.batch_size=16"], "topology.workers"),
     (["topology.buffers=0", "topology.workers=1"], "topology.workers"),
 ])
 def test_bad_impala_input_is_refused_naming_the_key(sets, key):
@@ -393,20 +392,27 @@ def test_a_slowed_actor_does_not_hold_the_fast_one_back(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers", ["1", '"learner"'])
-def test_an_impala_job_with_inference_workers_runs_and_learns(tmp_path, workers):
+@pytest.mark.parametrize("workers,exchange", [("1", "async"), ('"learner"', "async"), ("1", "sync"),
+                                              ('"learner"', "sync")])
+def test_an_impala_job_with_inference_workers_runs_and_learns(tmp_path, workers, exchange):
     """GA3C's predictor / SEED's layout: a worker rank (or the learner's rank) runs the policy for the actors and
-    builds their trajectories; every role exits 0, the worker served steps, and returns rose."""
+    builds their trajectories; every role exits 0, the worker served steps, and returns rose. In synchronous
+    rounds the worker holds an actor that has finished its round until the round's parameters come: no trajectory
+    is acted with older ones (a lag of 0 in every batch)."""
     n = 5 if workers == "1" else 4
+    sync = ['impala.exchange="sync"', "replay.batch_size=16"] if exchange == "sync" else []
     job = run_mpi(n, tmp_path, "run.train_steps=150", "run.wall_seconds=0", "run.target_return=nan",
-                  f"topology.workers={workers}", job=JOB, timeout=600)
+                  f"topology.workers={workers}", *sync, job=JOB, timeout=600)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["stop_reason"] == "train_steps 150 reached"
         worker = "worker_2" if workers == "1" else "worker_0"
         assert f[f"{worker}/worker/steps_served"][-1] > 0
         eps = f["buffer_1/episodes/return"][()]
-        assert np.isfinite(f["learner/train/lag_mean"][()]).any()
+        lag_mean, lag_max = f["learner/train/lag_mean"][()], f["learner/train/lag_max"][()]
+    assert np.isfinite(lag_mean).any()
+    if exchange == "sync":
+        assert np.nanmax(lag_max) == 0, lag_max
     assert eps[-20:].mean() > eps[:20].mean(), (eps[:20].mean(), eps[-20:].mean())
 
 

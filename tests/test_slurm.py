@@ -299,6 +299,30 @@ def test_preempted_distql_job_requeues_and_resumes(cluster, tmp_path):
             assert index.tolist() == list(range(len(index)))  # each episode once, none lost
 
 
+def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
+    """The same template for an IMPALA job (4 tasks: learner, a trajectory queue, two actors): preempted once it
+    has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 3,000 train steps with
+    every batch's row once."""
+    long = ("--set", "run.train_steps=3000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
+            "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0")
+    job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/impala_cartpole.toml", *long)
+    steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
+    info = preempt_and_requeue(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200,
+                               "train 200 steps")
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED", log
+    assert "requeueing job" in log and "resuming" in log
+    run_dir = only_run(tmp_path)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1, dict(f.attrs)
+        assert f.attrs["stop_reason"] == "train_steps 3000 reached"
+        assert re.match(r"ckpt-\d{10}\.pt", f.attrs["resume_1_checkpoint"])
+        assert str(f["provenance"].attrs["slurm_job_id"]) == job
+        trained = f["learner/train/train_steps"][()]
+    assert np.all(np.diff(trained) > 0) and trained[-1] == 3000, trained  # rows after the checkpoint rewritten
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000003000.pt"
+
+
 def test_job_array_sweeps_architectures_and_seeds(cluster, tmp_path):
     job = submit(cluster, tmp_path, "sweep.sbatch", "jobs/cartpole.toml", *SHORT, sbatch=("--array=0-1",))
     for task in ("0", "1"):

@@ -12,7 +12,10 @@ broadcast reaches each actor in the answer to its next request.
 
 The worker knows nothing of the algorithm: it asks the algorithm's ``serving`` module for the step
 rows (``step_spec``), the actions' shape, and the decisions (``deciding(ctx, actors)``: ``observe``,
-``decide``, ``take``/``drop``, ``episodes``, ``policy.load_flat``, ``epsilon``, ``env_steps``).
+``decide``, ``take``/``drop``, ``episodes``, ``policy.load_flat``, ``epsilon``, ``env_steps``, and
+optionally ``holds(actor)``: True while an actor may not act with the parameters loaded, as in a
+synchronous round it has finished; its request is then observed and its answer waits for the next
+parameters).
 
 Its file ``worker_<rank>.h5``: ``worker`` rows (steps served, forward passes and requests per pass,
 the actors' request latency p50/p95 as they measured it, seconds in inference, parameter version) and
@@ -143,6 +146,10 @@ class WorkerMetrics:
         self.file.close()
 
 
+def _never(actor: int) -> bool:
+    return False
+
+
 class Worker:
     """One inference worker: its actors' requests, the decisions, the line to its buffer, its file.
 
@@ -168,6 +175,8 @@ class Worker:
         self.want = min(t.worker_batch, m)
         self.version = self.first = -1  # the parameters loaded (-1: none yet) and the first ones
         self.throttled_at: float | None = None  # when the insert budget started holding the answers back
+        self.holds = getattr(self.deciding, "holds", _never)  # the decisions' own hold on an actor, if any
+        self.parked: dict[int, Outcome] = {}  # actors held by it: their observed outcome, not yet answered
 
     def load(self, params: np.ndarray, version: int) -> None:
         """Parameters ``version`` for the next passes; the first ones start the insert budget and the clock."""
@@ -198,9 +207,16 @@ class Worker:
         requests, metrics, d = self.requests, self.metrics, self.deciding
         for a in requests.poll():
             metrics.heard(a, self.step_lay, requests.pending[a][1])
-        waiting = len(requests.pending)
-        left = self.deadline - (time.perf_counter() - requests.oldest()) if waiting else 0.0
-        ready = waiting and (waiting >= self.want or left <= 0)
+        parked = self.parked
+        if parked and all(self.holds(a) for a in parked):  # held actors wait for the next parameters
+            candidates = [a for a in requests.pending if a not in parked]
+        else:
+            candidates = list(requests.pending)
+        waiting = len(candidates)
+        arrived = {a: requests.pending[a][2] for a in candidates}
+        left = self.deadline - (time.perf_counter() - min(arrived.values())) if waiting else 0.0
+        ready = waiting and (waiting >= min(self.want, len(self.actors) - len(parked)) or left <= 0 or
+                             any(a in parked for a in candidates))
         if ready and self.shipping.over(self.version, self.first):
             if self.throttled_at is None:  # ahead of the learner: the actors wait until it publishes again
                 self.throttled_at = time.perf_counter()
@@ -212,18 +228,25 @@ class Worker:
             return left if waiting else math.inf
         t0 = time.perf_counter()
         # At most worker_batch requests a pass, the oldest first; the rest are next.
-        order = sorted(sorted(requests.pending, key=lambda a: requests.pending[a][2])[:self.most])
-        outcomes = []
-        for a in order:
-            buf = requests.pending[a][1]
-            outcome = Outcome(self.step_lay.views(buf), fresh=bool(self.step_lay.get(buf, "fresh")))
-            d.observe(a, outcome)
+        order, outcomes = [], []
+        for a in sorted(sorted(candidates, key=arrived.__getitem__)[:self.most]):
+            if a in parked:  # observed when it was held: only its answer was left
+                outcome = parked.pop(a)
+            else:
+                buf = requests.pending[a][1]
+                outcome = Outcome(self.step_lay.views(buf), fresh=bool(self.step_lay.get(buf, "fresh")))
+                d.observe(a, outcome)
+            if self.holds(a):
+                parked[a] = outcome
+                continue
+            order.append(a)
             outcomes.append(outcome)
-        actions = d.decide(order, outcomes)
         E = self.E
-        for i, a in enumerate(order):
-            requests.answer(a, actions[i * E:(i + 1) * E], self.version)
-        metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
+        if order:
+            actions = d.decide(order, outcomes)
+            for i, a in enumerate(order):
+                requests.answer(a, actions[i * E:(i + 1) * E], self.version)
+            metrics.served(len(order), len(order) * E, time.perf_counter() - t0)
         self.shipping.ship(self.version, self.env_errors())
         metrics.row(self.version, self.throttled)
         return 0.0

@@ -166,7 +166,9 @@ def layout(cfg: JobConfig, world_size: int) -> Layout:
                      (Link("experience", ACTOR, LEARNER), Link("parameters", LEARNER, ACTOR, hub="source")))
     if cfg.impala.exchange == "sync":  # a round: everyone waits for the same parameters anyway
         return lay
-    hub = lay.link("experience").target  # who receives the senders' trajectories sends them their parameters
+    experience = lay.link("experience")
+    assert experience is not None
+    hub = experience.target  # who receives the senders' trajectories sends them their parameters
     return Layout(lay.ranks, tuple(replace(k, each=True) if k.kind == "parameters" and k.source == hub else k
                                    for k in lay.links))
 

@@ -21,6 +21,25 @@ from mpirl.roles.context import RoleContext
 from mpirl.roles.replay_buffer import Buffer
 
 
+class QueueCredit:
+    """The queue's side of its senders' windows (:mod:`mpirl.algos.impala.flow`): the ledger, and the lines that
+    tell each sender its total (:mod:`mpirl.comm.credit`)."""
+
+    def __init__(self, comm, senders: list[int], size: int) -> None:
+        self.windows = Windows(senders, size)
+        self.lines = CreditGrants(comm, senders)
+
+    def arrived(self, sender: int, rows: int, final: bool) -> None:
+        self.windows.arrived(sender, rows)
+        if final:  # its goodbye: its line ends
+            self.lines.close(sender)
+
+    def taken(self, rows: int) -> None:
+        """The learner took the ``rows`` oldest trajectories: their senders' room back."""
+        for sender in self.windows.take(rows):
+            self.lines.grant(sender, self.windows.granted(sender))
+
+
 class QueueServer:
     """Trajectories first in, first out; a request is served once the queue holds its share."""
 
@@ -38,8 +57,8 @@ class QueueServer:
         self.depth = cfg.comm.prefetch + 1
         # Asynchronous exchange: each sender's window, given back as the learner takes its trajectories.
         senders = list(range(1, buffer.n_actors + 1))  # their ranks in the group
-        self.windows = Windows(senders, window(cfg, buffer.n_actors)) if cfg.impala.exchange == "async" else None
-        self.credit = CreditGrants(topo.group, senders) if self.windows else None
+        self.credit = (QueueCredit(topo.group, senders, window(cfg, buffer.n_actors))
+                       if cfg.impala.exchange == "async" else None)
 
     def ready(self, want: int) -> bool:
         return self.memory.size >= self.memory.fresh(want, self.replayed)
@@ -48,9 +67,8 @@ class QueueServer:
         """``n`` trajectories into ``out``: the oldest waiting, and any replayed; (ids, versions, probs)."""
         fresh = self.memory.fresh(n, self.replayed)
         self.served_again += n - fresh
-        if self.windows:
-            for sender in self.windows.take(fresh):
-                self.credit.grant(sender, self.windows.granted(sender))
+        if self.credit is not None:
+            self.credit.taken(fresh)
         return self.memory.take_batch(n, self.replayed, out, rng)
 
     def fill(self, buf: np.ndarray, want: int, rng: np.random.Generator) -> tuple[int, int]:
@@ -98,22 +116,19 @@ class QueueBuffer(Buffer):
         sender's credit line."""
         before = self.inserted
         final = super().on_experience(buf, source)
-        server = self.server
-        if server.windows:
-            server.windows.arrived(source, self.inserted - before)
-            if final:
-                server.credit.close(source)
+        if self.server.credit is not None:
+            self.server.credit.arrived(source, self.inserted - before, final)
         return final
 
     def step(self) -> bool:
         progress = super().step()
-        if self.server.credit:
-            progress = self.server.credit.flush() or progress
+        if self.server.credit is not None:
+            progress = self.server.credit.lines.flush() or progress
         return progress
 
     def close(self) -> None:
-        if self.server.credit:  # every sender has said goodbye: its line ends before the communicator does
-            self.server.credit.finish()
+        if self.server.credit is not None:  # every sender has said goodbye: its line ends before the comm does
+            self.server.credit.lines.finish()
         super().close()
 
 

@@ -66,6 +66,8 @@ class ImpalaDeciding:
         rows = self.actors * self.E
         self.traj = {name: np.zeros((rows, *shape), dtype) for name, (shape, dtype) in spec.items()}
         self.t = np.zeros(self.actors, dtype=np.int64)  # the step each actor's trajectories are at
+        self.sync = cfg.impala.exchange == "sync"
+        self.done_with = np.full(self.actors, -1, dtype=np.int64)  # the version of each actor's last trajectories
         self.started = np.zeros(self.actors, dtype=bool)
         self.logp = np.zeros((rows, spaces.n_actions))  # the behaviour policy's log-probabilities at the last decision
         self.episodes: deque = deque()
@@ -105,7 +107,8 @@ class ImpalaDeciding:
         terminated = o["terminated"] | o["life_lost"]  # a lost life cuts the bootstrap where the env says so
         truncated = o["truncated"] & ~terminated
         tr["action"][r, t] = taken
-        tr["reward"][r, t] = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
+        reward = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
+        tr["reward"][r, t] = reward * self.cfg.impala.reward_scale if self.cfg.impala.reward_scale != 1 else reward
         tr["logp"][r, t] = self.logp[r][np.arange(self.E), taken]
         tr["terminated"][r, t], tr["truncated"][r, t] = terminated, truncated
         tr["final_value"][r, t] = 0.0
@@ -123,7 +126,13 @@ class ImpalaDeciding:
             return
         for row in range(r.start, r.stop):
             self.staging.put(tuple(arr[row] for arr in tr.values()))
+        self.done_with[a] = tr["version"][r.start]
         self._begin(a, o["obs"])
+
+    def holds(self, a: int) -> bool:
+        """Synchronous rounds: actor ``a`` has finished this round's trajectories with the parameters loaded, and
+        its next ones wait for the next parameters (an inference worker parks its request until they come)."""
+        return self.sync and self.t[a] == 0 and self.done_with[a] == self.policy.version
 
     def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
         """Actions for the listed actors' games from one forward pass; each actor samples with its own stream."""

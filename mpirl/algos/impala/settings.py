@@ -41,6 +41,10 @@ class ImpalaConfig:
     # from the last replay_capacity trajectories each queue served, the rest are fresh (oldest first, each once).
     replay_share: float = setting(0.0, ge=0, lt=1, why="the share of a batch drawn from the replay; 0: none")
     replay_capacity: int = setting(0, ge=0, le=10**7, why="trajectories each queue keeps for replay; 0: none")
+    # Each reward times reward_scale (after agent.reward_clip) in what the learner trains on; the episodes' returns
+    # stay the environment's. Keeps the value loss of long -1-per-step episodes (Acrobot) from swamping the shared
+    # layers; Sample Factory's reward_scale.
+    reward_scale: float = setting(1.0, gt=0, le=1e6)
     # IMPALA's optimizer is RMSProp (alpha 0.99, epsilon 0.01); Adam uses agent.adam_eps.
     optimizer: str = setting("adam", choices=("adam", "rmsprop"))
     rmsprop_alpha: float = setting(0.99, gt=0, lt=1)
@@ -104,11 +108,6 @@ def check(cfg) -> None:
     if t.worker_ranks and t.worker_ranks < t.buffers:
         raise ConfigError("topology.workers", f"must be 0 or >= topology.buffers ({t.buffers}) so each queue has a "
                                               f"worker sending to it, got {t.workers}")
-    if t.served and cfg.impala.exchange == "sync":
-        raise ConfigError("topology.workers", "impala.exchange = \"sync\" with inference workers is not supported "
-                                              "yet (a worker would answer an actor that finished its round with the "
-                                              "old parameters); set topology.workers = 0 or impala.exchange = "
-                                              "\"async\"")
     if t.actors and t.actors < (t.worker_ranks or t.buffers):
         raise ConfigError("topology.actors", f"must be 0 (every remaining rank) or >= topology."
                                              f"{'workers' if t.worker_ranks else 'buffers'} "

@@ -368,19 +368,23 @@ def test_with_a_replay_share_half_of_every_batch_after_the_first_comes_from_the_
 
 
 @pytest.mark.mpi
-def test_a_slowed_actor_does_not_hold_the_fast_one_back(tmp_path):
+@pytest.mark.parametrize("buffers", [1, 0])
+def test_a_slowed_actor_does_not_hold_the_fast_one_back(tmp_path, buffers):
     """The survey's straggler under "async" on 4 ranks: the last actor sleeps 0.1 s a step (an unroll of 20 steps
     takes it 2 s). The queue gives the fast actor its room back as the learner takes its trajectories, so 60 batches
     of 32 trajectories are trained on and every role exits 0, and nearly all came from the fast actor (under the
     equal-share flow control this replaced, the fast actor could send only 16 trajectories per batch beyond its
-    window, and the run waited on the slow one's 8 trajectories per 2 s for the rest)."""
+    window, and the run waited on the slow one's 8 trajectories per 2 s for the rest). With ``buffers = 0`` the
+    learner sends the parameters itself, to each actor on its own: the stop reaches the slow actor although its
+    last parameters were still on their way when the learner stopped."""
     steps = 60
-    job = run_mpi(4, tmp_path, f"run.train_steps={steps}", "run.wall_seconds=0", "run.target_return=nan",
-                  "impala.actor_delay_us=[0, 100000]", "impala.test_episodes=0", job=JOB, timeout=900, stall=300)
+    job = run_mpi(4 - (buffers == 0), tmp_path, f"run.train_steps={steps}", "run.wall_seconds=0",
+                  "run.target_return=nan", "impala.actor_delay_us=[0, 100000]", "impala.test_episodes=0",
+                  f"topology.buffers={buffers}", job=JOB, timeout=900, stall=300)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["stop_reason"] == f"train_steps {steps} reached"
-        a = f["buffer_1/actors"]
+        a = f[f"buffer_{buffers}/actors"]
         actor, env_steps = a["actor"][()], a["env_steps"][()]
         throttled = a["throttled_s"][()]
     fast, slow = sorted(np.unique(actor))

@@ -257,17 +257,31 @@ def rows(out: Path, file: str, column: str) -> np.ndarray:
     return np.zeros(0)
 
 
+def requeued(cluster, job: str, out: Path, ready, what: str) -> Path:
+    """Preempt ``job`` once ``ready()``; it requeues, resumes and completes: its run directory."""
+    info = preempt_and_requeue(cluster, job, out, ready, what)
+    log = log_of(out, job)
+    assert info["JobState"] == "COMPLETED", log
+    assert "requeueing job" in log and "resuming" in log
+    return only_run(out)
+
+
+def resumed_once(run_dir: Path, job: str, stop_reason: str, suffix: str) -> None:
+    """run.h5 says: completed after one restart from a ``ckpt-*{suffix}`` checkpoint, stopped by ``stop_reason``,
+    under Slurm job ``job``."""
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1, dict(f.attrs)
+        assert f.attrs["stop_reason"] == stop_reason
+        assert re.match(rf"ckpt-\d{{10}}{re.escape(suffix)}$", f.attrs["resume_1_checkpoint"])
+        assert str(f["provenance"].attrs["slurm_job_id"]) == job
+
+
 def test_preempted_job_requeues_and_resumes(cluster, tmp_path):
     long = ("--set", "run.train_steps=4000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
             "--set", "replay.learning_starts=300")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
-    info = preempt_and_requeue(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 500,
-                               "train 500 steps")
-    log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED", log
-    assert "requeueing job" in log and "resuming" in log
-    run_dir = only_run(tmp_path)
+    run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 500, "train 500 steps")
     check_run(run_dir, job, steps=4000)
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert f.attrs["restarts"] == 1
@@ -281,17 +295,11 @@ def test_preempted_distql_job_requeues_and_resumes(cluster, tmp_path):
     bound = ("--set", "distql.workers=2", "--set", "distql.episodes=10000000", "--set", "run.env_steps=300000",
              "--set", "distql.worker_delay_us=[200]", "--set", "log.flush_seconds=0.5", "--set", "distql.eval_episodes=0")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/taxi_distql.toml", *bound, sbatch=("--ntasks=3",))
-    info = preempt_and_requeue(cluster, job, tmp_path, lambda: len(rows(tmp_path, "qserver.h5", "episodes/time")) >= 100,
-                               "play 100 episodes")
-    log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED", log
-    assert "requeueing job" in log and "resuming" in log
-    run_dir = only_run(tmp_path)
+    run_dir = requeued(cluster, job, tmp_path, lambda: len(rows(tmp_path, "qserver.h5", "episodes/time")) >= 100,
+                       "play 100 episodes")
+    resumed_once(run_dir, job, "env_steps 300000 reached", ".h5")
     with h5py.File(run_dir / "run.h5", "r") as f:
-        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1, dict(f.attrs)
-        assert f.attrs["stop_reason"] == "env_steps 300000 reached"
-        assert re.match(r"ckpt-\d{10}\.h5", f.attrs["resume_1_checkpoint"])
-        assert str(f["provenance"].attrs["slurm_job_id"]) == job and f["provenance"].attrs["torch"] == ""
+        assert f["provenance"].attrs["torch"] == ""
     with h5py.File(run_dir / "qserver.h5", "r") as f:
         e = f["episodes"]
         for w in (1, 2):
@@ -307,17 +315,9 @@ def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
             "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/impala_cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
-    info = preempt_and_requeue(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200,
-                               "train 200 steps")
-    log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED", log
-    assert "requeueing job" in log and "resuming" in log
-    run_dir = only_run(tmp_path)
+    run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200, "train 200 steps")
+    resumed_once(run_dir, job, "train_steps 3000 reached", ".pt")
     with h5py.File(run_dir / "run.h5", "r") as f:
-        assert f.attrs["status"] == "completed" and f.attrs["restarts"] == 1, dict(f.attrs)
-        assert f.attrs["stop_reason"] == "train_steps 3000 reached"
-        assert re.match(r"ckpt-\d{10}\.pt", f.attrs["resume_1_checkpoint"])
-        assert str(f["provenance"].attrs["slurm_job_id"]) == job
         trained = f["learner/train/train_steps"][()]
     assert np.all(np.diff(trained) > 0) and trained[-1] == 3000, trained  # rows after the checkpoint rewritten
     assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000003000.pt"

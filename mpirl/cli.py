@@ -165,10 +165,12 @@ def cmd_bench(args) -> int:
     from mpirl.bench.suite import run
     if args.reps < 5:
         return _fail(f"--reps: at least 5 repetitions make a median with a range, got {args.reps}")
+    if not args.breakout_wall >= 0:
+        return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
     out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
     if out.exists():
         return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
-    return run(args.what, args.reps, out)
+    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -223,6 +225,9 @@ def parser() -> argparse.ArgumentParser:
                                      "solve", "impala", "marl", "workers", "distql"])
     sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
+    sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
+                    help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
+                         "(default 60; 0 leaves them out)")
     sp.set_defaults(func=cmd_bench)
     return p
 

@@ -1,7 +1,8 @@
 """IMPALA: wall time and env steps to CartPole-v1 mean return 475, and the env steps/s collected on the way,
-mpirl's IMPALA against the libraries users pick for actor-critic on many cores.
+mpirl's IMPALA against the libraries users pick for actor-critic on many cores; then env steps/s collected and
+trained on MinAtar Breakout against the asynchronous ones.
 
-    mpirl bench impala [--reps 5]
+    mpirl bench impala [--reps 5] [--breakout-wall 60]      (--breakout-wall 0: the CartPole rows alone)
 
 Per seed, back to back on this machine: ``jobs/impala_cartpole.toml`` on 4 ranks (learner, one trajectory queue,
 two actors of 8 games; asynchronous exchange), then each reference in turn, every one with ``--budget`` env steps
@@ -10,9 +11,9 @@ and ``--wall`` seconds:
 * SB3's ``PPO`` in one process with the RL Zoo's CartPole-v1 hyper-parameters (8 envs, n_steps 32, batch 256,
   20 epochs, gamma 0.98, GAE lambda 0.8, learning rate and clip range linear from 1e-3 and 0.2 to 0);
 * RLlib 2.60's PPO, APPO and IMPALA (new API stack) with RLlib's own tuned CartPole settings, 2 env runners and the
-  learner in the driver (``mpirl/bench/refs/rllib_cartpole.py``);
+  learner in the driver (``mpirl/bench/refs/rllib_run.py``);
 * Sample Factory 2.1.1's APPO with its own CartPole example's settings, 2 rollout workers of 8 games
-  (``mpirl/bench/refs/sf_cartpole.py``).
+  (``mpirl/bench/refs/sf_run.py``).
 
 RLlib and Sample Factory cannot live in the project's venv (they pin Gymnasium 1.2.2, and numpy < 2 with Gymnasium
 < 1.0): each runs in a venv of its own that the bench makes on first use (:mod:`mpirl.bench.reference_venv`).
@@ -29,6 +30,22 @@ for Sample Factory, the steps of the episodes that finished. Learner env steps/s
 trained on over the same seconds, each pass counted (ours: trajectories x unroll; RLlib's APPO's and IMPALA's
 lifetime counts; RLlib's PPO counts every minibatch pass of every epoch, and SB3's and Sample Factory's are not
 read, so those rows are left out).
+
+MinAtar Breakout (``MinAtar/Breakout-v1``: 10x10 planes, 4 channels, 3 actions, sticky actions 0.1) follows the
+CartPole rows in the same command (``--breakout-wall 0`` leaves it out): per seed, back to back,
+``jobs/impala_minatar_breakout.toml`` on its 4 ranks (2 actors of 8 games; MinAtar's network: Conv 16x3x3, a shared
+128-wide layer, linear policy and value heads), then RLlib's APPO and IMPALA (``rllib_run.py ...
+MinAtar/Breakout-v1``: RLlib's Atari example settings, 2 env runners of 8 games, the learner in the driver; Conv
+16x3x3 then 128 units in each head) and Sample Factory's APPO (``sf_run.py ... MinAtar/Breakout-v1``: its Atari
+settings, asynchronous, 2 workers of 8 games; Conv 16x3x3, 128, linear heads), each for ``--breakout-wall`` seconds
+(default 60; no target; the references' budget of 10M env steps is never reached), the references being those of
+``references`` that have a Breakout run (SB3 has none here). RLlib and Sample Factory play the game through
+``refs/minatar_env.py``: MinAtar's own, with the same defaults. Rows: env steps/s collected, ours against each
+(counted as for CartPole, except that Sample Factory's seconds and wall run from its signal to its rollout workers
+to start: its start-up, 15-30 s here, is left out as RLlib's build and our MPI start-up are), and learner env
+steps/s trained, ours against each: ours trajectories x unroll, each once; RLlib's lifetime count, each pass (APPO
+trains a batch up to twice from its circular buffer, IMPALA once); Sample Factory's learner's own count, each sample
+once (though 4 epochs train on it), over the seconds to its last report (every 5 s).
 """
 
 from __future__ import annotations
@@ -45,6 +62,10 @@ from mpirl.bench.solve import crossing_rows, launch_run, reference_run, watch
 ROOT = Path(__file__).resolve().parents[2]
 REFS = Path(__file__).resolve().parent / "refs"
 JOB = ROOT / "jobs" / "impala_cartpole.toml"
+BREAKOUT_JOB = ROOT / "jobs" / "impala_minatar_breakout.toml"
+BREAKOUT = "MinAtar/Breakout-v1"
+BREAKOUT_BUDGET = 10_000_000  # the references' (their Atari examples' budget): a wall of minutes never reaches it
+NO_TARGET = float("inf")  # the reference scripts' target for a run that takes its wall
 TARGET = 475.0
 ZOO_PPO = dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0)
 ZOO_ENVS, ZOO_LR, ZOO_CLIP = 8, 1e-3, 0.2
@@ -54,16 +75,27 @@ OURS = "mpirl IMPALA 4 ranks"
 
 
 def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
-    import h5py
     from mpirl.metrics.summary import first_reach
     run_dir = launch_run(JOB, f"impala-s{seed}", [f"run.seed={seed}", f"run.target_return={TARGET}",
                                                   f"run.env_steps={budget}", f"run.wall_seconds={wall}"], wall, out)
+    return {str(TARGET): first_reach(run_dir, TARGET), **counts(run_dir)}
+
+
+def counts(run_dir: Path) -> dict:
+    """Our run's env steps collected and trained (trajectories x unroll) by its learner's last ``train`` row, and
+    that row's seconds on the job clock."""
+    import h5py
     with h5py.File(run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
         steps, seconds = int(t["env_steps"][-1]), float(t["time"][-1])
         trained = int(t["samples_trained"][-1]) * int(f["learner"].attrs["unroll"])  # trajectories x their steps
-    return {str(TARGET): first_reach(run_dir, TARGET), "env_steps_sampled": steps, "env_steps_trained": trained,
-            "seconds": seconds}
+    return {"env_steps_sampled": steps, "env_steps_trained": trained, "seconds": seconds}
+
+
+def ours_breakout(seed: int, wall: float, out: Path) -> dict:
+    """``jobs/impala_minatar_breakout.toml`` for ``wall`` seconds (it has no target)."""
+    return counts(launch_run(BREAKOUT_JOB, f"impala-breakout-s{seed}", [f"run.seed={seed}",
+                                                                         f"run.wall_seconds={wall}"], wall, out))
 
 
 def ppo(seed: int, budget: int, wall: float) -> dict:
@@ -99,21 +131,73 @@ def library(venv: str, script: str, args: list, wall: float) -> dict:
 
 REFERENCES = {  # name -> one seed's run: (seed, budget, wall) -> its JSON
     "SB3 PPO (zoo)": ppo,
-    "RLlib PPO": lambda seed, budget, wall: library("rllib", "rllib_cartpole.py", ["ppo", seed, budget, wall, TARGET],
+    "RLlib PPO": lambda seed, budget, wall: library("rllib", "rllib_run.py", ["ppo", seed, budget, wall, TARGET],
                                                     wall),
-    "RLlib APPO": lambda seed, budget, wall: library("rllib", "rllib_cartpole.py",
+    "RLlib APPO": lambda seed, budget, wall: library("rllib", "rllib_run.py",
                                                      ["appo", seed, budget, wall, TARGET], wall),
-    "RLlib IMPALA": lambda seed, budget, wall: library("rllib", "rllib_cartpole.py",
+    "RLlib IMPALA": lambda seed, budget, wall: library("rllib", "rllib_run.py",
                                                        ["impala", seed, budget, wall, TARGET], wall),
-    "Sample Factory APPO": lambda seed, budget, wall: library("sample-factory", "sf_cartpole.py",
+    "Sample Factory APPO": lambda seed, budget, wall: library("sample-factory", "sf_run.py",
                                                               [seed, budget, wall, TARGET], wall),
 }
 
 
+BREAKOUT_REFERENCES = {  # name -> one seed's run on MinAtar Breakout: (seed, wall) -> its JSON
+    "RLlib APPO": lambda seed, wall: library("rllib", "rllib_run.py",
+                                             ["appo", seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
+    "RLlib IMPALA": lambda seed, wall: library("rllib", "rllib_run.py",
+                                               ["impala", seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
+    "Sample Factory APPO": lambda seed, wall: library("sample-factory", "sf_run.py",
+                                                      [seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
+}
+
+
+def learner_rate(result: dict) -> float | None:
+    """A run's learner env steps/s: its count over its seconds, or Sample Factory's over the seconds to the report
+    it was read from; None where the library's count is not read."""
+    if result.get("learner_env_steps") is not None:
+        return result["learner_env_steps"] / result["learner_seconds"] if result["learner_seconds"] > 0 else 0.0
+    if result.get("env_steps_trained") is not None:
+        return result["env_steps_trained"] / result["seconds"]
+    return None
+
+
+def breakout(reps: int = MIN_REPS, wall: float = 60.0,
+             references: tuple[str, ...] = tuple(BREAKOUT_REFERENCES)) -> list[Row]:
+    """Per seed, ours then every reference on MinAtar Breakout for ``wall`` seconds, back to back; per reference,
+    rows of the env steps/s collected and (where the library's count is read) trained, ours against it."""
+    results: dict[str, list[dict]] = {OURS: [], **{name: [] for name in references}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, reps + 1):
+            results[OURS].append(ours_breakout(seed, wall, Path(tmp)))
+            for name in references:
+                results[name].append(BREAKOUT_REFERENCES[name](seed, wall))
+    note = f"{BREAKOUT}, {wall:g} s wall"
+    counted = {OURS: "ours each trajectory step once", "RLlib APPO": "RLlib APPO each pass (up to 2 per batch)",
+               "RLlib IMPALA": "RLlib IMPALA each pass (1 per batch)",
+               "Sample Factory APPO": "Sample Factory each sample once (4 epochs), to its last report"}
+    rows = []
+    for name in references:
+        pair = {OURS: results[OURS], name: results[name]}
+        rate = Row(f"MinAtar Breakout env steps/s collected vs {name}", "env steps/s", OURS, name, target=1.0,
+                   note=note)
+        for impl, runs in pair.items():
+            rate.values[impl] = [r["env_steps_sampled"] / r["seconds"] for r in runs]
+        rows.append(rate)
+        learned = [learner_rate(r) for r in results[name]]
+        if all(v is not None for v in learned):
+            row = Row(f"MinAtar Breakout learner env steps/s trained vs {name}", "env steps/s", OURS, name,
+                      target=1.0, note=f"{note}; counted: {counted[OURS]}, {counted[name]}")
+            row.values = {OURS: [learner_rate(r) for r in results[OURS]], name: learned}
+            rows.append(row)
+    return rows
+
+
 def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
-        references: tuple[str, ...] = tuple(REFERENCES)) -> list[Row]:
+        references: tuple[str, ...] = tuple(REFERENCES), breakout_wall: float = 60.0) -> list[Row]:
     """Per seed, ours then every reference, back to back; per reference, rows of the seconds and the env steps to
-    475 and of the env steps/s collected, ours against it."""
+    475 and of the env steps/s collected, ours against it. Then, unless ``breakout_wall`` is 0, the MinAtar Breakout
+    rows (:func:`breakout`) against those of ``references`` that have a Breakout run."""
     results: dict[str, list[dict]] = {OURS: [], **{name: [] for name in references}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, reps + 1):
@@ -136,6 +220,9 @@ def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
             for impl, runs in pair.items():
                 learned.values[impl] = [r["env_steps_trained"] / r["seconds"] for r in runs]
             rows.append(learned)
+    on_breakout = tuple(name for name in references if name in BREAKOUT_REFERENCES)
+    if breakout_wall > 0 and on_breakout:
+        rows += breakout(reps, breakout_wall, on_breakout)
     return rows
 
 

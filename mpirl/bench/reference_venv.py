@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 
 TORCH = "torch==2.13.0"
+MINATAR = "minatar==1.0.15"  # MinAtar Breakout for the IMPALA bench's throughput rows (the project's minatar extra)
 VENVS: dict[str, tuple[str, ...]] = {
     # RLlib's new API stack (PPO, APPO, IMPALA) on torch.
-    "rllib": ("ray[rllib]==2.60.0", TORCH),
+    "rllib": ("ray[rllib]==2.60.0", TORCH, MINATAR),
     # Sample Factory's APPO.
-    "sample-factory": ("sample-factory==2.1.1", TORCH, "numpy<2", "gymnasium<1.0"),
+    "sample-factory": ("sample-factory==2.1.1", TORCH, "numpy<2", "gymnasium<1.0", MINATAR),
 }
 READY = "mpirl-ready"
 

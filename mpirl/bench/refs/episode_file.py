@@ -37,6 +37,10 @@ class EpisodeFile(gym.Wrapper):
 
 
 def make(env_id: str = "CartPole-v1"):
+    """``env_id`` recorded: a Gymnasium id, or a MinAtar game's (``MinAtar/Breakout-v1``: :mod:`minatar_env`)."""
+    if env_id.startswith("MinAtar/"):
+        import minatar_env  # beside this file, on the path of every worker that imports this one
+        return EpisodeFile(minatar_env.make(env_id))
     return EpisodeFile(gym.make(env_id))
 
 

@@ -92,6 +92,8 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     message = experience_layout(spec, E * served).max_nbytes  # a sender's message: a trajectory per game it steps
     held = queue_slots(cfg, queues, group, E * served) + cfg.impala.replay_capacity  # the queue and its replay
     buffer = memory.PROCESS + slot * held + group * c.recv_depth * message + replies
+    if cfg.impala.exchange == "async":  # parameters sent to each sender on its own: a copy per send in flight
+        buffer += group * params
     if not t.buffers:  # the queue is the learner's, in its process
         learner, buffer = learner + buffer - memory.PROCESS, 0
     if t.served:

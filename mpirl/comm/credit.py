@@ -4,8 +4,8 @@ A receiver that holds its senders back by the room it has left (a bounded queue)
 cumulative allowance, one ``int64`` on the senders' communicator: ``sent + staged < granted`` lets a sender go on.
 A grant is a total, never an increment, so only the newest matters: :class:`CreditGrants` keeps at most one send
 per sender in flight (``Issend``: complete once received, so a sender that does not look has one grant waiting,
-never a backlog of buffered ones) and sends the newest total when the last has completed. After a sender's final message the
-receiver closes its line with ``-1``; :meth:`CreditLine.close` waits for it, so every grant sent is received and
+never a backlog of buffered ones) and sends the newest total when the last has completed. After a sender's final
+message the receiver closes its line with ``-1``; :meth:`CreditLine.close` waits for it, so every grant sent is received and
 no receive is left posted (MPI keeps one sender's messages in order: the ``-1`` comes last).
 
 :class:`CreditLine` is the sender's side: one ``Irecv`` posted, tested only when the sender has used what it was

@@ -189,7 +189,9 @@ def rank_files(topo: Topology) -> dict[str, str]:
 def role_map(topo: Topology) -> str:
     if topo.learner is None:
         actors = sorted(topo.buffer_of)
-        return f"0 learner and queue; {actors[0]}-{actors[-1]} actors" if len(actors) > 1 else "0 learner and queue; 1 actor"
+        if len(actors) == 1:
+            return "0 learner and queue; 1 actor"
+        return f"0 learner and queue; {actors[0]}-{actors[-1]} actors"
     return replay_layout.role_map(topo)
 
 

@@ -31,7 +31,6 @@ class CreditLine:
         self.granted, self.closed = int(initial), False
         self.buf = np.zeros(1, np.int64)
         self.request = comm.Irecv([self.buf, MPI.INT64_T], root, TAG_CREDIT)
-        self.grants = 0  # grants received (the closing one not counted)
 
     def poll(self) -> bool:
         """Take every grant that has arrived; True if the allowance grew."""
@@ -41,7 +40,6 @@ class CreditLine:
             if value == CLOSED:
                 self.closed, self.request = True, MPI.REQUEST_NULL
                 break
-            self.grants += 1
             grew = grew or value > self.granted
             self.granted = max(self.granted, value)
             self.request = self.comm.Irecv([self.buf, MPI.INT64_T], self.root, TAG_CREDIT)
@@ -69,7 +67,6 @@ class CreditGrants:
         self.requests = {s: MPI.REQUEST_NULL for s in senders}
         self.due: dict[int, int] = {}  # sender -> the total not yet sent (CLOSED: the closing word)
         self.closing: set[int] = set()
-        self.sent = 0  # grants sent (closing words not counted)
 
     def grant(self, sender: int, total: int) -> None:
         if sender not in self.closing:
@@ -90,7 +87,6 @@ class CreditGrants:
             value = self.due.pop(sender)
             self.bufs[sender][0] = value
             self.requests[sender] = self.comm.Issend([self.bufs[sender], MPI.INT64_T], sender, TAG_CREDIT)
-            self.sent += value != CLOSED
             went = True
         return went
 

@@ -61,9 +61,6 @@ class Requests:
             new.append(source - 1)
         return new
 
-    def oldest(self) -> float:
-        return min(t for _, _, t in self.pending.values())
-
     def answer(self, actor: int, actions: np.ndarray | None, version: int, repost: bool = True) -> None:
         """Send ``actor`` its actions (None: the stop) and take its next request."""
         slot, buf, _ = self.pending.pop(actor)

@@ -108,7 +108,7 @@ class ImpalaDeciding:
         truncated = o["truncated"] & ~terminated
         tr["action"][r, t] = taken
         reward = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
-        tr["reward"][r, t] = reward * self.cfg.impala.reward_scale if self.cfg.impala.reward_scale != 1 else reward
+        tr["reward"][r, t] = reward * self.cfg.impala.reward_scale
         tr["logp"][r, t] = self.logp[r][np.arange(self.E), taken]
         tr["terminated"][r, t], tr["truncated"][r, t] = terminated, truncated
         tr["final_value"][r, t] = 0.0

@@ -72,6 +72,9 @@ def launch_env(mpiexec: str) -> tuple[list[str], dict]:
     if "Open MPI" in version or "OpenRTE" in version:
         # Jobs routinely have more ranks than cores; waiting ranks sleep instead of spinning.
         flags += ["--oversubscribe", "--bind-to", "none"]
+        # One node: windows (the gradient family's shared counter) in shared memory. The UCX one-sided component
+        # finds no device on a laptop and says so on every window it is asked about; a user's choice stands.
+        env.setdefault("OMPI_MCA_osc", "^ucx")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return flags, env

@@ -1,4 +1,4 @@
-"""Algorithms: one folder each (``apex``, ``qmix``, ``impala``, ``distql``), chosen by ``[agent] algorithm``.
+"""Algorithms: one folder each (``apex``, ``qmix``, ``impala``, ``distql``, ``a3c``), chosen by ``[agent] algorithm``.
 
 A folder holds:
 
@@ -50,6 +50,7 @@ def info(name: str) -> Info:
 
 
 if TYPE_CHECKING:  # the contract, held by mypy (tests/test_types.py): each folder's modules are what base.py says
+    from mpirl.algos.a3c import algorithm as a3c, info as a3c_info, settings as a3c_settings
     from mpirl.algos.apex import algorithm as apex, info as apex_info, settings as apex_settings
     from mpirl.algos.distql import algorithm as distql, info as distql_info, settings as distql_settings
     from mpirl.algos.impala import algorithm as impala, info as impala_info, settings as impala_settings
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # the contract, held by mypy (tests/test_types.py): each fold
         def __init__(self, algorithm: Algorithm, info: Info, settings: Settings) -> None: ...
 
     REGISTRY = {  # one line per algorithm
+        "a3c": _Folder(a3c, a3c_info, a3c_settings),
         "apex": _Folder(apex, apex_info, apex_settings),
         "distql": _Folder(distql, distql_info, distql_settings),
         "impala": _Folder(impala, impala_info, impala_settings),

@@ -56,7 +56,9 @@ LinkKind = Literal["experience", "requests", "parameters", "gradients", "observa
 class Link:
     """``source`` ranks send ``kind`` to ``target`` ranks. ``hub``: which side is rank 0 of each group (the
     side a rank of the other side joins): the target for flows into a centre (experience into a buffer,
-    observations into a worker, gradients into a server), the source for broadcasts and requests. ``each``
+    observations into a worker, gradients into a server), the source for broadcasts and requests. A link of a role
+    with itself (``Link("gradients", "worker", "worker")``: peers averaging gradients) is one group of all the role's
+    ranks, the first its rank 0. ``each``
     (parameters): sent to each member on its own rather than broadcast, for members that run at their own pace
     (:class:`~mpirl.comm.params.ParamSends`)."""
     kind: LinkKind
@@ -111,6 +113,10 @@ def plan(layout: Layout, hosts: list[str], node_local: bool = True) -> dict[Link
     """Each link's groups: member world rank -> its hub's world rank (no MPI; the same from every rank)."""
     out = {}
     for link in layout.links:
+        if link.source == link.target:  # a role with itself (gradients averaged among peers): one group, the first
+            ranks = list(layout.ranks.get(link.source, ()))  # rank its hub
+            out[link] = {r: ranks[0] for r in ranks}
+            continue
         hubs, members = list(layout.ranks.get(link.hubs, ())), list(layout.ranks.get(link.members, ()))
         out[link] = spread(hosts, hubs, members, node_local) if hubs and members else {}
     return out

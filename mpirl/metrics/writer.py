@@ -252,3 +252,24 @@ class MetricsFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Rows:
+    """Rows of one table gathered in lists and appended in blocks (at a flush), not one HDF5 resize a row."""
+
+    def __init__(self, table: Table):
+        self.table = table
+        self.cols: dict[str, list] = {c: [] for c in table.columns}
+
+    def add(self, **row) -> None:
+        for c, v in row.items():
+            self.cols[c].append(v)
+
+    def extend(self, **cols) -> None:
+        for c, v in cols.items():
+            self.cols[c].extend(np.asarray(v).tolist())
+
+    def write(self) -> None:
+        if self.cols["time"]:
+            self.table.extend(**self.cols)
+            self.cols = {c: [] for c in self.cols}

@@ -34,7 +34,7 @@ from mpirl.algos.distql.checkpoint import Cut, read_server
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
 from mpirl.envs.discrete import make_tabular_env
-from mpirl.metrics.writer import MetricsFile
+from mpirl.metrics.writer import MetricsFile, Rows
 from mpirl.roles.checkpoint import identity
 from mpirl.roles.preemption import PREEMPTED, signal_name
 
@@ -47,27 +47,6 @@ WORKERS = {"time": np.float64, "worker": np.int32, "round": np.int64, "episodes"
 EVAL = {"time": np.float64, "merges": np.int64, "return_mean": np.float64, "return_std": np.float64,
         "length_mean": np.float64, "episodes": np.int64, "capped": np.int64}
 UNITS = {"time": "s", "merge_s": "s", "compute_s": "s", "wait_s": "s", "bytes_in": "B", "bytes_out": "B"}
-
-
-class Rows:
-    """Rows of one table gathered in lists and appended in blocks (at a flush), not one HDF5 resize a row."""
-
-    def __init__(self, table):
-        self.table = table
-        self.cols: dict[str, list] = {c: [] for c in table.columns}
-
-    def add(self, **row) -> None:
-        for c, v in row.items():
-            self.cols[c].append(v)
-
-    def extend(self, **cols) -> None:
-        for c, v in cols.items():
-            self.cols[c].extend(np.asarray(v).tolist())
-
-    def write(self) -> None:
-        if self.cols["time"]:
-            self.table.extend(**self.cols)
-            self.cols = {c: [] for c in self.cols}
 
 
 def evaluate(table: ServerTable, env, episodes: int, rng: np.random.Generator, max_steps: int) -> dict:

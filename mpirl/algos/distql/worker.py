@@ -22,22 +22,8 @@ from mpirl.algos.distql import messages as msg
 from mpirl.algos.distql.checkpoint import read_worker
 from mpirl.comm.backoff import wait_until
 from mpirl.comm.hub import ask
+from mpirl.envs.delay import Delay
 from mpirl.envs.discrete import make_tabular_env
-
-
-class Delay:
-    """``seconds`` added to every env step, slept in pieces of at least a millisecond (a sleep of a few
-    microseconds lasts tens), the oversleep counted against the next piece."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.owed = float(seconds), 0.0
-
-    def step(self) -> None:
-        self.owed += self.seconds
-        if self.owed >= 1e-3:
-            start = time.perf_counter()
-            time.sleep(self.owed)
-            self.owed -= time.perf_counter() - start
 
 
 def run_worker(ctx) -> str:

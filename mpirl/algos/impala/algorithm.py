@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,10 +18,10 @@ from mpirl.algos.impala.flow import queue_slots
 from mpirl.comm.messages import experience_layout, request_layout, sample_layout
 from mpirl.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
-from mpirl.envs.factory import env_spaces
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
+from mpirl.roles.policy_checks import actor_critic_params, actor_critic_spaces
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.roles import replay_layout
 from mpirl.roles.replay_layout import ACTOR, LEARNER, inference, lazy_roles, star_estimate
@@ -30,44 +30,7 @@ from mpirl.roles.replay_layout import ACTOR, LEARNER, inference, lazy_roles, sta
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-
-class Spaces(NamedTuple):
-    obs_shape: tuple
-    obs_dtype: np.dtype
-    n_actions: int
-
-
-def _spaces(cfg: JobConfig) -> Spaces:
-    if cfg.env.id == "predator_prey" or cfg.env.id.split(".")[0] in ("pettingzoo", "mpe2"):
-        raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and IMPALA plays "
-                                    "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
-    try:
-        obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    except ConfigError as err:
-        if "action space" in err.message:  # IMPALA's policy here is categorical
-            raise ConfigError("env.id", f"{err.message.split(';')[0]}; IMPALA here samples from a categorical "
-                                        "policy and continuous actions are not supported yet: choose an environment "
-                                        "with Discrete actions") from None
-        raise
-    return Spaces(tuple(obs_shape), np.dtype(obs_dtype), int(n_actions))
-
-
-def _n_params(spaces: Spaces, cfg: JobConfig) -> int:
-    """The actor-critic's parameters, counted on torch's meta device (a ConfigError for a shape it cannot take)."""
-    from mpirl.agents.actor_critic import ActorCritic
-    from mpirl.agents.networks import network_for, parameter_count, shapes_only
-    try:
-        network_for(spaces.obs_shape, cfg.agent.network)
-    except ValueError as err:
-        key = "env.id" if cfg.agent.network == "auto" else "agent.network"
-        raise ConfigError(key, f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: {err}") from None
-    try:
-        return parameter_count(shapes_only(lambda: ActorCritic(spaces.obs_shape, spaces.n_actions, cfg.agent.hidden,
-                                                               cfg.agent.network)))
-    except RuntimeError as err:  # a layer refused the shape
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError("env.id", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype} and the network "
-                                    f"for that shape cannot take it ({first}); choose another environment") from None
+TEAMS = 'set agent.algorithm = "qmix" (it plays teams)'
 
 
 def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memory.Estimate:
@@ -146,9 +109,9 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                                                f"{cfg.env.envs_per_actor} games = {n_act * cfg.env.envs_per_actor}; "
                                                f"set replay.batch_size = {n_act * cfg.env.envs_per_actor}, got "
                                                f"{cfg.replay.batch_size}")
-    spaces = _spaces(cfg)
+    spaces = actor_critic_spaces(cfg, "IMPALA", TEAMS)
     spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll)
-    n_params = _n_params(spaces, cfg)
+    n_params = actor_critic_params(spaces, cfg)
     # The broadcast carries the version after the parameters (mpirl.algos.impala.learner).
     return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
 

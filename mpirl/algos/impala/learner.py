@@ -12,25 +12,22 @@ with, mean and max per batch, averaged over the row's batches (the max: the larg
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
 import numpy as np
-import torch
 
 from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
 from mpirl.algos.impala.serving import with_version
-from mpirl.envs.vector import make_vector
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.batch_sources import Batch, BatchSource
 from mpirl.roles.context import RoleContext
 from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
+from mpirl.roles.test_play import play_test
 
 F8, I8 = np.float64, np.int64
-MAX_TEST_STEPS = 108_000  # steps of one test round at most (30 minutes of Atari play); unfinished games not counted
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")
 
 
@@ -115,31 +112,10 @@ class ImpalaTraining(LearnerAlgorithm):
         if not n:
             return
         t0 = time.perf_counter()
-        rng = np.random.default_rng(self.ctx.seed() + 1_000_003 + self.agent.steps)
-        games = make_vector(dataclasses.replace(cfg.env, envs_per_actor=n), seed=int(rng.integers(2**31)))
-        ret, length, done = np.zeros(n), np.zeros(n, np.int64), np.zeros(n, bool)
-        try:
-            obs = games.reset()
-            for _ in range(MAX_TEST_STEPS):
-                with torch.no_grad():
-                    logits, _ = self.agent.net(torch.as_tensor(obs, device=self.agent.device))
-                logp = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
-                step = games.step(games.forced(np.argmax(logp + rng.gumbel(size=logp.shape), axis=1)))
-                ret[~done] += step.reward[~done]
-                length[~done] += 1
-                done |= step.terminated | step.truncated
-                if done.all():
-                    break
-                obs = step.obs
-        finally:
-            games.close()
-        finished = ret[done]
+        played = play_test(self.agent.net, cfg.env, n, self.ctx.seed() + 1_000_003 + self.agent.steps,
+                           self.agent.device)
         self.test_table.append(time=self.ctx.now(), train_steps=self.agent.steps,
-                               env_steps=sum(self.counters.env_steps),
-                               return_mean=float(finished.mean()) if done.any() else math.nan,
-                               return_std=float(finished.std()) if done.any() else math.nan,
-                               length_mean=float(length[done].mean()) if done.any() else math.nan,
-                               episodes=int(done.sum()), seconds=time.perf_counter() - t0)
+                               env_steps=sum(self.counters.env_steps), **played, seconds=time.perf_counter() - t0)
 
     def row(self) -> dict:
         out = {k: float(np.mean(v)) if v else math.nan for k, v in self.acc.items()}

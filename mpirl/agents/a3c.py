@@ -1,0 +1,148 @@
+"""The gradient family's model: an actor-critic (:class:`~mpirl.agents.actor_critic.ActorCritic`, IMPALA's network)
+that a worker plays and computes gradients with, and that whoever applies gradients steps with its optimizer.
+
+A worker records a rollout of ``unroll`` steps of its ``E`` games (:class:`Rollout`, time-major ``[T, E]``), computes
+advantages and returns with GAE (:func:`~mpirl.agents.policy_gradient.gae`: ``lambda = 1`` is A2C's n-step return)
+and then, for each gradient the loss asks for (A2C: one over the whole rollout; PPO: ``epochs`` passes of
+``minibatches``), the flat float32 gradient of its loss (:meth:`A3cModel.gradient`). Applying one
+(:meth:`A3cModel.apply`) clips it to ``agent.grad_clip`` and steps the optimizer (Adam or RMSProp). No MPI here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mpirl.agents.actor_critic import ActorCritic
+from mpirl.agents.dqn import to_tensors
+from mpirl.agents.policy_gradient import PGLosses, a2c_losses, flat_grad, gae, ppo_losses, set_flat_grad
+
+
+class Rollout:
+    """Preallocated ``[T, E]`` arrays of one rollout; ``steps`` of them filled (a preempted rollout has fewer)."""
+
+    def __init__(self, T: int, E: int, obs_shape: tuple, obs_dtype):
+        self.T, self.E = T, E
+        self.obs = np.zeros((T, E, *obs_shape), obs_dtype)
+        self.action = np.zeros((T, E), np.int64)
+        self.logp = np.zeros((T, E), np.float32)
+        self.value = np.zeros((T, E), np.float32)
+        self.reward = np.zeros((T, E), np.float32)
+        self.terminated = np.zeros((T, E), np.bool_)
+        self.truncated = np.zeros((T, E), np.bool_)
+        self.final_value = np.zeros((T, E), np.float32)
+        self.bootstrap = np.zeros(E, np.float32)
+        self.steps = 0
+
+    def fields(self) -> dict[str, np.ndarray]:
+        n = self.steps
+        return {"obs": self.obs[:n], "action": self.action[:n], "logp": self.logp[:n], "value": self.value[:n],
+                "reward": self.reward[:n], "terminated": self.terminated[:n], "truncated": self.truncated[:n],
+                "final_value": self.final_value[:n], "bootstrap": self.bootstrap}
+
+
+class Prepared:
+    """A rollout as flat ``[N, ...]`` tensors with its advantages and returns (N = steps x E)."""
+
+    def __init__(self, b: dict[str, torch.Tensor], gamma: float, lam: float):
+        adv, ret = gae(b["reward"], b["value"], b["bootstrap"], b["terminated"], b["truncated"], b["final_value"],
+                       gamma, lam)
+        T, E = b["reward"].shape
+        self.n = T * E
+        self.obs = b["obs"].reshape(T * E, *b["obs"].shape[2:])
+        self.action = b["action"].reshape(-1)
+        self.logp = b["logp"].reshape(-1)
+        self.advantages = adv.reshape(-1)
+        self.returns = ret.reshape(-1)
+
+
+class A3cModel:
+    """The network, and (``optimizer=True``) the optimizer that applies gradients to it."""
+
+    def __init__(self, obs_shape, n_actions: int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
+                 optimizer: bool):
+        torch.manual_seed(seed)  # every rank the same seed: the same initial parameters
+        self.device, self.cfg, self.agent_cfg = device, a3c_cfg, agent_cfg
+        self.net = ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
+        self.params = list(self.net.parameters())
+        self.n_params = sum(p.numel() for p in self.params)
+        self.optimizer: torch.optim.Optimizer | None = None
+        if optimizer:
+            c = a3c_cfg
+            if c.optimizer == "rmsprop":
+                self.optimizer = torch.optim.RMSprop(self.params, lr=agent_cfg.lr, alpha=c.rmsprop_alpha,
+                                                     eps=c.rmsprop_eps)
+            else:
+                self.optimizer = torch.optim.Adam(self.params, lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
+        self.fault = ""
+
+    # -- playing
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sampled actions, their log-probabilities and the values of ``obs``."""
+        logits, values = self.net(torch.as_tensor(obs, device=self.device))
+        logp_all = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
+        actions = np.argmax(logp_all + rng.gumbel(size=logp_all.shape), axis=1)
+        logp = logp_all[np.arange(len(actions)), actions].astype(np.float32)
+        return actions, logp, values.float().cpu().numpy()
+
+    @torch.no_grad()
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        return self.net(torch.as_tensor(obs, device=self.device))[1].float().cpu().numpy()
+
+    # -- gradients
+    def prepare(self, rollout: Rollout) -> Prepared:
+        return Prepared(to_tensors(rollout.fields(), self.device), self.agent_cfg.gamma, self.cfg.gae_lambda)
+
+    def losses(self, p: Prepared, idx: np.ndarray | None) -> PGLosses:
+        c = self.cfg
+        sel = slice(None) if idx is None else torch.as_tensor(idx, device=self.device)
+        if c.loss == "ppo":
+            return ppo_losses(self.net, p.obs[sel], p.action[sel], p.logp[sel], p.advantages[sel], p.returns[sel],
+                              c.clip, c.value_coef, c.entropy_coef, c.normalize_advantages)
+        return a2c_losses(self.net, p.obs[sel], p.action[sel], p.advantages[sel], p.returns[sel], c.value_coef,
+                          c.entropy_coef)
+
+    def gradient(self, p: Prepared, idx: np.ndarray | None, out: np.ndarray) -> dict[str, float] | None:
+        """The loss's gradient on the samples ``idx`` (all: None) into ``out``; its statistics, or None (``out``
+        untouched) when the loss or the gradient is not finite."""
+        losses = self.losses(p, idx)
+        for q in self.params:
+            q.grad = None
+        losses.total.backward()
+        norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in self.params if q.grad is not None]))
+        if not (torch.isfinite(losses.total) and torch.isfinite(norm)):
+            self.fault = f"the loss was {float(losses.total.detach()):g} and the gradient's norm {float(norm):g}"
+            return None
+        flat_grad(self.params, out)
+        return {"loss": float(losses.total.detach()), "policy_loss": float(losses.policy.detach()),
+                "value_loss": float(losses.value.detach()), "entropy": float(losses.entropy.detach()),
+                "grad_norm": float(norm), "clip_fraction": float(losses.clip_fraction),
+                "approx_kl": float(losses.approx_kl)}
+
+    def apply(self, grad: np.ndarray) -> float:
+        """Step the optimizer with the flat gradient ``grad`` (clipped to ``agent.grad_clip``); its norm before."""
+        assert self.optimizer is not None, "a model without an optimizer applies no gradient"
+        set_flat_grad(self.params, grad)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.agent_cfg.grad_clip)
+        self.optimizer.step()
+        return float(norm)
+
+    # -- parameters
+    def load(self, flat: np.ndarray) -> None:
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.as_tensor(flat, device=self.device), self.params)
+
+    def flat_params(self) -> np.ndarray:
+        return torch.nn.utils.parameters_to_vector(self.params).detach().cpu().numpy()
+
+    def state(self) -> dict:
+        out = {"net": self.net.state_dict()}
+        if self.optimizer is not None:
+            out["optimizer"] = self.optimizer.state_dict()
+        return out
+
+    def restore(self, st: dict) -> None:
+        self.net.load_state_dict(st["net"])
+        if self.optimizer is not None and "optimizer" in st:
+            self.optimizer.load_state_dict(st["optimizer"])

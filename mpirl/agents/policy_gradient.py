@@ -1,0 +1,174 @@
+"""The pure parts of on-policy actor-critic learning with gradients computed where the rollouts are (A2C / A3C,
+Mnih et al. 2016; PPO, Schulman et al. 2017): advantages, losses, minibatches and the gradient as one flat vector.
+
+**Advantages** (generalized advantage estimation, Schulman et al. 2016). A rollout is T steps of E games stepped
+together, tensors time-major ``[T, E]``. With V'(x_{t+1}) the value step t bootstraps from::
+
+    delta_t = r_t + gamma (1 - term_t) V'(x_{t+1}) - V(x_t)
+    A_t     = delta_t + gamma lambda (1 - end_t) A_{t+1}            (A_T = 0)
+    R_t     = A_t + V(x_t)                                           (the value target)
+
+V'(x_{t+1}) is the next step's value, V(x_T) (the bootstrap) at the rollout's end, and the value of the episode's
+final observation after a *truncated* step (a time limit); after a *terminated* step nothing is bootstrapped. The
+sum never chains across an episode's end (end_t = term_t or trunc_t): the next step belongs to the next episode.
+These are :mod:`mpirl.agents.vtrace`'s ends. With lambda = 1, R_t is the n-step return to the rollout's end (or
+the episode's) and A_t = R_t - V(x_t): A2C's advantage; lambda < 1 trades its variance for the value's bias.
+
+**Losses**, means over a flat batch of N steps (a caller flattens ``[T, E]``), with the advantages held fixed:
+
+* A2C: ``-A log pi(a|x)`` + value_coef x ``(R - V(x))^2 / 2`` - entropy_coef x ``H(pi(.|x))``.
+* PPO's clipped surrogate: with the ratio rho = pi(a|x) / pi_old(a|x) and A normalised per minibatch,
+  ``-min(rho A, clip(rho, 1 - eps, 1 + eps) A)``, the same value and entropy terms (no value clipping). Where the
+  clipped branch is the smaller, the sample gives the policy no gradient. Reported too: the fraction of samples with
+  ``|rho - 1| > eps`` and the estimate ``E[(rho - 1) - log rho]`` of KL(pi_old || pi) (Schulman's "k3": unbiased,
+  never negative).
+
+**Flat gradients**: a worker's gradient crosses the network as one float32 vector, the parameters' ``.grad``
+concatenated in ``parameters()`` order (:func:`flat_grad`); the receiver writes it back (:func:`set_flat_grad`)
+before its optimizer steps.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+@torch.no_grad()
+def gae(rewards: Tensor, values: Tensor, bootstrap: Tensor, terminated: Tensor, truncated: Tensor,
+        final_values: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """``(advantages, returns)``, both ``[T, E]`` in the dtype of ``values``, returns = advantages + values.
+
+    ``rewards``, ``values``: [T, E] r_t and V(x_t); ``bootstrap``: [E] V(x_T); ``terminated``, ``truncated``:
+    [T, E] bool, the episode ended after step t; ``final_values``: [T, E] the value of the final observation where a
+    step was truncated and not terminated (read there only: elsewhere it may hold anything, NaN included).
+    """
+    if values.dim() != 2 or bootstrap.shape != values.shape[1:]:
+        raise ValueError(f"values must be [T, E] and bootstrap [E]; got {tuple(values.shape)} and "
+                         f"{tuple(bootstrap.shape)}")
+    for name, x in (("rewards", rewards), ("terminated", terminated), ("truncated", truncated),
+                    ("final_values", final_values)):
+        if x.shape != values.shape:
+            raise ValueError(f"{name} must be [T, E] like values {tuple(values.shape)}; got {tuple(x.shape)}")
+    dtype = values.dtype
+    term = terminated.bool()
+    trunc = truncated.bool() & ~term
+    # V'(x_{t+1}) as step t sees it: the next step's value, the bootstrap at the end, the final observation's value
+    # after a truncation, zero after a termination.
+    next_values = torch.cat([values[1:], bootstrap.to(dtype)[None]], dim=0)
+    next_values = torch.where(trunc, final_values.to(dtype), next_values)
+    next_values = torch.where(term, torch.zeros_like(next_values), next_values)
+    deltas = rewards.to(dtype) + gamma * next_values - values
+    chain = (gamma * lam) * (~(term | trunc)).to(dtype)  # no sum across an episode's end
+    advantages = torch.empty_like(values)
+    acc = torch.zeros_like(values[0])
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + chain[t] * acc
+        advantages[t] = acc
+    return advantages, advantages + values
+
+
+class PGLosses(NamedTuple):
+    total: Tensor  # policy + value_coef * value - entropy_coef * entropy (the one to differentiate)
+    policy: Tensor
+    value: Tensor  # half the mean squared error to the returns
+    entropy: Tensor  # the policy's mean entropy
+    clip_fraction: Tensor  # detached: the fraction of samples whose ratio is outside [1 - clip, 1 + clip]; 0 for A2C
+    approx_kl: Tensor  # detached: mean (rho - 1) - log rho, an estimate of KL(pi_old || pi); 0 for A2C
+
+
+def _evaluate(net: nn.Module, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log pi(a|x) [N], entropy of pi(.|x) [N], V(x) [N])`` of a flat batch."""
+    logits, values = net(obs)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(1, actions.long().reshape(-1, 1)).squeeze(1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy, values
+
+
+def a2c_losses(net: nn.Module, obs: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor, value_coef: float,
+               entropy_coef: float) -> PGLosses:
+    """A2C's losses of a flat batch: ``obs`` [N, ...], ``actions`` [N] (integers), ``advantages`` and ``returns``
+    [N] (from :func:`gae`; no gradient flows through them); means over the batch."""
+    logp, entropy, values = _evaluate(net, obs, actions)
+    adv = advantages.detach().to(logp.dtype)
+    policy = -(adv * logp).mean()
+    value = 0.5 * (returns.detach().to(values.dtype) - values).pow(2).mean()
+    ent = entropy.mean()
+    total = policy + value_coef * value - entropy_coef * ent
+    zero = torch.zeros((), dtype=total.dtype, device=total.device)
+    return PGLosses(total, policy, value, ent, zero, zero.clone())
+
+
+def ppo_losses(net: nn.Module, obs: Tensor, actions: Tensor, old_logp: Tensor, advantages: Tensor, returns: Tensor,
+               clip: float, value_coef: float, entropy_coef: float, normalize: bool = True) -> PGLosses:
+    """PPO's clipped-surrogate losses of a flat minibatch: as :func:`a2c_losses`, with ``old_logp`` [N] the log
+    pi_old(a|x) the rollout was acted with and ``clip`` the ratio's range 1 +- clip. With ``normalize`` the
+    advantages are normalised over the minibatch, ``(A - mean) / (std + 1e-8)`` (the sample std; a minibatch of
+    one is left as it is)."""
+    logp, entropy, values = _evaluate(net, obs, actions)
+    adv = advantages.detach().to(logp.dtype)
+    if normalize and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    log_ratio = logp - old_logp.detach().to(logp.dtype)
+    ratio = torch.exp(log_ratio)
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * adv)
+    policy = -surrogate.mean()
+    value = 0.5 * (returns.detach().to(values.dtype) - values).pow(2).mean()
+    ent = entropy.mean()
+    total = policy + value_coef * value - entropy_coef * ent
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip).to(ratio.dtype).mean()
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    return PGLosses(total, policy, value, ent, clip_fraction, approx_kl)
+
+
+def minibatch_indices(n: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A random permutation of ``range(n)`` cut into ``k`` parts of nearly equal size (the first ``n % k`` one
+    longer): every index in exactly one minibatch."""
+    if k < 1 or k > n:
+        raise ValueError(f"cannot cut {n} samples into {k} minibatches (need 1 <= k <= n)")
+    return np.array_split(rng.permutation(n), k)
+
+
+def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
+    """Write the parameters' ``.grad``, concatenated in order, into ``out`` (float32, one value per parameter
+    element; zeros for a parameter without a gradient)."""
+    params = list(params)
+    n = sum(p.numel() for p in params)
+    if out.ndim != 1 or out.shape[0] != n:
+        raise ValueError(f"the gradient has {n} values but out has {out.size} (shape {out.shape})")
+    if out.dtype != np.float32:
+        raise ValueError(f"out must be float32, not {out.dtype}")
+    flat = torch.from_numpy(out)
+    offset = 0
+    for p in params:
+        part = flat[offset:offset + p.numel()]
+        if p.grad is None:
+            part.zero_()
+        else:
+            part.copy_(p.grad.detach().reshape(-1))  # to float32 on the CPU
+        offset += p.numel()
+
+
+def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray) -> None:
+    """Set each parameter's ``.grad`` (on its device, in its dtype) from the flat vector :func:`flat_grad` writes;
+    the gradients are copies, not views of ``flat``."""
+    params = list(params)
+    n = sum(p.numel() for p in params)
+    if flat.ndim != 1 or flat.shape[0] != n:
+        raise ValueError(f"the parameters have {n} values but the flat gradient has {flat.size} "
+                         f"(shape {flat.shape})")
+    host = np.ascontiguousarray(flat, dtype=np.float32)
+    src = torch.from_numpy(host if host.flags.writeable else host.copy())
+    offset = 0
+    for p in params:
+        part = src[offset:offset + p.numel()].view_as(p)
+        if p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype and p.grad.device == p.device:
+            p.grad.copy_(part)
+        else:
+            p.grad = part.to(device=p.device, dtype=p.dtype, copy=True)
+        offset += p.numel()

@@ -1,0 +1,132 @@
+"""The gradient family behind the algorithm seam: its checks, layout, roles, rank files and validate line.
+
+``async``/``sync``: rank 0 the parameter server, ranks 1..W the workers, one link (the workers' gradients into the
+server, its replies back on the same communicator: the server is rank 0 there, each worker at its world rank).
+``allreduce``: every rank a worker, one link of the workers with themselves (their allreduce communicator).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mpirl.algos.a3c.exchange import max_episodes
+from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+from mpirl.algos.a3c.settings import has_server, updates_per_rollout
+from mpirl.comm.topology import Layout, Link, Topology, build
+from mpirl.config import ConfigError, JobConfig
+from mpirl.contract import RoleLoop
+from mpirl.roles import memory
+from mpirl.roles.checks import Checked
+from mpirl.roles.policy_checks import Spaces, actor_critic_params, actor_critic_spaces
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+TEAMS = 'set agent.algorithm = "qmix" (it plays teams)'
+
+SERVER, WORKER = "server", "worker"
+
+
+def workers_of(cfg: JobConfig, world_size: int, job_path: str) -> int:
+    """The number of workers, or a ConfigError naming the world size and the command that fits."""
+    a, server = cfg.a3c, int(has_server(cfg))
+    what = "1 parameter server + " if server else ""
+    if a.workers and world_size != a.workers + server:
+        raise ConfigError("world size", f"the job needs {what}{a.workers} worker(s) (a3c.workers), the MPI world has "
+                                        f"{world_size} rank(s); run: mpirl launch -n {a.workers + server} {job_path}  "
+                                        f"(or set a3c.workers = {world_size - server})")
+    if world_size - server < 1:
+        raise ConfigError("world size", f"the job needs {what}at least 1 worker, the MPI world has {world_size} "
+                                        f"rank(s); run: mpirl launch -n {cfg.world_size} {job_path}")
+    return world_size - server
+
+
+def estimate(cfg: JobConfig, workers: int, spaces: Spaces, n_params: int) -> memory.Estimate:
+    """A worker: its network (parameters, gradients, a received copy; Adam's two moments under allreduce), its
+    rollout and the loss's activations over it, its message buffers; the server: the network, Adam's moments and a
+    message and a reply buffer per worker."""
+    import numpy as np
+    a, E = cfg.a3c, cfg.env.envs_per_actor
+    params = 4 * n_params
+    obs = int(np.prod(spaces.obs_shape)) * np.dtype(spaces.obs_dtype).itemsize
+    rollout = a.unroll * E * (obs + 40)
+    activations = a.unroll * E * 4 * (int(np.prod(spaces.obs_shape)) + 4 * max(cfg.agent.hidden))
+    message = message_nbytes(n_params, max_episodes(cfg))
+    worker = (memory.PROCESS + memory.TRAINING + 4 * params + rollout + activations + message
+              + reply_nbytes(n_params) + (2 * params if not has_server(cfg) else 0))
+    server = memory.PROCESS + memory.TRAINING + 5 * params + workers * (message + reply_nbytes(n_params))
+    per_rank, ranks = {WORKER: int(worker)}, {WORKER: workers}
+    if has_server(cfg):
+        per_rank[SERVER], ranks[SERVER] = int(server), 1
+    return memory.Estimate(per_rank, ranks, network_bytes=params, labels={SERVER: "parameter server"})
+
+
+def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
+    W = workers_of(cfg, world_size, job_path)
+    a = cfg.a3c
+    if a.exchange == "sync" and a.stragglers >= W:
+        raise ConfigError("a3c.stragglers", f"must be less than the workers ({W}): each round waits for workers - "
+                                            f"stragglers of them, got {a.stragglers}")
+    if len(a.worker_delay_us) not in (1, W):
+        raise ConfigError("a3c.worker_delay_us", f"must hold one value for every worker or one per worker ({W}), "
+                                                 f"got {len(a.worker_delay_us)}: {a.worker_delay_us}")
+    spaces = actor_critic_spaces(cfg, "the gradient family (agent.algorithm = \"a3c\")", TEAMS)
+    n_params = actor_critic_params(spaces, cfg)
+    return Checked(spaces, {}, n_params, estimate(cfg, W, spaces, n_params))
+
+
+def layout(cfg: JobConfig, world_size: int) -> Layout:
+    if has_server(cfg):
+        return Layout({SERVER: (0,), WORKER: tuple(range(1, world_size))}, (Link("gradients", WORKER, SERVER),))
+    return Layout({WORKER: tuple(range(world_size))}, (Link("gradients", WORKER, WORKER),))
+
+
+def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
+    return build(world, layout(cfg, world.size), node_local=False)
+
+
+def rank_files(topo: Topology) -> dict[str, str]:
+    workers = topo.layout.ranks[WORKER]
+    return {"updates": "updates.h5", **{f"worker_{r}": f"worker_{r}.h5" for r in workers}}
+
+
+def _span(ranks) -> str:
+    ranks = list(ranks)
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
+def role_map(topo: Topology) -> str:
+    workers = topo.layout.ranks[WORKER]
+    if SERVER in topo.layout.ranks:
+        return f"0 parameter server; {_span(workers)} worker{'s' if len(workers) > 1 else ''}"
+    return f"{_span(workers)} worker{'s' if len(workers) > 1 else ''} (allreduce; 0 writes the updates)"
+
+
+def _role(module: str, func: str) -> RoleLoop:
+    def run(ctx):
+        return getattr(importlib.import_module(f"mpirl.algos.a3c.{module}"), func)(ctx)
+    return run
+
+
+ROLES: dict[str, RoleLoop] = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
+
+
+def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
+    a, s = cfg.a3c, checked.spaces
+    W = world_size - int(has_server(cfg))
+    how = {"async": f"asynchronous parameter server (max staleness {a.max_staleness})",
+           "sync": f"synchronous rounds of {W - a.stragglers} of {W} (stragglers {a.stragglers})",
+           "allreduce": f"allreduce, straggler preemption at {a.sync_frac:g}" + (" (off)" if a.sync_frac >= 1
+                                                                                  else "")}[a.exchange]
+    loss = (f"PPO ({a.epochs} epochs x {a.minibatches} minibatches)" if a.loss == "ppo" else "A2C")
+    return (f"{'1 server, ' if has_server(cfg) else ''}{W} worker(s); {loss} gradients, {how}, on {cfg.env.id}: obs "
+            f"{s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; rollouts of {a.unroll} steps x "
+            f"{cfg.env.envs_per_actor} games, {updates_per_rollout(cfg)} gradient(s) each; {checked.n_params:,} "
+            f"parameters ({4 * checked.n_params / 1e6:.2f} MB a gradient)")
+
+
+def summary(run_dir: Path) -> str:
+    from mpirl.algos.a3c.info import format_summary, summarize
+    return format_summary(summarize(run_dir))

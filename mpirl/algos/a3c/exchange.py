@@ -1,0 +1,202 @@
+"""How a worker exchanges its gradients: with the parameter server (:class:`ToServer`, ``async`` and ``sync``) or
+with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.algos.a3c.worker`) sees one protocol:
+
+* ``start()`` — the job's parameters (the server's first reply; under ``allreduce`` rank 0's, broadcast) and this
+  worker's counters (env steps, episodes: a resumed run's, from the checkpoint);
+* ``preempt(rollout, steps)`` — end the rollout now? (DD-PPO's rule; never with a server);
+* ``finished_rollout(rollout)`` — tell the others (the shared counter);
+* ``update(grad, ...)`` — send one gradient and take the parameters back: the server's reply (and whether it
+  dropped the gradient, and whether to stop), or the peers' average, applied here with this rank's optimizer;
+* ``end_rollout(...)`` — the stop decision under ``allreduce`` (every rank the same, from shared progress);
+* ``finish()``, ``close()``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from mpirl.agents.a3c import A3cModel
+from mpirl.algos.a3c import messages as msg
+from mpirl.algos.a3c.progress import Progress
+from mpirl.algos.a3c.rules import preempted
+from mpirl.algos.a3c.updates import UpdateLog
+from mpirl.comm.backoff import wait_until
+from mpirl.comm.counter import SharedCounter, finished_in_round
+from mpirl.comm.hub import ask
+from mpirl.roles.preemption import PREEMPTED
+
+
+class Outcome(NamedTuple):
+    stop: str  # '' while the job goes on
+    dropped: bool
+
+
+def max_episodes(cfg) -> int:
+    """Episodes one message may carry: every game ending at every step of a rollout."""
+    return cfg.env.envs_per_actor * cfg.a3c.unroll
+
+
+class ToServer:
+    def __init__(self, ctx, model: A3cModel):
+        self.ctx, self.model = ctx, model
+        self.comm = ctx.topo.comm("gradients")  # the server is rank 0
+        self.index = self.comm.rank - 1
+        n = model.n_params
+        self.out = np.empty(msg.message_nbytes(n, max_episodes(ctx.cfg)), np.uint8)
+        self.back = np.empty(msg.reply_nbytes(n), np.uint8)
+        self.version = 0
+
+    def _ask(self, nbytes: int) -> msg.Reply:
+        ask(self.comm, 0, self.out[:nbytes], self.back, msg.GRADIENT, msg.REPLY)
+        return msg.unpack_reply(self.back, self.model.n_params)
+
+    def start(self) -> tuple[int, int]:
+        reply = self._ask(msg.pack(self.out, msg.HELLO, 0, 0, 0, 0, {}, np.zeros(0), np.zeros(0), None))
+        self.model.load(reply.params)
+        self.version = reply.version
+        return reply.env_steps, reply.episodes
+
+    def preempt(self, rollout: int, steps: int) -> bool:
+        return False
+
+    def finished_rollout(self, rollout: int) -> None:
+        pass
+
+    def update(self, grad, stats, rollout, env_steps, episodes, rets, lens) -> Outcome:
+        n = msg.pack(self.out, msg.GRAD, self.version, rollout, env_steps, episodes, stats, rets, lens, grad)
+        reply = self._ask(n)
+        if reply.stop:
+            return Outcome("stopped by the server", reply.dropped)
+        self.model.load(reply.params)
+        self.version = reply.version
+        return Outcome("", reply.dropped)
+
+    def end_rollout(self, env_steps, episodes, rets, lens) -> str:
+        return ""  # the episodes went with the rollout's first gradient
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Peers:
+    """DD-PPO: every worker averages its gradient with the others' (``Iallreduce``) and steps its own optimizer;
+    identical parameters on every rank, checked by a hash every ``a3c.check_every`` updates. Every rank keeps the
+    same :class:`Progress` (each rollout's counters and returns are gathered to all), so all decide to stop at the
+    same update; rank 0 adds what only it sees (a preemption notice, the wall clock), writes ``updates.h5`` and the
+    checkpoints."""
+
+    FIXED = 4  # stop flag, env steps, episodes, returns carried; then up to run.return_window returns
+
+    def __init__(self, ctx, model: A3cModel):
+        self.ctx, self.model, self.cfg = ctx, model, ctx.cfg
+        self.comm = ctx.topo.comm("gradients")
+        self.index, self.W = self.comm.rank, self.comm.size
+        a = self.cfg.a3c
+        self.counter = SharedCounter(self.comm) if a.sync_frac < 1 and self.W > 1 else None
+        self.sum = np.zeros(model.n_params, np.float32)
+        self.progress = Progress(ctx, list(range(self.W)))
+        self.R = self.cfg.run.return_window
+        self.mine = np.zeros(self.FIXED + self.R)
+        self.all = np.zeros((self.W, self.FIXED + self.R))
+        self.log = UpdateLog(ctx, model.n_params, {"role": "worker 0", "exchange": "allreduce",
+                                                   "workers": self.W}) if self.index == 0 else None
+        self.hash_in = np.zeros(1, np.int64)
+        self.hashes = np.zeros(self.W, np.int64)
+        self.stop_reason = ""
+
+    @property
+    def version(self) -> int:
+        return self.progress.version
+
+    def _wait(self, req) -> None:
+        wait_until(req.Test, first=20e-6, longest=2e-3)
+
+    def start(self) -> tuple[int, int]:
+        if self.ctx.resume:
+            self.progress.restore(self.model)
+        params = self.model.flat_params()
+        self.comm.Bcast(params, root=0)  # one source of truth, whatever the seeds did
+        self.model.load(params)
+        return self.progress.env_steps[self.index], self.progress.episodes[self.index]
+
+    def preempt(self, rollout: int, steps: int) -> bool:
+        if self.counter is None:
+            return False
+        done = finished_in_round(self.counter.read(), rollout, self.W)
+        return preempted(done, self.W, self.cfg.a3c.sync_frac, steps, 0)
+
+    def finished_rollout(self, rollout: int) -> None:
+        if self.counter is not None:
+            self.counter.add(1)
+
+    def update(self, grad, stats, rollout, env_steps, episodes, rets, lens) -> Outcome:
+        self._wait(self.comm.Iallreduce(grad, self.sum, op=MPI.SUM))
+        self.sum /= self.W
+        norm = self.model.apply(self.sum)
+        self.progress.version += 1
+        v = self.progress.version
+        if self.log is not None:
+            self.log.add(version=v, worker=0, gradients=self.W, staleness=0.0, applied=True, dropped=0,
+                         env_steps=self.progress.total_env_steps, applied_norm=norm,
+                         **{k: stats.get(k, float("nan")) for k in msg.STATS})
+            self.log.flush_if_due()
+        every = self.cfg.a3c.check_every
+        if every and v % every == 0:
+            self.check_same()
+        return Outcome("", False)
+
+    def check_same(self) -> None:
+        """Every rank's parameters hash the same, or the job fails naming the update."""
+        self.hash_in[0] = zlib.crc32(self.model.flat_params().tobytes())
+        self._wait(self.comm.Iallgather(self.hash_in, self.hashes))
+        if len(set(self.hashes.tolist())) != 1:
+            raise RuntimeError(f"the workers' parameters differ after update {self.version} (hashes "
+                               f"{self.hashes.tolist()}): the allreduce or an optimizer went its own way")
+
+    def end_rollout(self, env_steps, episodes, rets, lens) -> str:
+        """Gather every worker's counters and newest returns; the stop decision, the same on every rank."""
+        p, m = self.progress, self.mine
+        flag, reason = 0, ""
+        if self.index == 0:
+            notice = self.ctx.preempt.requested() if self.ctx.preempt is not None else None
+            reason = p.stop_reason(notice)
+            flag = 1 if reason.startswith(PREEMPTED) else 2 if reason else 0
+        k = min(len(rets), self.R)
+        m[:self.FIXED] = (flag, env_steps, episodes, k)
+        m[self.FIXED:self.FIXED + k] = rets[len(rets) - k:]
+        self._wait(self.comm.Iallgather(m, self.all))
+        for w in range(self.W):
+            row = self.all[w]
+            n = int(row[3])
+            p.note(w, int(row[1]), int(row[2]), row[self.FIXED:self.FIXED + n])
+        shared = p.stop_reason(None, wall=False)
+        first = int(self.all[0, 0])
+        if self.index == 0:
+            reason = reason if first == 1 else shared or reason
+        else:
+            reason = shared or ("stopped by worker 0" if first else "")
+        if self.index == 0 and (reason or p.save_due()):
+            p.save(self.model, self.ctx.topo.world.size)
+        self.stop_reason = reason
+        return reason
+
+    def finish(self) -> None:
+        if self.log is not None and not self.stop_reason.startswith(PREEMPTED):
+            self.log.test(self.model, self.version, self.progress.total_env_steps)
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.free()
+        if self.log is not None:
+            self.log.close()
+
+
+def exchange_for(ctx, model: A3cModel) -> ToServer | Peers:
+    return Peers(ctx, model) if ctx.cfg.a3c.exchange == "allreduce" else ToServer(ctx, model)

@@ -1,0 +1,174 @@
+"""A worker of the gradient family: plays its own games with its own copy of the actor-critic, computes the
+gradients of its rollouts and exchanges them (:mod:`mpirl.algos.a3c.exchange`).
+
+Its loop reads top to bottom: a rollout of ``a3c.unroll`` steps of its ``env.envs_per_actor`` games (under
+``allreduce`` ended early when DD-PPO's straggler rule says so), its advantages, then each gradient the loss asks
+for is sent and the parameters that come back (or the average every peer applies) replace the worker's. The stop
+comes in a reply (server) or from the peers' shared progress (allreduce).
+
+Its file ``worker_<rank>.h5``: ``rollouts`` (one row a rollout: steps, preempted, env steps, version, the seconds
+computing and waiting for the exchange, gradients sent and dropped) and ``episodes`` (return, length).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import numpy as np
+import torch
+
+from mpirl.agents.a3c import A3cModel, Rollout
+from mpirl.agents.dqn import pick_device
+from mpirl.agents.policy_gradient import minibatch_indices
+from mpirl.algos.a3c.exchange import exchange_for
+from mpirl.algos.a3c.settings import min_steps
+from mpirl.envs.delay import Delay
+from mpirl.envs.vector import make_vector
+from mpirl.metrics.writer import MetricsFile
+
+F8, I8 = np.float64, np.int64
+ROLLOUTS = {"time": F8, "rollout": I8, "steps": I8, "preempted": np.bool_, "env_steps": I8, "version": I8,
+            "compute_s": F8, "wait_s": F8, "gradients": I8, "dropped": I8}
+EPISODES = {"time": F8, "episode": I8, "return": F8, "length": I8}
+UNITS = {"time": "s", "compute_s": "s", "wait_s": "s"}
+
+
+class Games:
+    """The worker's games and its episodes' bookkeeping."""
+
+    def __init__(self, ctx, delay_s: float):
+        cfg = ctx.cfg
+        self.games = make_vector(cfg.env, seed=ctx.seed())
+        self.obs = self.games.reset()
+        E = cfg.env.envs_per_actor
+        self.ret, self.length = np.zeros(E), np.zeros(E, np.int64)
+        self.clip, self.scale = cfg.agent.reward_clip, cfg.a3c.reward_scale
+        self.delay = Delay(delay_s)
+        self.finished: list[tuple[float, int]] = []  # (return, length) since they were last taken
+
+    def play(self, model: A3cModel, ro: Rollout, rng: np.random.Generator, stop_early) -> bool:
+        """Fill ``ro``; True when ``stop_early(steps)`` ended it before ``ro.T`` steps."""
+        preempted = False
+        t = 0
+        for t in range(ro.T):
+            if stop_early(t):
+                preempted = True
+                break
+            obs = self.obs
+            actions, logp, values = model.act(obs, rng)
+            step = self.games.step(self.games.forced(actions))
+            if self.delay.seconds:
+                self.delay.step()
+            reward = step.reward if not self.clip else np.clip(step.reward, -self.clip, self.clip)
+            ro.obs[t], ro.action[t], ro.logp[t], ro.value[t] = obs, actions, logp, values
+            ro.reward[t] = reward * self.scale
+            ro.terminated[t], ro.truncated[t] = step.terminated, step.truncated
+            cut = step.truncated & ~step.terminated
+            ro.final_value[t] = 0.0
+            if cut.any():
+                ro.final_value[t][cut] = model.values(step.final_obs[cut])
+            self.ret += step.reward
+            self.length += 1
+            for e in np.flatnonzero(step.terminated | step.truncated):
+                self.finished.append((float(self.ret[e]), int(self.length[e])))
+                self.ret[e], self.length[e] = 0.0, 0
+            self.obs = step.obs
+        else:
+            t = ro.T
+        ro.steps = t
+        ro.bootstrap[:] = model.values(self.obs)
+        return preempted
+
+    def take(self) -> list[tuple[float, int]]:
+        out, self.finished = self.finished, []
+        return out
+
+    def close(self) -> None:
+        self.games.close()
+
+
+def run_worker(ctx) -> str:
+    cfg, a = ctx.cfg, ctx.cfg.a3c
+    torch.set_num_threads(cfg.agent.torch_threads)
+    model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a, pick_device(cfg.agent.device),
+                     seed=cfg.run.seed, optimizer=a.exchange == "allreduce")
+    link = exchange_for(ctx, model)
+    me = link.index  # among the workers
+    delays = a.worker_delay_us
+    games = Games(ctx, 1e-6 * delays[me if len(delays) > 1 else 0])
+    rng = np.random.default_rng(ctx.seed(1))
+    E, T = cfg.env.envs_per_actor, a.unroll
+    ro = Rollout(T, E, ctx.spaces.obs_shape, ctx.spaces.obs_dtype)
+    grad = np.zeros(model.n_params, np.float32)
+    shortest = min_steps(cfg)
+    f = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5",
+                    {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange, "loss": a.loss,
+                     "n_params": model.n_params, "unroll": T, "envs": E},
+                    flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
+    rollouts, episodes = f.table("rollouts", ROLLOUTS, UNITS), f.table("episodes", EPISODES, UNITS)
+    if ctx.resume:
+        for table in (rollouts, episodes):
+            table.truncate(table.rows_until("time", ctx.resume.job_time))
+    env_steps, n_episodes = link.start()  # the parameters (and, resumed, this worker's counters) of the job
+    n_rollouts = sent = dropped = 0
+    compute_s = wait_s = 0.0
+    stop = ""
+    try:
+        while not stop:
+            start = time.perf_counter()
+            preempted = games.play(model, ro, rng, lambda t: t >= shortest and link.preempt(n_rollouts, t))
+            link.finished_rollout(n_rollouts)
+            n_rollouts += 1
+            env_steps += ro.steps * E
+            done = games.take()
+            n_episodes += len(done)
+            if done:
+                now = ctx.now()
+                rets, lens = np.array([d[0] for d in done]), np.array([d[1] for d in done], np.int64)
+                episodes.extend(time=np.full(len(done), now), episode=np.arange(n_episodes - len(done), n_episodes),
+                                **{"return": rets}, length=lens)
+            else:
+                rets, lens = np.zeros(0), np.zeros(0, np.int64)
+            ep_rets, ep_lens = rets, lens
+            prepared = model.prepare(ro)
+            passes = a.epochs if a.loss == "ppo" else 1
+            for _ in range(passes):
+                parts = minibatch_indices(prepared.n, a.minibatches, rng) if a.loss == "ppo" else [None]
+                for idx in parts:
+                    stats = model.gradient(prepared, idx, grad)
+                    if stats is None:
+                        raise RuntimeError(f"worker {me} (rank {ctx.topo.rank}): {model.fault}; the settings that "
+                                           f"feed it: agent.lr={cfg.agent.lr:g}, agent.grad_clip="
+                                           f"{cfg.agent.grad_clip:g}, agent.reward_clip={cfg.agent.reward_clip:g}")
+                    compute_s += time.perf_counter() - start
+                    start = time.perf_counter()
+                    out = link.update(grad, stats, n_rollouts, env_steps, n_episodes, rets, lens)
+                    rets, lens = rets[:0], lens[:0]  # the episodes travel once
+                    wait_s += time.perf_counter() - start
+                    start = time.perf_counter()
+                    sent += 1
+                    dropped += out.dropped
+                    if out.stop:
+                        stop = out.stop
+                        break
+                if stop:
+                    break
+            if not stop:
+                compute_s += time.perf_counter() - start
+                start = time.perf_counter()
+                stop = link.end_rollout(env_steps, n_episodes, ep_rets, ep_lens)
+                wait_s += time.perf_counter() - start
+                start = time.perf_counter()
+            compute_s += time.perf_counter() - start
+            rollouts.append(time=ctx.now(), rollout=n_rollouts, steps=ro.steps, preempted=preempted,
+                            env_steps=env_steps, version=link.version, compute_s=compute_s, wait_s=wait_s,
+                            gradients=sent, dropped=dropped)
+            f.flush_if_due()
+        link.finish()
+        f.set_attrs(version=link.version, params_crc32=zlib.crc32(model.flat_params().tobytes()))
+        link.close()  # collective under allreduce: only on the way every rank takes (a failure aborts the job)
+        return stop
+    finally:
+        games.close()
+        f.close()

@@ -1,0 +1,53 @@
+"""Checks shared by the actor-critic algorithms (IMPALA, the gradient family): a single-agent environment with
+discrete actions, and an actor-critic network that can take its observations. No MPI; torch only on its meta
+device, to count parameters."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from mpirl.config import ConfigError, JobConfig
+from mpirl.envs.factory import env_spaces
+
+
+class Spaces(NamedTuple):
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    n_actions: int
+
+
+def actor_critic_spaces(cfg: JobConfig, name: str, teams: str) -> Spaces:
+    """The env's spaces, or a ConfigError naming ``env.id`` when ``name`` (the algorithm) cannot play it;
+    ``teams``: the fix for a multi-agent environment."""
+    if cfg.env.id == "predator_prey" or cfg.env.id.split(".")[0] in ("pettingzoo", "mpe2"):
+        raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and {name} plays "
+                                    f"single-agent Gymnasium ones; {teams}")
+    try:
+        obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
+    except ConfigError as err:
+        if "action space" in err.message:  # the policy here is categorical
+            raise ConfigError("env.id", f"{err.message.split(';')[0]}; {name} here samples from a categorical "
+                                        "policy and continuous actions are not supported yet: choose an environment "
+                                        "with Discrete actions") from None
+        raise
+    return Spaces(tuple(obs_shape), np.dtype(obs_dtype), int(n_actions))
+
+
+def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
+    """The actor-critic's parameters, counted on torch's meta device (a ConfigError for a shape it cannot take)."""
+    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.networks import network_for, parameter_count, shapes_only
+    try:
+        network_for(spaces.obs_shape, cfg.agent.network)
+    except ValueError as err:
+        key = "env.id" if cfg.agent.network == "auto" else "agent.network"
+        raise ConfigError(key, f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: {err}") from None
+    try:
+        return parameter_count(shapes_only(lambda: ActorCritic(spaces.obs_shape, spaces.n_actions, cfg.agent.hidden,
+                                                               cfg.agent.network)))
+    except RuntimeError as err:  # a layer refused the shape
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError("env.id", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype} and the network "
+                                    f"for that shape cannot take it ({first}); choose another environment") from None

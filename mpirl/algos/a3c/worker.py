@@ -25,7 +25,7 @@ from mpirl.algos.a3c.exchange import exchange_for
 from mpirl.algos.a3c.settings import min_steps
 from mpirl.envs.delay import Delay
 from mpirl.envs.vector import make_vector
-from mpirl.metrics.writer import MetricsFile
+from mpirl.metrics.writer import MetricsFile, Rows
 
 F8, I8 = np.float64, np.int64
 ROLLOUTS = {"time": F8, "rollout": I8, "steps": I8, "preempted": np.bool_, "env_steps": I8, "version": I8,
@@ -106,10 +106,10 @@ def run_worker(ctx) -> str:
                     {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange, "loss": a.loss,
                      "n_params": model.n_params, "unroll": T, "envs": E},
                     flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
-    rollouts, episodes = f.table("rollouts", ROLLOUTS, UNITS), f.table("episodes", EPISODES, UNITS)
+    rollouts, episodes = Rows(f.table("rollouts", ROLLOUTS, UNITS)), Rows(f.table("episodes", EPISODES, UNITS))
     if ctx.resume:
-        for table in (rollouts, episodes):
-            table.truncate(table.rows_until("time", ctx.resume.job_time))
+        for rows in (rollouts, episodes):
+            rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
     env_steps, n_episodes = link.start()  # the parameters (and, resumed, this worker's counters) of the job
     n_rollouts = sent = dropped = 0
     compute_s = wait_s = 0.0
@@ -161,14 +161,19 @@ def run_worker(ctx) -> str:
                 wait_s += time.perf_counter() - start
                 start = time.perf_counter()
             compute_s += time.perf_counter() - start
-            rollouts.append(time=ctx.now(), rollout=n_rollouts, steps=ro.steps, preempted=preempted,
-                            env_steps=env_steps, version=link.version, compute_s=compute_s, wait_s=wait_s,
-                            gradients=sent, dropped=dropped)
-            f.flush_if_due()
+            rollouts.add(time=ctx.now(), rollout=n_rollouts, steps=ro.steps, preempted=preempted,
+                         env_steps=env_steps, version=link.version, compute_s=compute_s, wait_s=wait_s,
+                         gradients=sent, dropped=dropped)
+            if f.flush_due():
+                for rows in (rollouts, episodes):
+                    rows.write()
+                f.flush()
         link.finish()
         f.set_attrs(version=link.version, params_crc32=zlib.crc32(model.flat_params().tobytes()))
         link.close()  # collective under allreduce: only on the way every rank takes (a failure aborts the job)
         return stop
     finally:
         games.close()
+        for rows in (rollouts, episodes):
+            rows.write()
         f.close()

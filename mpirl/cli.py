@@ -222,7 +222,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
-                                     "solve", "impala", "marl", "workers", "distql"])
+                                     "solve", "impala", "marl", "workers", "distql", "gradients"])
     sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",

@@ -120,10 +120,11 @@ class A3cModel:
                 "grad_norm": float(norm), "clip_fraction": float(losses.clip_fraction),
                 "approx_kl": float(losses.approx_kl)}
 
-    def apply(self, grad: np.ndarray) -> float:
-        """Step the optimizer with the flat gradient ``grad`` (clipped to ``agent.grad_clip``); its norm before."""
+    def apply(self, grad: np.ndarray, scale: float = 1.0) -> float:
+        """Step the optimizer with the flat gradient ``scale`` x ``grad`` (clipped to ``agent.grad_clip``); its norm
+        before clipping."""
         assert self.optimizer is not None, "a model without an optimizer applies no gradient"
-        set_flat_grad(self.params, grad)
+        set_flat_grad(self.params, grad, scale)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.agent_cfg.grad_clip)
         self.optimizer.step()
         return float(norm)

@@ -154,9 +154,10 @@ def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
         offset += p.numel()
 
 
-def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray) -> None:
-    """Set each parameter's ``.grad`` (on its device, in its dtype) from the flat vector :func:`flat_grad` writes;
-    the gradients are copies, not views of ``flat``."""
+def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray, scale: float = 1.0) -> None:
+    """Set each parameter's ``.grad`` (on its device, in its dtype) from the flat vector :func:`flat_grad` writes,
+    times ``scale`` (an allreduce's sum into a mean, in the same pass as the copy); the gradients are copies, not
+    views of ``flat``."""
     params = list(params)
     n = sum(p.numel() for p in params)
     if flat.ndim != 1 or flat.shape[0] != n:
@@ -168,7 +169,12 @@ def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray) -> None:
     for p in params:
         part = src[offset:offset + p.numel()].view_as(p)
         if p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype and p.grad.device == p.device:
-            p.grad.copy_(part)
+            if scale == 1.0:
+                p.grad.copy_(part)
+            else:
+                torch.mul(part.to(p.device), scale, out=p.grad)
         else:
             p.grad = part.to(device=p.device, dtype=p.dtype, copy=True)
+            if scale != 1.0:
+                p.grad.mul_(scale)
         offset += p.numel()

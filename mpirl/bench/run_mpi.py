@@ -1,4 +1,5 @@
-"""Start a two-rank benchmark (``mpirl.bench.ranks``) under the venv's mpiexec and read its JSON."""
+"""Start a benchmark's MPI half (``mpirl.bench.ranks``, ``mpirl.bench.allreduce_job``) or a job under the venv's
+mpiexec and read what it wrote."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from mpirl.launcher import find_mpiexec, kill_job, launch_command, launch_env, o
 EXIT_STOPPED = 75  # a job stopped by SIGUSR1: checkpointed, every rank ended cleanly (mpirl.roles.job)
 
 
-def mpiexec_json(what: str, opts: dict, timeout: float) -> dict:
-    """``mpiexec -n 2 python -m mpirl.bench.ranks what`` with a timeout; its result, or RuntimeError."""
+def mpiexec_json(what: str, opts: dict, timeout: float, n: int = 2, module: str = "mpirl.bench.ranks") -> dict:
+    """``mpiexec -n n python -m module what OUT.json OPTS`` with a timeout; its result (what rank 0 wrote to
+    OUT.json), or RuntimeError."""
     mpiexec = find_mpiexec()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         flags, env = launch_env(mpiexec)
-        cmd = [mpiexec, "-n", "2", *flags, sys.executable, "-m", "mpirl.bench.ranks", what, str(out), json.dumps(opts)]
+        cmd = [mpiexec, "-n", str(n), *flags, sys.executable, "-m", module, what, str(out), json.dumps(opts)]
         try:
             with own_session_dir(env) as job_env:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env)

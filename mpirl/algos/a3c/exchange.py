@@ -13,6 +13,7 @@ with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.a
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import NamedTuple
 
@@ -28,6 +29,16 @@ from mpirl.comm.backoff import wait_until
 from mpirl.comm.counter import SharedCounter, finished_in_round
 from mpirl.comm.hub import ask
 from mpirl.roles.preemption import PREEMPTED
+
+
+def has_own_core(comm) -> bool:
+    """Collective: do the ranks of ``comm`` on this node number at most its cores (not oversubscribed)?"""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return bool(node.allreduce(int(node.size <= cores), op=MPI.MIN))
+    finally:
+        node.Free()
 
 
 class Outcome(NamedTuple):
@@ -51,7 +62,9 @@ class ToServer:
         self.version = 0
 
     def _ask(self, nbytes: int) -> msg.Reply:
-        ask(self.comm, 0, self.out[:nbytes], self.back, msg.GRADIENT, msg.REPLY)
+        # The server answers within its own short back-off (it takes gradients between its other replies): a long
+        # sleep here would be idle time added to every exchange.
+        ask(self.comm, 0, self.out[:nbytes], self.back, msg.GRADIENT, msg.REPLY, first=20e-6, longest=500e-6)
         return msg.unpack_reply(self.back, self.model.n_params)
 
     def start(self) -> tuple[int, int]:
@@ -100,6 +113,7 @@ class Peers:
         self.index, self.W = self.comm.rank, self.comm.size
         a = self.cfg.a3c
         self.counter = SharedCounter(self.comm) if a.sync_frac < 1 and self.W > 1 else None
+        self.own_core = has_own_core(self.comm)
         self.sum = np.zeros(model.n_params, np.float32)
         self.progress = Progress(ctx, list(range(self.W)))
         self.R = self.cfg.run.return_window
@@ -116,7 +130,14 @@ class Peers:
         return self.progress.version
 
     def _wait(self, req) -> None:
-        wait_until(req.Test, first=20e-6, longest=2e-3)
+        """Complete a collective. Open MPI moves a non-blocking collective's data only inside MPI calls, so a rank
+        asleep in a back-off holds its peers up: a rank with a core of its own waits in MPI (``Wait``); ranks that
+        share cores (oversubscribed) poll with a short back-off, so a waiting rank does not take a core from one
+        still computing its gradient."""
+        if self.own_core:
+            req.Wait()
+        else:
+            wait_until(req.Test, first=10e-6, longest=200e-6)
 
     def start(self) -> tuple[int, int]:
         if self.ctx.resume:
@@ -138,8 +159,7 @@ class Peers:
 
     def update(self, grad, stats, rollout, env_steps, episodes, rets, lens) -> Outcome:
         self._wait(self.comm.Iallreduce(grad, self.sum, op=MPI.SUM))
-        self.sum /= self.W
-        norm = self.model.apply(self.sum)
+        norm = self.model.apply(self.sum, 1.0 / self.W)  # the mean, in the copy into the gradients
         self.progress.version += 1
         v = self.progress.version
         if self.log is not None:

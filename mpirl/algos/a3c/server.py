@@ -51,7 +51,7 @@ def run_server(ctx) -> str:
     total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
     params = model.flat_params()
     stop = ""
-    backoff = Backoff(first=20e-6, longest=2e-3)
+    backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
 
     def answer(w: int, dropped: bool) -> None:
         out = hub.outbox(w)

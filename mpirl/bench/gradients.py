@@ -1,0 +1,267 @@
+"""Gradients: the gradient family's exchange (``agent.algorithm = "a3c"``), its allreduce against MPI's own, its jobs'
+updates/s as workers are added, and a projection to cluster networks.
+
+    mpirl bench gradients [--reps 5]
+
+Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`` and the Nature CNN
+(``ActorCritic((4, 84, 84), 4, [512], "nature")``), their flat float32 gradients counted parameter by parameter.
+
+* **the allreduce** (:mod:`mpirl.bench.allreduce_job`, one ``mpiexec`` per W = 2, 4, 8 ranks on this machine,
+  oversubscribed beyond its cores): ours is exactly the reduction of ``a3c.exchange = "allreduce"``
+  (``Iallreduce`` completed through the workers' wait, :meth:`Peers._wait`; not the optimizer step),
+  the reference mpi4py's blocking ``Allreduce`` of the same buffer in a tight loop: updates/s, ratio ours / bare,
+  target >= 0.9. The bytes of an update: the buffer, and a ring allreduce's bytes on the wire per rank,
+  ``2 (W - 1) / W x buffer`` (the model; which algorithm Open MPI picks is its own).
+* **the jobs**: ``jobs/a3c_cartpole.toml`` with W = 1, 2, 4, 8 workers, ``async`` (a parameter server: W + 1 ranks)
+  and ``allreduce`` (W ranks), each a short run of ``run.train_steps`` updates (no target return, no wall clock, no
+  final test round). Updates/s from ``updates.h5``: its last version minus its first over the time between its
+  first and last rows (the first row is the origin: start-up is behind it). Bytes an update moves: a worker's
+  message and the server's reply (their largest sizes, ``mpirl.algos.a3c.messages``) through the server's link, or
+  the ring's ``2 (W - 1) / W x 4 n_params`` per rank. Scaling efficiency against W = 1 of the same exchange:
+  gradients/s (an update is one gradient under ``async``, W averaged under ``allreduce``) over W x the one worker's
+  (under ``async`` that one worker waits for the server's reply to each gradient, and the server for the next one:
+  neither is busy all the time, so two workers can more than double it).
+* **on paper** (:mod:`mpirl.bench.projection`): from the W = 1 allreduce job's compute time per gradient (its
+  worker's ``compute_s`` over its gradients; the CartPole MLP), one rollout's forward passes and gradient timed in
+  this process for the Nature CNN (random 84x84 frames on this CPU; the game's own steps not counted; a GPU would
+  compute faster and make the network's share, and so the loss of efficiency, larger), and one optimizer step on
+  each network timed here: updates/s and efficiency for 8..128 workers on 25 GbE and InfiniBand HDR, beside
+  DD-PPO's published 107x on 128 GPUs. Printed as a table; the 128-worker rows are kept, labelled "projected, not
+  measured".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from mpirl.bench import projection as proj
+from mpirl.bench.report import MIN_REPS, Row, rate
+from mpirl.bench.run_mpi import mpiexec_json, run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "jobs" / "a3c_cartpole.toml"
+OURS, BARE = "mpirl Iallreduce and wait", "mpi4py Allreduce"
+PROJECTED, DDPPO = "projected, not measured", "DD-PPO published (128 GPUs)"
+NATURE = ((4, 84, 84), 4, [512], "nature")  # obs shape, actions, hidden, network
+JOB_SETS = ("run.target_return=nan", "run.wall_seconds=0", "a3c.test_episodes=0")
+
+
+def _cores_note(ranks: int) -> str:
+    cores = os.cpu_count() or 1
+    text = f"{ranks} rank{'s' if ranks > 1 else ''} on {cores} core{'s' if cores > 1 else ''}"
+    return f"oversubscribed: {text}" if ranks > cores else text
+
+
+def job_config():
+    """The job's config and its checked spaces and parameter count."""
+    from mpirl import config
+    from mpirl.algos import algorithm
+    cfg, _ = config.load(JOB, [])
+    return cfg, algorithm("a3c").check(cfg, cfg.world_size, str(JOB))
+
+
+def nature_params() -> int:
+    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.networks import parameter_count, shapes_only
+    return parameter_count(shapes_only(lambda: ActorCritic(*NATURE)))
+
+
+def sizes() -> dict[str, int]:
+    """Float32 elements of each network's gradient."""
+    return {"CartPole MLP": job_config()[1].n_params, "Nature CNN": nature_params()}
+
+
+# -- 1. the allreduce
+
+def allreduce_rows(reps: int, seconds: float, ranks: tuple, nets: dict[str, int]) -> list[Row]:
+    rows = []
+    for W in ranks:
+        out = mpiexec_json("allreduce", {"sizes": nets, "reps": reps, "seconds": seconds},
+                           timeout=300 + 4 * W * reps * seconds * len(nets), n=W, module="mpirl.bench.allreduce_job")
+        for label, n in nets.items():
+            nbytes = 4 * n
+            ring = proj.ring_bytes_per_rank(nbytes, W)
+            r = Row(f"allreduce of the {label} gradient, {W} ranks", "updates/s", OURS, BARE, target=0.9,
+                    note=f"{nbytes:,} B a buffer, {ring:,.0f} B on the wire per rank in a ring; {_cores_note(W)}; "
+                         f"{out[label]['calls']} calls a repetition")
+            r.values = {OURS: out[label]["ours"], BARE: out[label]["bare"]}
+            rows.append(r)
+    return rows
+
+
+# -- 2. the jobs
+
+def updates_rate(run_dir: Path) -> float:
+    """Updates/s of a run: its last version minus its first over the time between its first and last rows."""
+    with h5py.File(run_dir / "updates.h5", "r") as f:
+        t, v = f["updates/time"][()], f["updates/version"][()]
+    if len(t) < 2 or not t[-1] > t[0]:
+        raise RuntimeError(f"{run_dir}: updates.h5 holds {len(t)} row(s), too few for a rate")
+    return float((v[-1] - v[0]) / (t[-1] - t[0]))
+
+
+def compute_per_gradient(run_dir: Path) -> float:
+    """Seconds a worker spent playing and computing per gradient sent (the workers' mean, from their last rows)."""
+    per = []
+    for path in sorted(run_dir.glob("worker_*.h5")):
+        with h5py.File(path, "r") as f:
+            r = f["rollouts"]
+            per.append(float(r["compute_s"][-1]) / int(r["gradients"][-1]))
+    if not per:
+        raise RuntimeError(f"{run_dir}: no worker file")
+    return float(np.mean(per))
+
+
+def job_bytes(exchange: str, W: int, n_params: int, message: int, reply: int) -> tuple[float, str]:
+    """Bytes an update moves, and how they were counted."""
+    if exchange == "allreduce":
+        return proj.ring_bytes_per_rank(4 * n_params, W), "ring allreduce, per rank: 2 (W - 1) / W x 4 n_params"
+    return float(message + reply), f"a worker's message ({message:,} B) in and the reply ({reply:,} B) out"
+
+
+def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
+             timeout: float = 900) -> tuple[list[Row], list[float]]:
+    """The rows, and per repetition the W = 1 job's compute time per gradient (allreduce's if measured)."""
+    from mpirl.algos.a3c.exchange import max_episodes
+    from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+    if workers[0] != 1:
+        raise ValueError(f"workers must start with 1 (the scaling's and the projection's baseline), got {workers}")
+    cfg, checked = job_config()
+    n = checked.n_params
+    message, reply = message_nbytes(n, max_episodes(cfg)), reply_nbytes(n)
+    rates: dict[tuple, list[float]] = {}
+    compute: dict[str, list[float]] = {ex: [] for ex in exchanges}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            for ex in exchanges:
+                for W in workers:
+                    ranks = W + (ex != "allreduce")
+                    run = run_job(ranks, str(JOB), [*JOB_SETS, f"a3c.exchange={ex}", f"a3c.workers={W}",
+                                                    f"run.train_steps={train_steps}", f"run.seed={rep + 1}"],
+                                  Path(tmp), f"{ex}-{W}-{rep}", timeout, "gradients")
+                    rates.setdefault((ex, W), []).append(updates_rate(run))
+                    if W == 1:
+                        compute[ex].append(compute_per_gradient(run))
+    rows = []
+    for ex in exchanges:
+        for W in workers:
+            ranks = W + (ex != "allreduce")
+            label = f"{W} worker{'s' if W > 1 else ''}"
+            head = f"a3c {ex} job, {label} ({ranks} rank{'s' if ranks > 1 else ''})"
+            ups = Row(f"{head}: update rate", "updates/s", label, "(none)",
+                      note=f"{train_steps} updates a run; {_cores_note(ranks)}")
+            ups.values = {label: rates[(ex, W)]}
+            rows.append(ups)
+            nbytes, how = job_bytes(ex, W, n, message, reply)
+            if nbytes > 0:
+                b = Row(f"{head}: bytes per update", "B", label, "(none)", higher_is_better=False, note=how)
+                b.values = {label: [nbytes] * reps}
+                rows.append(b)
+            if W > 1:
+                per_update = W if ex == "allreduce" else 1
+                linear = f"{W} x 1 worker (linear)"
+                each = f"an update is {per_update} gradient{'s' if per_update > 1 else ''}"
+                eff = Row(f"{head}: scaling efficiency vs W=1 (gradient rate)", "gradients/s", label, linear,
+                          note=f"{each}; {_cores_note(ranks)}")
+                eff.values = {label: [per_update * r for r in rates[(ex, W)]],  # one worker: a gradient an update
+                              linear: [W * r for r in rates[(ex, 1)]]}
+                rows.append(eff)
+    base = compute["allreduce"] if "allreduce" in exchanges else compute[exchanges[0]]
+    return rows, base
+
+
+# -- 3. on paper
+
+def _threads(n: int):
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return before
+
+
+def measured_costs(reps: int, seconds: float) -> dict[str, dict[str, list[float]]]:
+    """Timed in this process: one optimizer step on each network, and the Nature CNN's rollout forward passes and
+    gradient (16 steps x 8 games of random frames, as the job's unroll and games), per repetition."""
+    import torch
+    from mpirl.agents.a3c import A3cModel, Rollout
+    cfg, checked = job_config()
+    before = _threads(cfg.agent.torch_threads)
+    try:
+        cpu = torch.device("cpu")
+        mlp = A3cModel(checked.spaces.obs_shape, checked.spaces.n_actions, cfg.agent, cfg.a3c, cpu, 1, True)
+        shape, actions, hidden, network = NATURE
+        cnn = A3cModel(shape, actions, dataclasses.replace(cfg.agent, hidden=hidden, network=network), cfg.a3c, cpu,
+                       1, True)
+        T, E = cfg.a3c.unroll, cfg.env.envs_per_actor
+        rng = np.random.default_rng(0)
+        ro = Rollout(T, E, shape, np.uint8)
+        ro.obs[:] = rng.integers(0, 256, ro.obs.shape, dtype=np.uint8)
+        ro.action[:] = rng.integers(0, actions, ro.action.shape)
+        ro.reward[:] = rng.random(ro.reward.shape)
+        ro.steps = T
+        grad = np.zeros(cnn.n_params, np.float32)
+
+        def rollout_and_gradient() -> None:
+            for t in range(T):
+                cnn.act(ro.obs[t], rng)
+            cnn.gradient(cnn.prepare(ro), None, grad)
+
+        def step(model: A3cModel):
+            g = np.full(model.n_params, 1e-3, np.float32)
+            return lambda: model.apply(g)
+        return {"CartPole MLP": {"apply": [1 / r for r in rate(step(mlp), 1, reps, seconds)]},
+                "Nature CNN": {"apply": [1 / r for r in rate(step(cnn), 1, reps, seconds)],
+                               "compute": [1 / r for r in rate(rollout_and_gradient, 1, reps, seconds)]}}
+    finally:
+        _threads(before)
+
+
+def costs_of(nets: dict[str, int], compute: dict[str, float], apply: dict[str, float]) -> dict[str, proj.Costs]:
+    from mpirl.algos.a3c.exchange import max_episodes
+    from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+    cfg, _ = job_config()
+    return {label: proj.Costs(compute[label], apply[label], 4 * n, message_nbytes(n, max_episodes(cfg)),
+                              reply_nbytes(n)) for label, n in nets.items()}
+
+
+def projection_rows(reps: int, nets: dict[str, int], mlp_compute: list[float],
+                    timed: dict[str, dict[str, list[float]]], workers: int = 128) -> tuple[list[Row], str]:
+    """The 128-worker projections per repetition (the measured inputs of that repetition) as rows, and the table
+    from the medians."""
+    per_rep = []
+    for i in range(reps):
+        compute = {"CartPole MLP": mlp_compute[i], "Nature CNN": timed["Nature CNN"]["compute"][i]}
+        apply = {k: v["apply"][i] for k, v in timed.items()}
+        per_rep.append(costs_of(nets, compute, apply))
+    rows = []
+    for label in nets:
+        for fabric in proj.FABRICS:
+            for ex in proj.EXCHANGES:
+                r = Row(f"{PROJECTED}: {label}, {ex} over {fabric.name}, {workers} workers: efficiency", "speed-up / W",
+                        PROJECTED, DDPPO, note=f"DD-PPO: {proj.DDPPO_SPEEDUP:g}x on {proj.DDPPO_GPUS} GPUs, "
+                                               "Wijmans et al. 2020")
+                r.values = {PROJECTED: [proj.project(c[label], workers, fabric, ex).efficiency for c in per_rep],
+                            DDPPO: [proj.DDPPO_SPEEDUP / proj.DDPPO_GPUS]}
+                rows.append(r)
+    median = costs_of(nets, {"CartPole MLP": statistics.median(mlp_compute),
+                             "Nature CNN": statistics.median(timed["Nature CNN"]["compute"])},
+                      {k: statistics.median(v["apply"]) for k, v in timed.items()})
+    return rows, proj.table(median)
+
+
+def run(reps: int = MIN_REPS, seconds: float = 0.3, ranks: tuple = (2, 4, 8), workers: tuple = (1, 2, 4, 8),
+        exchanges: tuple = ("async", "allreduce"), train_steps: int = 300) -> list[Row]:
+    nets = sizes()
+    rows = allreduce_rows(reps, seconds, ranks, nets)
+    jobs, mlp_compute = job_rows(reps, workers, exchanges, train_steps)
+    timed = measured_costs(reps, seconds)
+    projected, text = projection_rows(reps, nets, mlp_compute, timed)
+    print(text, flush=True)
+    return rows + jobs + projected

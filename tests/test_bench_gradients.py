@@ -1,0 +1,65 @@
+"""``mpirl bench gradients`` runs end to end at a tiny scale and reports what it measured; its projection is
+arithmetic that follows the cost model it states.
+
+No timing is asserted (the machines are shared and noisy): the rows exist, hold finite positive values on every
+side, and the allreduce rows carry their target.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from mpirl.bench import projection as proj
+from mpirl.bench.report import format_rows, write_rows
+
+
+def test_projection_follows_the_cost_model():
+    eth, ib = proj.FABRICS
+    S = 4_000_000
+    # a ring of 2: two steps of half the buffer; of 1: nothing to exchange
+    assert proj.ring_allreduce_s(S, 2, eth) == pytest.approx(2 * (eth.latency_s + S / 2 / eth.bytes_s))
+    assert proj.ring_allreduce_s(S, 1, eth) == 0 and proj.ring_bytes_per_rank(S, 4) == pytest.approx(1.5 * S)
+    c = proj.Costs(compute_s=0.01, apply_s=0.001, grad_bytes=S, message_bytes=S + 256, reply_bytes=S + 64)
+    for ex in proj.EXCHANGES:
+        effs = [proj.project(c, W, eth, ex).efficiency for W in proj.WORKERS]
+        assert all(0 < e <= 1 for e in effs) and all(b <= a + 1e-12 for a, b in zip(effs, effs[1:])), (ex, effs)
+        assert proj.project(c, 128, ib, ex).efficiency >= proj.project(c, 128, eth, ex).efficiency
+    # the server's link caps the parameter server: at most one update per busy time, however many workers
+    busy = proj.server_busy_s(c, eth)
+    assert proj.project(c, 128, eth, "async").updates_s == pytest.approx(1 / busy)
+    # allreduce: an update averages W gradients
+    p = proj.project(c, 8, ib, "allreduce")
+    assert p.gradients_s == pytest.approx(8 * p.updates_s) and p.speedup == pytest.approx(8 * p.efficiency)
+    text = proj.table({"net": c}, workers=(8, 128))
+    assert text.count("projected, not measured") == 1 + 2 * 2 * 2 and "107" in text
+
+
+@pytest.mark.mpi
+def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tmp_path):
+    from mpirl.bench import gradients
+    rows = gradients.run(reps=1, seconds=0.01, ranks=(2,), workers=(1, 2), train_steps=30)
+    printed = capsys.readouterr().out
+    assert "projected, not measured" in printed and "DD-PPO" in printed
+    allreduce = [r for r in rows if r.name.startswith("allreduce of the")]
+    assert {r.name.split(" gradient")[0] for r in allreduce} == {"allreduce of the CartPole MLP",
+                                                                 "allreduce of the Nature CNN"}
+    for r in allreduce:
+        assert r.target == 0.9 and set(r.values) == {gradients.OURS, gradients.BARE}
+        assert np.isfinite(r.ratio) and r.ratio > 0
+    jobs = [r for r in rows if r.name.startswith("a3c ")]
+    for ex in ("async", "allreduce"):
+        assert any(r.name.startswith(f"a3c {ex} job, 1 worker") and r.unit == "updates/s" for r in jobs)
+        eff = next(r for r in jobs if r.name.startswith(f"a3c {ex} job, 2 workers") and "efficiency" in r.name)
+        assert np.isfinite(eff.ratio) and eff.ratio > 0
+    projected = [r for r in rows if r.name.startswith("projected, not measured")]
+    assert len(projected) == 2 * len(proj.FABRICS) * len(proj.EXCHANGES)
+    for r in rows:
+        for impl, values in r.values.items():
+            assert values and all(math.isfinite(v) and v > 0 for v in values), (r.name, impl, values)
+    assert "target >= 0.9x" in format_rows("gradients", rows)
+    write_rows(tmp_path / "b.h5", "gradients", rows)
+    import h5py
+    with h5py.File(tmp_path / "b.h5", "r") as f:  # no "/" in a name: one group a row, one dataset a side
+        assert sorted(f["gradients"]) == sorted(r.name for r in rows)
+        assert all(sorted(f["gradients"][r.name]) == sorted(r.values) for r in rows)

@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
 
 
+def lazy_loop(module: str, func: str) -> RoleLoop:
+    """The loop ``func`` of ``module``, imported when its rank starts (a rank imports only its own loop)."""
+    def run(ctx: "RoleContext") -> "str | None":
+        import importlib
+        return getattr(importlib.import_module(module), func)(ctx)
+    return run
+
+
 class Settings(Protocol):
     """``mpirl/algos/<name>/settings.py``."""
     @property

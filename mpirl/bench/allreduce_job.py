@@ -4,11 +4,11 @@ against mpi4py's bare blocking ``Allreduce`` of the same buffer, on every rank o
 Run by the benchmark as ``mpiexec -n W python -m mpirl.bench.allreduce_job allreduce OUT.json OPTS``; rank 0
 writes the measurements to OUT.json. OPTS (JSON): ``sizes`` ({label: float32 elements}), ``reps``, ``seconds``.
 
-* ours: exactly the reduction of :meth:`mpirl.algos.a3c.exchange.Peers.update` (``a3c.exchange = "allreduce"``):
-  ``Iallreduce`` of the flat float32 gradient into a preallocated sum, completed through the workers' own wait
-  (:meth:`Peers._wait`: in ``Wait`` when every rank has a core of its own, else polling ``Test`` with a short
-  back-off). The mean's 1/W rides in the copy into the parameters' gradients that either path needs
-  (:meth:`mpirl.agents.a3c.A3cModel.apply`), so it is not timed here. The optimizer step that follows in a job is not timed.
+* ours: exactly the reduction of :meth:`mpirl.algos.a3c.exchange.Peers.update` (``a3c.exchange = "allreduce"``),
+  :meth:`Peers.reduce`: the flat float32 gradient summed into a preallocated buffer, with MPI's blocking
+  ``Allreduce`` when every rank has a core of its own, else an ``Iallreduce`` polled with a short back-off. The
+  mean's 1/W rides in the copy into the parameters' gradients that either path needs
+  (:meth:`mpirl.agents.a3c.A3cModel.apply`), so it is not timed here; nor is the optimizer step that follows.
 * bare: ``comm.Allreduce(grad, out, op=MPI.SUM)`` in a tight loop: what this MPI does with a blocking call.
 
 Every rank runs the same number of calls per repetition (fixed beforehand from a short probe, so the collectives
@@ -30,7 +30,8 @@ from mpirl.algos.a3c.exchange import Peers, has_own_core
 
 def ours(comm, peers: Peers, grad: np.ndarray, total: np.ndarray, W: int) -> None:
     """Peers.update's reduction: the same calls on the same kinds of buffers."""
-    peers._wait(comm.Iallreduce(grad, total, op=MPI.SUM))
+    peers.comm, peers.sum = comm, total
+    peers.reduce(grad)
 
 
 def bare(comm, grad: np.ndarray, out: np.ndarray) -> None:

@@ -8,7 +8,8 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
 
 * **the allreduce** (:mod:`mpirl.bench.allreduce_job`, one ``mpiexec`` per W = 2, 4, 8 ranks on this machine,
   oversubscribed beyond its cores): ours is exactly the reduction of ``a3c.exchange = "allreduce"``
-  (``Iallreduce`` completed through the workers' wait, :meth:`Peers._wait`; not the optimizer step),
+  (:meth:`Peers.reduce`: a blocking ``Allreduce`` where every rank has a core of its own, else an ``Iallreduce``
+  polled with a short back-off; not the optimizer step),
   the reference mpi4py's blocking ``Allreduce`` of the same buffer in a tight loop: updates/s, ratio ours / bare,
   target >= 0.9. The bytes of an update: the buffer, and a ring allreduce's bytes on the wire per rank,
   ``2 (W - 1) / W x buffer`` (the model; which algorithm Open MPI picks is its own).
@@ -47,7 +48,7 @@ from mpirl.bench.run_mpi import mpiexec_json, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "jobs" / "a3c_cartpole.toml"
-OURS, BARE = "mpirl Iallreduce and wait", "mpi4py Allreduce"
+OURS, BARE = "mpirl Peers.reduce", "mpi4py Allreduce"
 PROJECTED, DDPPO = "projected, not measured", "DD-PPO published (128 GPUs)"
 NATURE = ((4, 84, 84), 4, [512], "nature")  # obs shape, actions, hidden, network
 JOB_SETS = ("run.target_return=nan", "run.wall_seconds=0", "a3c.test_episodes=0")

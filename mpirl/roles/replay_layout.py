@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from mpirl.contract import RoleLoop
+from mpirl.contract import RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
@@ -99,10 +99,8 @@ def lazy_roles(package: str) -> dict[str, RoleLoop]:
     The actors run :mod:`mpirl.roles.actor` over the package's ``serving`` module; with inference workers
     (``topology.workers``) the workers run :mod:`mpirl.roles.worker` and the actors :mod:`mpirl.roles.env_actor`,
     over the same module."""
-    def loop(module: str, func: str):
-        def run(ctx):
-            return getattr(importlib.import_module(f"{package}.{module}"), func)(ctx)
-        return run
+    def loop(module: str, func: str) -> RoleLoop:
+        return lazy_loop(f"{package}.{module}", func)
 
     def served(module: str, func: str):
         def run(ctx):

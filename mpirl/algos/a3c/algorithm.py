@@ -7,7 +7,6 @@ server, its replies back on the same communicator: the server is rank 0 there, e
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
 from mpirl.algos.a3c.settings import has_server, updates_per_rollout
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
-from mpirl.contract import RoleLoop
+from mpirl.contract import RoleLoop, lazy_loop
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
 from mpirl.roles.policy_checks import Spaces, actor_critic_params, actor_critic_spaces
@@ -104,13 +103,8 @@ def role_map(topo: Topology) -> str:
     return f"{_span(workers)} worker{'s' if len(workers) > 1 else ''} (allreduce; 0 writes the updates)"
 
 
-def _role(module: str, func: str) -> RoleLoop:
-    def run(ctx):
-        return getattr(importlib.import_module(f"mpirl.algos.a3c.{module}"), func)(ctx)
-    return run
-
-
-ROLES: dict[str, RoleLoop] = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
+ROLES: dict[str, RoleLoop] = {SERVER: lazy_loop("mpirl.algos.a3c.server", "run_server"),
+                              WORKER: lazy_loop("mpirl.algos.a3c.worker", "run_worker")}
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:

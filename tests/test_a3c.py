@@ -244,6 +244,19 @@ def test_allreduce_without_preemption_never_cuts_a_rollout(tmp_path):
 
 
 @pytest.mark.mpi
+def test_ppo_under_allreduce_stops_at_exactly_train_steps_mid_rollout(tmp_path):
+    """4 gradients a rollout (2 epochs x 2 minibatches), 30 updates: every rank stops updating at 30, mid-rollout."""
+    job = run_mpi(4, tmp_path, "run.wall_seconds=0", "run.target_return=nan", "run.train_steps=30",
+                  'a3c.exchange="allreduce"', 'a3c.loss="ppo"', "a3c.epochs=2", "a3c.minibatches=2", job=JOB,
+                  timeout=300)
+    assert job.proc.returncode == 0, job.output
+    r = _read(job.run_dir)
+    assert r["reason"] == "train_steps 30 reached" and r["updates"]["version"][-1] == 30
+    assert {int(w["attrs"]["version"]) for w in r["workers"].values()} == {30}
+    assert all(w["rollouts"]["gradients"][-1] == 30 for w in r["workers"].values())
+
+
+@pytest.mark.mpi
 def test_allreduce_preempts_the_straggler_rollouts(tmp_path):
     """Worker 3 slowed: the three others finish, so 3 >= ceil(0.6 x 4) and the slow one ends its rollouts early
     (after at least a quarter of them, 4 of 16 steps)."""

@@ -52,6 +52,8 @@ def max_episodes(cfg) -> int:
 
 
 class ToServer:
+    lockstep = False  # each worker at its own version; the server stops them
+
     def __init__(self, ctx, model: A3cModel):
         self.ctx, self.model = ctx, model
         self.comm = ctx.topo.comm("gradients")  # the server is rank 0
@@ -106,6 +108,7 @@ class Peers:
     checkpoints."""
 
     FIXED = 4  # stop flag, env steps, episodes, returns carried; then up to run.return_window returns
+    lockstep = True  # every rank makes the same updates: the same version everywhere
 
     def __init__(self, ctx, model: A3cModel):
         self.ctx, self.model, self.cfg = ctx, model, ctx.cfg

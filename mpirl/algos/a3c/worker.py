@@ -136,6 +136,8 @@ def run_worker(ctx) -> str:
             for _ in range(passes):
                 parts = minibatch_indices(prepared.n, a.minibatches, rng) if a.loss == "ppo" else [None]
                 for idx in parts:
+                    if link.lockstep and cfg.run.train_steps and link.version >= cfg.run.train_steps:
+                        break  # every rank at the same version: all stop updating here, none past the limit
                     stats = model.gradient(prepared, idx, grad)
                     if stats is None:
                         raise RuntimeError(f"worker {me} (rank {ctx.topo.rank}): {model.fault}; the settings that "

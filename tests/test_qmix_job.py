@@ -86,7 +86,7 @@ def test_two_buffers_share_the_episode_batch(tmp_path):
     (("qmix.accmer_alpha=1.5",), "qmix.accmer_alpha"),              # alpha outside [0, 1]
     (("replay.learning_starts=4",), "replay.learning_starts"),      # b > d when sampling starts
     (("replay.capacity=8", "replay.batch_size=16", "replay.learning_starts=16"), "replay.capacity"),
-    (("agent.algorithm=a3c",), "agent.algorithm"),                  # unknown algorithm
+    (("agent.algorithm=r2d2",), "agent.algorithm"),                 # unknown algorithm
     (("env.id=CartPole-v1",), "env.id"),                            # not a multi-agent env
     (("env.id=pettingzoo.classic.tictactoe_v3",), "env.id"),        # not a parallel env
     (("env.id=mpe2.simple_adversary_v3",), "env.id"),               # heterogeneous agents

@@ -183,7 +183,9 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
     u = r["updates"]
     assert np.all(np.diff(u["version"]) >= 0) and u["applied"].any()
     if exchange == "async":
-        assert u["staleness"].max() >= 1 and u["staleness"].max() <= 32 and u["dropped"][-1] == 0
+        ok = u["applied"]  # the rule, whatever the load: applied at most max_staleness (32) old, dropped beyond
+        assert u["staleness"][ok].max() >= 1 and u["staleness"][ok].max() <= 32
+        assert np.all(u["staleness"][~ok] > 32) and u["dropped"][-1] == (~ok).sum()
         assert set(u["worker"].tolist()) == {1, 2, 3, 4}  # a row a gradient, each worker's
     elif exchange == "sync":
         assert np.all(u["staleness"] == 0) and np.all(u["gradients"] == 4)  # rounds of every worker (D = 0)

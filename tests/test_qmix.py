@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.agents.qmix import QMixLearner, QmixHyper, episode_spec, f_pi, td_lambda_targets
+from mpirl.agents.qmix import QmixHyper, episode_spec, f_pi, td_lambda_targets
+from mpirl.agents.qmix_learner import QMixLearner
 from mpirl.agents.qmix_networks import QMixer, agent_inputs
 from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule
 

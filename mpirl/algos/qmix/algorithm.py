@@ -72,7 +72,8 @@ def _networks(spaces: Spaces, cfg: JobConfig) -> Networks:
     """The job's QMIX networks counted on torch's meta device (nothing is allocated: a network no node can hold
     is refused by the memory check with the setting that sizes it, not by building it)."""
     from mpirl.agents.networks import parameter_count, shapes_only
-    from mpirl.agents.qmix import QmixHyper, QMixLearner
+    from mpirl.agents.qmix import QmixHyper
+    from mpirl.agents.qmix_learner import QMixLearner
     q = cfg.qmix
 
     def count(**change) -> tuple[int, int]:

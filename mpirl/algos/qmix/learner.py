@@ -5,7 +5,7 @@ From remote shards, each buffer samples its share of episodes (uniform, or AccME
 uniform picks) and the next request carries the sampled episodes' new weights. From a local memory, the
 learner keeps the episode replay and its sampler itself (:class:`LocalEpisodes`), refreshed wholesale from
 the buffers every ``replay.n_replay`` train steps; the AccMER reuse block then stays in the learner's batch
-arrays for its window. A train step is :meth:`mpirl.agents.qmix.QMixLearner.train_step`; MAC-PO's weights come
+arrays for its window. A train step is :meth:`mpirl.agents.qmix_learner.QMixLearner.train_step`; MAC-PO's weights come
 with ``qmix.loss_weights = "macpo"``.
 
 Every ``qmix.test_every`` train steps and at the stop the learner plays ``qmix.test_episodes`` greedy
@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from mpirl.agents.dqn import pick_device
-from mpirl.agents.qmix import QmixHyper, QMixLearner, divergence
+from mpirl.agents.qmix import QmixHyper, divergence
+from mpirl.agents.qmix_learner import QMixLearner
 from mpirl.agents.qmix_policy import QMixPolicy
 from mpirl.algos.qmix.envs import make
 from mpirl.metrics.writer import MetricsFile

@@ -165,8 +165,10 @@ LEARN = ("run.wall_seconds=0", "run.env_steps=2000000", "run.target_return=195")
 
 @pytest.mark.learning
 @pytest.mark.mpi
-@pytest.mark.parametrize("exchange,loss", [("async", "a2c"), ("sync", "a2c"), ("allreduce", "a2c"),
-                                           ("allreduce", "ppo")])
+# Two of the four exchange x loss pairs (the suite's time): async's staleness, and allreduce's identical parameters
+# and lockstep with PPO's epochs; sync and allreduce with A2C reach 475 in docs/a3c.md's runs and their rules are
+# tested below on short jobs.
+@pytest.mark.parametrize("exchange,loss", [("async", "a2c"), ("allreduce", "ppo")])
 def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
     """Every rank exits 0 and returns rise from random play (about 22) past 195 over 20 episodes (this machine:
     475 in 7-15 s with every exchange). What each exchange promises shows in the files: async applies gradients a
@@ -223,14 +225,20 @@ def test_sync_with_a_straggler_left_behind_drops_its_gradients_and_the_rounds_go
 
 @pytest.mark.mpi
 def test_async_with_max_staleness_0_drops_every_gradient_that_lost_the_race(tmp_path):
+    """Also on games that raise (every 400th step of a process): the workers rebuild them, count it and go on."""
     job = run_mpi(5, tmp_path, "run.wall_seconds=0", "run.target_return=nan", "run.train_steps=200",
-                  "a3c.max_staleness=0", job=JOB, timeout=300)
+                  "a3c.max_staleness=0", "env.id=tests.faulty_env:FlakyCartPole-v0", job=JOB, timeout=300)
     assert job.proc.returncode == 0, job.output
-    u = _read(job.run_dir)["updates"]
+    r = _read(job.run_dir)
+    u = r["updates"]
     applied = u["applied"]
     assert u["version"][-1] == 200 and applied.sum() == 200
     assert (~applied).sum() == u["dropped"][-1] > 0 and np.all(u["staleness"][applied] == 0)
     assert np.all(u["staleness"][~applied] >= 1)
+    assert "raised ValueError: injected flaky failure in env.step; rebuilding its environments" in job.output
+    for w in r["workers"].values():
+        ro = w["rollouts"]
+        assert ro["env_errors"][-1] >= ro["env_steps"][-1] // 400 - 1 and ro["env_errors"][-1] >= 1, ro
 
 
 @pytest.mark.mpi

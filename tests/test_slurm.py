@@ -326,17 +326,17 @@ def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
 def test_preempted_allreduce_gradient_job_requeues_and_resumes(cluster, tmp_path):
     """The same template for the gradient family under DD-PPO's allreduce (4 tasks, every one a worker, no server):
     preempted after 200 updates, every rank stops at the same update, rank 0 checkpoints, the job requeues and
-    resumes, and ends at its 1,500 updates with each update's row once."""
-    long = ("--set", "run.train_steps=1500", "--set", "run.target_return=nan", "--set", "run.wall_seconds=0",
+    resumes, and ends at its 1,000 updates with each update's row once."""
+    long = ("--set", "run.train_steps=1000", "--set", "run.target_return=nan", "--set", "run.wall_seconds=0",
             "--set", "a3c.test_episodes=0", "--set", 'a3c.exchange="allreduce"')
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/a3c_cartpole.toml", *long)
     version = lambda: rows(tmp_path, "updates.h5", "updates/version")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(version()) and version()[-1] >= 200, "make 200 updates")
-    resumed_once(run_dir, job, "train_steps 1500 reached", ".pt")
+    resumed_once(run_dir, job, "train_steps 1000 reached", ".pt")
     with h5py.File(run_dir / "run.h5", "r") as f:
         done = f["updates/updates/version"][()]
-    assert np.all(np.diff(done) == 1) and done[-1] == 1500, done  # rows after the checkpoint rewritten
-    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000001500.pt"
+    assert np.all(np.diff(done) == 1) and done[-1] == 1000, done  # rows after the checkpoint rewritten
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000001000.pt"
 
 
 def test_job_array_sweeps_architectures_and_seeds(cluster, tmp_path):

@@ -87,6 +87,14 @@ class A3cModel:
         return actions, logp, values.float().cpu().numpy()
 
     @torch.no_grad()
+    def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """The policy's log-probabilities of ``actions`` in ``obs`` (an action the games forced, such as FIRE after
+        a lost life, in place of the sampled one)."""
+        logits, _ = self.net(torch.as_tensor(obs, device=self.device))
+        logp_all = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
+        return logp_all[np.arange(len(actions)), np.asarray(actions)].astype(np.float32)
+
+    @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
         return self.net(torch.as_tensor(obs, device=self.device))[1].float().cpu().numpy()
 

@@ -14,13 +14,12 @@ import numpy as np
 
 from mpirl.algos.a3c.messages import STATS
 from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.roles.test_play import play_test
+from mpirl.roles.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
 UPDATES = {"time": F8, "version": I8, "worker": np.int32, "gradients": I8, "staleness": F8, "applied": np.bool_,
            "dropped": I8, "env_steps": I8, "applied_norm": F8, **{s: F8 for s in STATS}}
-TEST = {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F8, "return_std": F8, "length_mean": F8,
-        "episodes": I8, "seconds": F8}
+
 UNITS = {"time": "s", "compute_s": "s", "seconds": "s"}
 
 
@@ -30,7 +29,7 @@ class UpdateLog:
         self.file = MetricsFile(ctx.run_dir / "updates.h5", {"rank": ctx.topo.rank, "n_params": n_params, **attrs},
                                 flush_seconds=ctx.cfg.log.flush_seconds, resume=bool(ctx.resume))
         self.updates = Rows(self.file.table("updates", UPDATES, UNITS))
-        self.test_table = self.file.table("test", TEST, UNITS)
+        self.test_table = self.file.table("test", TEST_COLUMNS, UNITS)
         if ctx.resume:
             for t in (self.updates.table, self.test_table):
                 t.truncate(t.rows_until("time", ctx.resume.job_time))
@@ -48,7 +47,8 @@ class UpdateLog:
         if not n:
             return
         t0 = time.perf_counter()
-        played = play_test(model.net, self.ctx.cfg.env, n, self.ctx.seed() + 1_000_003 + version, model.device)
+        played = play_test(model.net, self.ctx.cfg, self.ctx.spaces, n, self.ctx.seed() + 1_000_003 + version,
+                           model.device)
         self.test_table.append(time=self.ctx.now(), train_steps=version, env_steps=env_steps, **played,
                                seconds=time.perf_counter() - t0)
 

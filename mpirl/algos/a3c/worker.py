@@ -24,28 +24,34 @@ from mpirl.agents.policy_gradient import minibatch_indices
 from mpirl.algos.a3c.exchange import exchange_for
 from mpirl.algos.a3c.settings import min_steps
 from mpirl.envs.delay import Delay
-from mpirl.envs.vector import make_vector
 from mpirl.metrics.writer import MetricsFile, Rows
+from mpirl.roles.games import VectorGames
 
 F8, I8 = np.float64, np.int64
 ROLLOUTS = {"time": F8, "rollout": I8, "steps": I8, "preempted": np.bool_, "env_steps": I8, "version": I8,
-            "compute_s": F8, "wait_s": F8, "gradients": I8, "dropped": I8}
+            "compute_s": F8, "wait_s": F8, "gradients": I8, "dropped": I8, "env_errors": I8}
 EPISODES = {"time": F8, "episode": I8, "return": F8, "length": I8}
 UNITS = {"time": "s", "compute_s": "s", "wait_s": "s"}
 
 
 class Games:
-    """The worker's games and its episodes' bookkeeping."""
+    """The worker's games (the shared single-agent :class:`~mpirl.roles.games.VectorGames`: forced FIRE after a
+    lost life, a lost life cutting the return where ``env.terminal_on_life_loss`` says so, the games rebuilt when
+    one raises) and its episodes' bookkeeping."""
 
     def __init__(self, ctx, delay_s: float):
         cfg = ctx.cfg
-        self.games = make_vector(cfg.env, seed=ctx.seed())
-        self.obs = self.games.reset()
+        self.games = VectorGames(cfg, ctx.spaces, ctx.seed(), f"worker rank {ctx.topo.rank}")
+        self.obs = self.games.start().rows["obs"].copy()
         E = cfg.env.envs_per_actor
         self.ret, self.length = np.zeros(E), np.zeros(E, np.int64)
         self.clip, self.scale = cfg.agent.reward_clip, cfg.a3c.reward_scale
         self.delay = Delay(delay_s)
         self.finished: list[tuple[float, int]] = []  # (return, length) since they were last taken
+
+    @property
+    def env_errors(self) -> int:
+        return self.games.env_errors
 
     def play(self, model: A3cModel, ro: Rollout, rng: np.random.Generator, stop_early) -> bool:
         """Fill ``ro``; True when ``stop_early(steps)`` ended it before ``ro.T`` steps."""
@@ -57,23 +63,35 @@ class Games:
                 break
             obs = self.obs
             actions, logp, values = model.act(obs, rng)
-            step = self.games.step(self.games.forced(actions))
+            out = self.games.step(actions)
             if self.delay.seconds:
                 self.delay.step()
-            reward = step.reward if not self.clip else np.clip(step.reward, -self.clip, self.clip)
+            o = out.rows
             ro.obs[t], ro.action[t], ro.logp[t], ro.value[t] = obs, actions, logp, values
-            ro.reward[t] = reward * self.scale
-            ro.terminated[t], ro.truncated[t] = step.terminated, step.truncated
-            cut = step.truncated & ~step.terminated
             ro.final_value[t] = 0.0
-            if cut.any():
-                ro.final_value[t][cut] = model.values(step.final_obs[cut])
-            self.ret += step.reward
+            if out.fresh:  # the games failed and were rebuilt: the step is cut there (no reward), each game's
+                ro.reward[t] = 0.0  # return bootstrapped from its value, their unfinished episodes dropped
+                ro.terminated[t], ro.truncated[t] = False, True
+                ro.final_value[t] = values
+                self.ret[:], self.length[:] = 0.0, 0
+                self.obs = o["obs"].copy()
+                continue
+            if not np.array_equal(o["taken"], actions):  # a forced FIRE was played: the rollout holds it
+                ro.action[t], ro.logp[t] = o["taken"], model.log_prob(obs, o["taken"])
+            reward = o["reward"] if not self.clip else np.clip(o["reward"], -self.clip, self.clip)
+            ro.reward[t] = reward * self.scale
+            cut = o["terminated"] | o["life_lost"]  # a lost life ends the return where the env says so
+            ended = o["terminated"] | o["truncated"]
+            ro.terminated[t], ro.truncated[t] = cut, o["truncated"] & ~cut
+            trunc = ro.truncated[t]
+            if trunc.any():
+                ro.final_value[t][trunc] = model.values(o["final_obs"][trunc])
+            self.ret += o["reward"]
             self.length += 1
-            for e in np.flatnonzero(step.terminated | step.truncated):
+            for e in np.flatnonzero(ended):
                 self.finished.append((float(self.ret[e]), int(self.length[e])))
                 self.ret[e], self.length[e] = 0.0, 0
-            self.obs = step.obs
+            self.obs = o["obs"].copy()
         else:
             t = ro.T
         ro.steps = t
@@ -165,7 +183,7 @@ def run_worker(ctx) -> str:
             compute_s += time.perf_counter() - start
             rollouts.add(time=ctx.now(), rollout=n_rollouts, steps=ro.steps, preempted=preempted,
                          env_steps=env_steps, version=link.version, compute_s=compute_s, wait_s=wait_s,
-                         gradients=sent, dropped=dropped)
+                         gradients=sent, dropped=dropped, env_errors=games.env_errors)
             if f.flush_due():
                 for rows in (rollouts, episodes):
                     rows.write()

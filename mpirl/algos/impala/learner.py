@@ -25,7 +25,7 @@ from mpirl.roles.batch_sources import Batch, BatchSource
 from mpirl.roles.context import RoleContext
 from mpirl.roles.learner import Learner, LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
-from mpirl.roles.test_play import play_test
+from mpirl.roles.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")
@@ -96,8 +96,7 @@ class ImpalaTraining(LearnerAlgorithm):
         return None
 
     def open_tables(self, file: MetricsFile) -> None:
-        self.test_table = file.table("test", {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F8,
-                                              "return_std": F8, "length_mean": F8, "episodes": I8, "seconds": F8})
+        self.test_table = file.table("test", TEST_COLUMNS)
         if self.ctx.resume:
             self.test_table.truncate(self.test_table.rows_until("time", self.ctx.resume.job_time))
 
@@ -112,7 +111,7 @@ class ImpalaTraining(LearnerAlgorithm):
         if not n:
             return
         t0 = time.perf_counter()
-        played = play_test(self.agent.net, cfg.env, n, self.ctx.seed() + 1_000_003 + self.agent.steps,
+        played = play_test(self.agent.net, cfg, self.ctx.spaces, n, self.ctx.seed() + 1_000_003 + self.agent.steps,
                            self.agent.device)
         self.test_table.append(time=self.ctx.now(), train_steps=self.agent.steps,
                                env_steps=sum(self.counters.env_steps), **played, seconds=time.perf_counter() - t0)

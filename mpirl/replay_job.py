@@ -11,7 +11,7 @@ import math
 # checkpoints.
 USES = {
     "run": ("train_steps", "env_steps", "wall_seconds", "target_return", "return_window", "return_from"),
-    "topology": ("buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
+    "topology": ("learners", "buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
     "checkpoint": ("every_seconds", "every_steps", "keep", "replay"),
 }
 
@@ -19,13 +19,14 @@ USES = {
 def world_size(cfg) -> int:
     """Ranks the job needs; with ``topology.actors = 0``, two actors per buffer (or per worker) by default."""
     t = cfg.topology
-    return 1 + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or t.buffers))
+    return t.learners + t.buffers + t.worker_ranks + (t.actors or 2 * (t.worker_ranks or t.buffers))
 
 
 def check(cfg) -> None:
     """The checks every replay-based algorithm's job needs: a stop condition, and a learner-buffer-actor layout
     that can work (called from their settings' ``check``)."""
     from mpirl.config import ConfigError
+    check_learners(cfg, cfg.agent.algorithm)
 
     def _need(ok, key: str, message: str) -> None:
         if not ok:
@@ -57,7 +58,42 @@ def check(cfg) -> None:
 
 def actor_count(cfg, size: int) -> int:
     """Actor ranks in a world of ``size`` ranks."""
-    return cfg.topology.actors or size - 1 - cfg.topology.buffers - cfg.topology.worker_ranks
+    t = cfg.topology
+    return t.actors or size - t.learners - t.buffers - t.worker_ranks
+
+
+def learners(t) -> str:
+    """'1 learner', '2 learners': for descriptions and messages."""
+    return f"{t.learners} learner{'s' if t.learners > 1 else ''}"
+
+
+def check_learners(cfg, algorithm: str) -> None:
+    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X's sampled shards. Each
+    learner draws its 1/K of every batch, so K <= batch size; the rest is not built yet and says so."""
+    from mpirl.config import ConfigError
+    t, rp = cfg.topology, cfg.replay
+    if t.learners == 1:
+        return
+    if algorithm != "apex":
+        raise ConfigError("topology.learners", f"must be 1 for agent.algorithm = {algorithm!r}, got {t.learners}: "
+                                               "data-parallel learners are built for Ape-X so far")
+    for ok, key, value, why, how in (
+            (rp.architecture == "proposed", "replay.architecture", rp.architecture,
+             "the learners draw their shares from the buffers' shards (the baseline's local replay on several "
+             "learners is not built yet)", 'replay.architecture = "proposed"'),
+            (rp.shares == "even", "replay.shares", rp.shares, "each learner's share of a buffer must be fixed for "
+             "the learners' gradients to add up to one batch's", 'replay.shares = "even"'),
+            (rp.frame_cache == 0, "replay.frame_cache", rp.frame_cache, "a buffer mirrors one learner's frame cache",
+             "replay.frame_cache = 0"),
+            (not t.on_learner, "topology.workers", t.workers, "the inference worker on the learner's rank serves "
+             "one learner", "topology.workers = 0 or K worker ranks")):
+        if not ok:
+            raise ConfigError(key, f"cannot be {value!r} with topology.learners = {t.learners}: {why}; set "
+                                   f"topology.learners = 1, or {how}")
+    if t.learners > rp.batch_size:
+        raise ConfigError("topology.learners", f"must be <= replay.batch_size ({rp.batch_size}): each learner trains "
+                                               f"its 1/K of every batch (the first batch_size % K one row more), "
+                                               f"got {t.learners}")
 
 
 def check_world_size(cfg, size: int, job_path: str = "JOB.toml") -> None:
@@ -65,8 +101,8 @@ def check_world_size(cfg, size: int, job_path: str = "JOB.toml") -> None:
     worker, or per buffer without workers)."""
     from mpirl.config import ConfigError
     t = cfg.topology
-    fixed = 1 + t.buffers + t.worker_ranks
-    roles = (f"1 learner{' (the worker)' if t.on_learner else ''} + {t.buffers} buffer(s)"
+    fixed = t.learners + t.buffers + t.worker_ranks
+    roles = (f"{learners(t)}{' (the worker)' if t.on_learner else ''} + {t.buffers} buffer(s)"
              + (f" + {t.worker_ranks} worker(s)" if t.worker_ranks else ""))
     per = "worker" if t.worker_ranks else "buffer"
     if t.actors:

@@ -42,6 +42,10 @@ class RunConfig:
 
 @dataclass
 class TopologyConfig:
+    # Learner ranks (Gorila's several learners, data-parallel; Ape-X): K >= 2 learners each draw their 1/K of
+    # every batch from the shards, sum their gradients with an allreduce and step identical copies of the
+    # network; the first learner publishes parameters and writes the shared metrics.
+    learners: int = setting(1, ge=1, le=4096, why="the learner ranks; > 1: data-parallel learners (Ape-X)")
     # Buffer ranks; 0 (IMPALA only): the actors send straight to a queue on the learner's rank.
     buffers: int = setting(1, ge=0, le=4096, why="0: actors send to the learner itself (IMPALA)")
     # Actor ranks in all; 0: every rank after the learner and the buffers is an actor.

@@ -9,9 +9,9 @@ from mpirl.comm.topology import Layout, Link, Topology, plan
 from mpirl.roles.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, layout
 
 
-def star(hosts, buffers, workers=0, on_learner=False, node_local=True) -> Topology:
+def star(hosts, buffers, workers=0, on_learner=False, node_local=True, learners=1) -> Topology:
     """The replay algorithms' layout for a world of ``len(hosts)`` ranks, planned without MPI."""
-    t = SimpleNamespace(buffers=buffers, worker_ranks=workers, on_learner=on_learner)
+    t = SimpleNamespace(buffers=buffers, worker_ranks=workers, on_learner=on_learner, learners=learners)
     lay = layout(SimpleNamespace(topology=t), len(hosts))
     return Topology(world=None, role="", hosts=hosts, layout=lay, groups=plan(lay, hosts, node_local))
 
@@ -66,3 +66,14 @@ def test_a_link_groups_its_members_around_its_hubs_and_links_between_the_same_ro
 def test_a_layout_that_is_not_one_role_per_rank_is_refused(ranks, links, message):
     with pytest.raises(ValueError, match=message):
         Layout(ranks, links)
+
+
+def test_two_learners_come_first_and_the_rest_shifts_by_one():
+    from mpirl.roles.replay_layout import rank_files, role_map
+    hosts = ["a"] * 7  # learners 0-1, buffers 2-3, actors 4..6
+    topo = star(hosts, 2, learners=2)
+    assert topo.layout.ranks[LEARNER] == (0, 1) and topo.buffers == [2, 3]
+    assert topo.buffer_of == {4: 2, 5: 3, 6: 2}
+    assert role_map(topo) == "0-1 learners; 2 buffer, 4,6 actors of buffer 2; 3 buffer, 5 actor of buffer 3"
+    assert rank_files(topo) == {"learner": "learner.h5", "learner_1": "learner_1.h5", "buffer_2": "buffer_2.h5",
+                                "buffer_3": "buffer_3.h5"}

@@ -9,6 +9,7 @@ not a time limit).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -135,6 +136,15 @@ def _not_finite(t: torch.Tensor) -> int:
     return int((~torch.isfinite(t)).sum())
 
 
+class GradientPeers(Protocol):
+    """The learners a train step shares its batch with (:class:`mpirl.roles.learner_peers.LearnerPeers`)."""
+
+    total: int  # rows of the whole batch
+
+    def sum_grads(self, params, loss: torch.Tensor) -> torch.Tensor:
+        """Replace each parameter's ``.grad`` with the sum over the learners; the summed loss."""
+
+
 class DQNLearner:
     """The learner's networks, optimizer and one train step."""
 
@@ -154,14 +164,24 @@ class DQNLearner:
         self.n_params = sum(p.numel() for p in self.online.parameters())
         self.fault: Fault | None = None  # why the last skipped batch was skipped
 
-    def _forward(self, b: dict[str, torch.Tensor], w: torch.Tensor):
+    def _forward(self, b: dict[str, torch.Tensor], w: torch.Tensor, total: int = 0):
+        """Targets, Q-values and the loss: the weighted Huber loss's mean over the batch, or with ``total`` (the
+        rows of the whole batch several learners share) this part's sum over ``total``, so the learners' losses
+        and gradients add up to the whole batch's."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             y = n_step_target(self.online, self.target, b).float()
             q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
-        return y, q, (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+        per_sample = w * F.smooth_l1_loss(q, y, reduction="none")
+        return y, q, (per_sample.sum() / total if total else per_sample.mean())
 
-    def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray) -> tuple[float, np.ndarray]:
+    def train_step(self, batch: dict[str, np.ndarray], weights: np.ndarray,
+                   peers: GradientPeers | None = None) -> tuple[float, np.ndarray]:
         """One gradient step on a batch with IS ``weights``; returns (loss, new |TD| as numpy).
+
+        With ``peers`` (data-parallel learners) the batch is this learner's part of one batch of ``peers.total``
+        rows: the loss is its sum over that total, and the gradients and losses of every part are summed before
+        clipping, so every learner takes the step one learner would take on the whole batch; the |TD| returned
+        are this part's.
 
         A batch whose loss or gradient is not finite is skipped: no step, no weight
         change, and ``None`` instead of the |TD| (the caller keeps the old priorities);
@@ -169,11 +189,13 @@ class DQNLearner:
         """
         b = to_tensors(batch, self.device)
         w = torch.as_tensor(weights, device=self.device)
-        y, q, loss = self._forward(b, w)
+        y, q, loss = self._forward(b, w, peers.total if peers else 0)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if peers is not None:  # the learners' gradients and losses summed: the whole batch's, on every learner
+            loss = peers.sum_grads(self.online.parameters(), loss)
         norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
-        if not (torch.isfinite(loss) and torch.isfinite(norm)):
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):  # with peers: the same verdict on every learner
             self.fault = self.diagnose(b, w, y, q, loss)
             self.optimizer.zero_grad(set_to_none=True)
             return float(loss.detach()), None  # skipped: the weights are untouched, no step counted

@@ -25,7 +25,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.algos.a3c.exchange import Peers, has_own_core
+from mpirl.algos.a3c.exchange import Peers
+from mpirl.comm.collectives import Collectives
 
 
 def ours(comm, peers: Peers, grad: np.ndarray, total: np.ndarray, W: int) -> None:
@@ -51,7 +52,7 @@ def measure(comm, n: int, reps: int, seconds: float) -> dict:
     """Updates/s of ours and bare on an ``n``-element float32 gradient, ``reps`` repetitions of about ``seconds``."""
     W = comm.size
     peers = Peers.__new__(Peers)  # its wait only: no job behind it
-    peers.own_core = has_own_core(comm)  # as its constructor decides
+    peers.coll = Collectives(comm)  # as its constructor makes it
     grad = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     total, out = np.empty_like(grad), np.empty_like(grad)
     impls = {"ours": lambda: ours(comm, peers, grad, total, W), "bare": lambda: bare(comm, grad, out)}

@@ -60,12 +60,16 @@ class Link:
     with itself (``Link("gradients", "worker", "worker")``: peers averaging gradients) is one group of all the role's
     ranks, the first its rank 0. ``each``
     (parameters): sent to each member on its own rather than broadcast, for members that run at their own pace
-    (:class:`~mpirl.comm.params.ParamSends`)."""
+    (:class:`~mpirl.comm.params.ParamSends`). ``span``: how the hub side's ranks divide the members: ``"star"``
+    (each member joins one hub), ``"all"`` (one group of every hub and every member, the hubs first: each of K
+    data-parallel learners talks to every buffer) or ``"first"`` (one group of the first hub and every member: the
+    first learner's parameter broadcasts)."""
     kind: LinkKind
     source: str
     target: str
     hub: Literal["source", "target"] = "target"
     each: bool = False
+    span: Literal["star", "all", "first"] = "star"
 
     @property
     def hubs(self) -> str:
@@ -118,6 +122,9 @@ def plan(layout: Layout, hosts: list[str], node_local: bool = True) -> dict[Link
             out[link] = {r: ranks[0] for r in ranks}
             continue
         hubs, members = list(layout.ranks.get(link.hubs, ())), list(layout.ranks.get(link.members, ()))
+        if link.span != "star" and hubs and members:  # one group, its rank 0 the first hub
+            out[link] = {r: hubs[0] for r in (hubs if link.span == "all" else hubs[:1]) + members}
+            continue
         out[link] = spread(hosts, hubs, members, node_local) if hubs and members else {}
     return out
 
@@ -251,6 +258,7 @@ def build(world: MPI.Comm, layout: Layout, node_local: bool = True) -> Topology:
         members = groups[link]
         hub = rank in set(members.values())
         color = rank if hub else members.get(rank, MPI.UNDEFINED)
+        # The hub first, then the members in world-rank order (under span "all" the other hubs, then the rest).
         comm = world.Split(color, key=0 if hub else rank + 1)
         if comm != MPI.COMM_NULL:
             topo.comms[link] = comm

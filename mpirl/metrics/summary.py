@@ -171,9 +171,9 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
     return [latest[a] for a in sorted(latest)]
 
 
-def _actor_count(world_size, buffers: int, actors: list, workers: int = 0) -> int:
-    """Every rank after the learner, the buffers and the workers is an actor; else count the actors seen."""
-    return int(world_size) - 1 - int(buffers) - int(workers) if world_size else len(actors)
+def _actor_count(world_size, buffers: int, actors: list, workers: int = 0, learners: int = 1) -> int:
+    """Every rank after the learners, the buffers and the workers is an actor; else count the actors seen."""
+    return int(world_size) - int(learners) - int(buffers) - int(workers) if world_size else len(actors)
 
 
 def _workers(files: dict) -> list[dict[str, Any]]:
@@ -212,6 +212,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     elif learn["note"] == "ok" and len(train.get("time", ())) == 0:
         notes.append("learner.h5: table train is empty")
     bufs = {n: e for n, e in files.items() if n.startswith("buffer_")}
+    n_learners = 1 + sum(n.startswith("learner_") for n in files)  # learner_<rank>.h5: data-parallel learners
     for n, e in bufs.items():
         for tab in ("buffer", "episodes", "actors"):
             if e["note"] == "ok" and not len(e["tables"].get(tab, {}).get("time", ())):
@@ -236,10 +237,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "architecture": (learn["attrs"].get("architecture") if learn else None) or job.get(
             "replay.architecture", buffers[0]["architecture"] if buffers else None),
         # worker_0.h5: the worker on the learner's rank (AW), no rank of its own
-        "roles": {"learner": 1, "buffers": n_buf, "workers": len(workers),
+        "roles": {"learner": n_learners, "buffers": n_buf, "workers": len(workers),
                   "worker_on_learner": any(w["name"] == "worker_0" for w in workers),
                   "actors": _actor_count(prov.get("world_size"), n_buf, actors,
-                                         sum(w["name"] != "worker_0" for w in workers))},
+                                         sum(w["name"] != "worker_0" for w in workers), n_learners)},
         "job": job, "provenance": prov, "notes": notes,
         "files": {RUN_FILE: run["note"], **{f"{n}.h5": e["note"] for n, e in files.items()}},
         "learner": _learner(train) if len(train.get("time", ())) else None,
@@ -277,7 +278,7 @@ def format_summary(s: dict[str, Any]) -> str:
     out = [f"run           {s.get('name') or '-'}   ({s['run_dir']})",
            f"status        {st}",
            f"time          {s.get('start_time') or '-'} -> {s.get('end_time') or '-'}   wall {wall}",
-           f"world         {_f(s.get('world_size'))} ranks: 1 learner"
+           f"world         {_f(s.get('world_size'))} ranks: {r['learner']} learner{'s' if r['learner'] > 1 else ''}"
            + (" (the actors' worker)" if r.get("worker_on_learner") else "") + f", {r['buffers']} buffer(s), "
            + (f"{r['workers']} worker(s), " if r.get("workers") and not r.get("worker_on_learner") else "")
            + f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",

@@ -58,3 +58,17 @@ class RateMeter:
 def max_quota(n: int, shards: int, mode: str) -> int:
     """The most samples one shard can be asked for (sizes its message buffers)."""
     return -(-n // shards) if mode == "even" else n - (shards - 1)
+
+
+def learner_quotas(quotas: list[int], learners: int) -> list[list[int]]:
+    """Each of K data-parallel learners' samples from each shard, for one batch of ``sum(quotas)``: the batch one
+    learner would draw (shard b's ``quotas[b]`` rows after shard b-1's) cut into K consecutive parts of even size
+    (the first ``N mod K`` one row more); learner k asks shard b for its part's rows from b (0 for some shards
+    when K or R is large)."""
+    n = sum(quotas)
+    if not 1 <= learners <= n:
+        raise ValueError(f"{learners} learners cannot each train a part of a batch of {n}")
+    bounds = np.cumsum([0] + even_quotas(n, learners))
+    starts = np.cumsum([0] + list(quotas))
+    return [[int(max(0, min(hi, starts[b + 1]) - max(lo, starts[b]))) for b in range(len(quotas))]
+            for lo, hi in zip(bounds[:-1], bounds[1:])]

@@ -44,7 +44,7 @@ class PrioritizedShard(ReplayMemory):
         self.tree = sampler.tree
 
 
-def importance_weights(probs: np.ndarray, n: int, beta: float) -> np.ndarray:
+def importance_weights(probs: np.ndarray, n: int, beta: float, smallest: float | None = None) -> np.ndarray:
     """Importance-sampling weights ``w_i = (n * P(i)) ** -beta / max_j w_j``.
 
     ``probs``: float (k,) sampling probabilities of the batch items over the
@@ -52,7 +52,9 @@ def importance_weights(probs: np.ndarray, n: int, beta: float) -> np.ndarray:
     multiplied by that shard's share of the batch (k_shard / k), and ``n`` = the
     total number of records over all shards.  (After max-normalization the
     factor n cancels; it is kept so the formula reads as in the paper.)
-    Returns float32 (k,), max == 1; ``beta = 0`` gives all ones.
+    Returns float32 (k,), max == 1; ``beta = 0`` gives all ones. ``smallest``: the smallest probability of a batch
+    these ``probs`` are a part of (K data-parallel learners' parts): the weights are normalised by the whole
+    batch's largest, so each part's are those of the whole batch.
     """
     probs = np.asarray(probs, dtype=np.float64)
     if n < 1:
@@ -60,7 +62,7 @@ def importance_weights(probs: np.ndarray, n: int, beta: float) -> np.ndarray:
     if probs.size == 0:
         return np.zeros(0, dtype=np.float32)
     w = np.power(n * probs, -float(beta))
-    w /= w.max()
+    w /= w.max() if smallest is None else np.power(n * float(smallest), -float(beta))
     return w.astype(np.float32)
 
 

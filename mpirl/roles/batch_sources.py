@@ -141,7 +141,8 @@ class RemoteShards:
         self.served = loop.serve()
         with loop.clock.communicating():  # polling and taking the replies: all waiting on the link
             t = time.perf_counter()
-            loop.params.pump()
+            if loop.params is not None:
+                loop.params.pump()
             ready = self.links.ready()
             self.waited += time.perf_counter() - t
             if ready:
@@ -152,7 +153,9 @@ class RemoteShards:
         # A sample from buffer b was drawn with probability share_b / N * p_i / total_b;
         # importance weights use that and the total size over all shards.
         n = self.cfg.replay.batch_size
-        probs = np.concatenate([v["probs"] * (len(v["probs"]) / n) for v in views])
+        # Shard b's share of the whole batch (with K learners, all K parts': this part's rows are fewer).
+        shares = ([len(v["probs"]) for v in views] if self.links.learners == 1 else self.links.batch_quotas)
+        probs = np.concatenate([v["probs"] * (share / n) for v, share in zip(views, shares)])
         prio = np.concatenate([v["priority"] for v in views])
         loop.algo.transferred(float(prio.mean()))
         fields = (joined(views, self.links.batch_fields) if self.cache is None

@@ -34,6 +34,7 @@ from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.roles.preemption import PREEMPTED, signal_name
 from mpirl.roles.batch_sources import Batch, BatchSource, LocalMemory, LocalReplay, RemoteShards
+from mpirl.roles.learner_peers import CHECK_EVERY, LearnerPeers
 from mpirl.roles.shard_links import Counters
 from mpirl.roles.worker import Worker
 
@@ -117,6 +118,15 @@ class LearnerAlgorithm(ABC):
     def transferred(self, mean_value: float) -> None:
         """The mean value (priority, weight) of the experiences a transfer from the buffers just brought."""
 
+    # -- K data-parallel learners (topology.learners; set by the loop) -------------------
+    peers: LearnerPeers | None = None  # the learners this one shares each batch with (None: alone)
+    peer_stats: np.ndarray | None = None  # each learner's shared_stat of its part of the batch being trained
+
+    def shared_stat(self, batch: Batch) -> float:
+        """A statistic of this learner's part that the train step needs over the whole batch (gathered into
+        ``peer_stats`` before it): Ape-X's smallest sampling probability."""
+        return 0.0
+
     # -- checkpoints ---------------------------------------------------------------
     @abstractmethod
     def state(self) -> dict:
@@ -170,8 +180,13 @@ class Learner:
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
         self.algo = algorithm(ctx, self.rng, self.counters)
-        self.params = param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
-                                    shaper=shaper_for(cfg.comm.link))
+        # K data-parallel learners (topology.learners): the first publishes, decides the stop and checkpoints.
+        together = topo.comm("gradients")
+        self.peers = LearnerPeers(together, cfg.replay.batch_size, self.algo.n_params) if together else None
+        self.algo.peers = self.peers
+        self.lead = self.peers is None or self.peers.lead
+        self.params = (param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
+                                     shaper=shaper_for(cfg.comm.link)) if self.lead else None)
         self.server = None  # the worker on this rank (AW)
         if ctx.serving:
             self.server = Worker(ctx, ctx.serving)
@@ -188,7 +203,13 @@ class Learner:
         self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
-            self.restore(checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device))
+            st = checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device)
+            self.restore(st)
+            if self.peers is not None:  # this learner's own samples per shard (the state is shared); the
+                self.counters.consumed = list(st["learners_consumed"][self.peers.index])  # episodes: the first's
+                if not self.lead:
+                    self.counters.episodes = 0
+                    self.counters.returns.clear()
             self.source.links.resumed(ctx.resume.actor_steps)
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.algo.steps
@@ -219,22 +240,35 @@ class Learner:
         self.checkpointed_at = self.algo.steps
         self.log(force=True)
         self.file.flush()
-        checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
+        if self.peers is not None:  # every learner's samples per shard, kept by the first with the shared state
+            consumed = self.peers.gather_counts(self.counters.consumed)
+            if self.lead:
+                checkpoint.save(self.ctx.run_dir, {**self.state(), "learners_consumed": consumed},
+                                self.cfg.checkpoint.keep)
+        else:
+            checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
         self.last_checkpoint = time.perf_counter()
 
-    def checkpoint_due(self) -> None:
+    def due_for_checkpoint(self) -> bool:
         ck = self.cfg.checkpoint
         steps = self.algo.steps
-        if ((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
-                or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds)):
+        return bool((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
+                    or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds))
+
+    def checkpoint_due(self) -> None:
+        if self.due_for_checkpoint():
             with self.clock.computing():
                 self.checkpoint()
 
     # -- metrics ---------------------------------------------------------------------
     def open_metrics(self) -> None:
         ctx, algo = self.ctx, self.algo
-        self.file = MetricsFile(ctx.run_dir / "learner.h5", flush_seconds=self.cfg.log.flush_seconds,
-                                attrs=algo.file_attrs(self.threads), resume=bool(ctx.resume))
+        name = "learner.h5" if self.lead else f"learner_{ctx.topo.rank}.h5"  # the first learner's: the shared one
+        attrs = {**algo.file_attrs(self.threads), "rank": ctx.topo.rank}
+        if self.peers is not None:
+            attrs.update(learner=self.peers.index, learners=self.peers.K)
+        self.file = MetricsFile(ctx.run_dir / name, flush_seconds=self.cfg.log.flush_seconds,
+                                attrs=attrs, resume=bool(ctx.resume))
         stats, timers = algo.columns()
         self.table = self.file.table("train", {
             "time": F8, "train_steps": I8, "env_steps": I8, **stats,
@@ -256,7 +290,7 @@ class Learner:
         In: batches and dumps from the buffers. Out: requests with priorities, and the
         parameter broadcasts (never compressed).
         """
-        params = self.params.bytes_sent
+        params = self.params.bytes_sent if self.params is not None else 0
         now = self.source.links.link_bytes()
         now["bytes_out"] += params
         now["bytes_out_raw"] += params
@@ -290,6 +324,8 @@ class Learner:
     def publish(self, stop: bool = False) -> None:
         with self.clock.communicating():
             self.counters.version += 1
+            if self.params is None:  # another learner: the first publishes the parameters they share
+                return
             flat = self.algo.flat_params()
             self.params.publish(self.counters.version, flat, stop=stop)
         if self.server and not stop:
@@ -351,6 +387,8 @@ class Learner:
         return values
 
     def run(self) -> str:
+        if self.peers is not None:
+            return self.run_together()
         source = self.source
         self.publish()  # version 1: every actor starts from the learner's initial weights
         source.start()
@@ -369,6 +407,63 @@ class Learner:
         self.shutdown()
         return self.stop_reason
 
+    # -- K data-parallel learners -------------------------------------------------------
+    def run_together(self) -> str:
+        """The loop of K learners (:mod:`mpirl.roles.learner_peers`): each turn a batch part, the control
+        exchange (the first learner's stop and checkpoint, the parts' statistics, a CRC now and then), then the
+        train step whose gradients are summed over the learners, the part's values back to its buffers."""
+        source, peers = self.source, self.peers
+        self.publish()
+        source.start()
+        while True:
+            stop = self.lead and self.should_stop()
+            batch = None if stop else self.next_part()
+            if batch is None:
+                stop = True  # (the first learner only: a stop condition came while it waited)
+            steps = self.algo.steps
+            check = steps % CHECK_EVERY == 0
+            ctl = peers.control(stop, self.lead and not stop and self.due_for_checkpoint(),
+                                self.algo.shared_stat(batch) if batch is not None else math.inf,
+                                self.algo.flat_params() if check else None, steps, poll=self.poll)
+            if ctl.stop:
+                break
+            if ctl.checkpoint:
+                with self.clock.computing():
+                    self.checkpoint()
+            self.algo.peer_stats = ctl.stats
+            with self.clock.computing():
+                values = self.train(batch)
+            source.give_back(batch, values)
+            self.publish_due()
+            self.log()
+        if not self.lead:
+            self.stop_reason = "the first learner stopped the job"
+        self.shutdown()
+        return self.stop_reason
+
+    def next_part(self) -> Batch | None:
+        """This learner's part of the next batch, waiting for it; None when the first learner is to stop."""
+        source = self.source
+        while True:
+            batch = source.next_batch()
+            if batch is not None:
+                return batch
+            self.log()
+            source.wait()
+            if self.lead:
+                if self.should_stop():
+                    return None
+            elif self.ctx.preempt is not None:
+                self.ctx.preempt.requested()  # a signal here: tell the first learner
+
+    def poll(self) -> None:
+        """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
+        if self.params is not None:
+            self.params.pump()
+        self.source.links.pump()
+        if not self.lead and self.ctx.preempt is not None:
+            self.ctx.preempt.requested()
+
     def shutdown(self) -> None:
         """The algorithm's last words, a checkpoint, the last broadcast with the stop flag, goodbye to the buffers,
         drain every reply.
@@ -383,6 +478,8 @@ class Learner:
         if self.server:  # the actors learn the stop in their next answer; the worker's goodbye to the buffer
             self.server.finish()
         self.source.links.close(self.algo.steps)
-        self.params.close()
-        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes())
+        if self.params is not None:
+            self.params.close()
+        crc = {} if self.peers is None else {"params_crc32": int(self.peers.crc(self.algo.flat_params()))}
+        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes(), **crc)
         self.file.close()

@@ -69,19 +69,25 @@ class Buffer:
         # the learner's own intake, in its process; the learner takes from the memory and broadcasts itself.
         self.local = topo.learner is None
         self.params_out: ParamBroadcast | None = None
+        # The learners (K data-parallel ones: ranks 0..K-1 of the learner communicator) each ask for their part.
+        self.learners = topo.layout.count("learner")
+        self.consumed_by = [0] * self.learners  # samples each learner trained on from here
+        self.byes = [False] * self.learners
         if not self.local:  # a local buffer has no req_pool, replies or params_in
             codec = codec_for(cfg.comm.link)
-            self.req_pool = RecvPool(topo.learner, [0], TAG_REQUEST, self.req.max_nbytes, 1, codec=codec)
-            self.replies = SendRing(topo.learner, 0, TAG_REPLY, self.reply.max_nbytes,
-                                    self.server.depth, shaper=shaper_for(cfg.comm.link),
-                                    codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
+            self.req_pool = RecvPool(topo.learner, list(range(self.learners)), TAG_REQUEST, self.req.max_nbytes, 1,
+                                     codec=codec)
+            self.replies = [SendRing(topo.learner, k, TAG_REPLY, self.reply.max_nbytes,
+                                     self.server.depth, shaper=shaper_for(cfg.comm.link),
+                                     codec=codec, chunk_bytes=int(cfg.comm.max_message_mb * 2**20))
+                            for k in range(self.learners)]
             self.params_in = param_channel(topo.learner_params, ctx.n_params, topo.learner_params_each)
             # To its senders, where the layout declares that link (the learner's rank as the one worker keeps its
             # own).
             self.params_out = (param_channel(topo.group_params, ctx.n_params, topo.group_params_each)
                                if topo.group_params else None)
 
-        self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (seq, want)
+        self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (learner, seq, want)
         # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
         # toward the learner's return window (run.return_from = "least_exploring": other actors').
         self.to_learner: deque = deque()
@@ -177,35 +183,42 @@ class Buffer:
         return final
 
     # -- the learner's requests ------------------------------------------------
-    def on_request(self, buf: np.ndarray) -> None:
+    def on_request(self, buf: np.ndarray, learner: int = 0) -> None:
+        """A request of ``learner`` (its rank among the learners): the priorities it brings back, then a sample
+        to serve when the shard can, a dump now, or its goodbye."""
         req, rows = self.req, self.req.rows(buf)
         kind = int(req.get(buf, "kind"))
-        self.consumed = int(req.get(buf, "consumed"))
+        self.consumed_by[learner] = int(req.get(buf, "consumed"))
+        self.consumed = sum(self.consumed_by)
         stale, applied = self.server.feedback(req, buf, rows)
         self.stale, self.updates = self.stale + stale, self.updates + applied
         if kind == SAMPLE:
-            self.waiting.append((req.get(buf, "seq"), int(req.get(buf, "want"))))
+            self.waiting.append((learner, req.get(buf, "seq"), int(req.get(buf, "want"))))
         elif kind == DUMP:
-            self.serve(DUMP, float(req.get(buf, "seq")))
+            self.serve(DUMP, float(req.get(buf, "seq")), learner=learner)
         elif kind == BYE:
-            self.bye = True
-            self.stop_steps = int(req.get(buf, "train_steps"))
+            self.byes[learner] = True
+            self.bye = all(self.byes)
+            if learner == 0:
+                self.stop_steps = int(req.get(buf, "train_steps"))
 
-    def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0) -> None:
-        k = min(len(self.to_learner), self.reply.slot_length("ep_return"))
+    def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0,
+                    learner: int = 0) -> None:
+        # Finished episodes go to the first learner (the one that decides the stop and writes the returns).
+        k = min(len(self.to_learner), self.reply.slot_length("ep_return")) if learner == 0 else 0
         rets = [self.to_learner.popleft() for _ in range(k)]
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
                        shard_total=self.server.reply_total,
                        env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
         counted = dict.fromkeys(self.reply.counted, frames)  # every counted field of a reply: one row per frame sent
         self.reply.set(buf, **{f"{name}_rows": n for name, n in counted.items()})
-        self.replies.send(slot, self.reply.nbytes(rows, **counted))
+        self.replies[learner].send(slot, self.reply.nbytes(rows, **counted))
 
-    def serve(self, kind: int, seq: float, want: int = 0) -> None:
-        """One reply: a batch of ``want`` records (a shard server) or the whole memory (a relay)."""
-        slot, buf = self.replies.acquire()
+    def serve(self, kind: int, seq: float, want: int = 0, learner: int = 0) -> None:
+        """One reply to ``learner``: a batch of ``want`` records (a shard server) or the whole memory (a relay)."""
+        slot, buf = self.replies[learner].acquire()
         rows, frames = self.server.fill(buf, want, self.rng)
-        self._send_reply(slot, buf, kind, seq, rows, frames)
+        self._send_reply(slot, buf, kind, seq, rows, frames, learner)
 
     # -- the loop ----------------------------------------------------------------
     def finished(self) -> bool:
@@ -215,7 +228,8 @@ class Buffer:
         """One pass over every source of work; True if anything happened."""
         if not self.local:  # (a local buffer's learner hears signals and pumps its own sends)
             self.ctx.preempt.requested()  # a signal here: tell the learner, which stops the job
-            self.replies.pump()
+            for ring in self.replies:
+                ring.pump()
             if self.params_out is not None:  # sent to each sender on its own: the newest to those it is due
                 self.params_out.pump()
         progress = self.take_experience()
@@ -240,14 +254,14 @@ class Buffer:
     def serve_learner(self) -> bool:
         """The learner's requests, the replies waiting for the memory, and the parameters to relay."""
         progress = False
-        for slot, _, buf, _ in self.req_pool.poll():
+        for slot, learner, buf, _ in self.req_pool.poll():
             progress = True
-            self.on_request(buf)
-            if not self.bye:
+            self.on_request(buf, learner)
+            if not self.byes[learner]:
                 self.req_pool.post(slot)
-        while self.waiting and (self.server.ready(self.waiting[0][1]) or self.bye):
-            seq, want = self.waiting.popleft()
-            self.serve(SAMPLE, seq, want)
+        while self.waiting and (self.server.ready(self.waiting[0][2]) or self.byes[self.waiting[0][0]]):
+            learner, seq, want = self.waiting.popleft()
+            self.serve(SAMPLE, seq, want, learner)
             progress = True
         if not self.params_in.closed and self.params_in.arrived():
             progress = True
@@ -264,8 +278,9 @@ class Buffer:
         self.t_buffer.append(
             time=t, experiences_in=self.inserted, experiences_in_per_s=rate,
             bytes_in=self.base["bytes_in"] + self.exp_pool.bytes_received,
-            bytes_out=self.base["bytes_out"] + (0 if self.local else self.replies.bytes_sent),
-            bytes_out_raw=self.base["bytes_out_raw"] + (0 if self.local else self.replies.raw_bytes_sent),
+            bytes_out=self.base["bytes_out"] + (0 if self.local else sum(r.bytes_sent for r in self.replies)),
+            bytes_out_raw=self.base["bytes_out_raw"] + (0 if self.local else
+                                                        sum(r.raw_bytes_sent for r in self.replies)),
             fill=self.store.size,
             stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
@@ -324,7 +339,8 @@ class Buffer:
         self.file.set_attrs(bytes_per_slot=self.store.nbytes / self.cfg.replay.capacity)
         self.exp_pool.close()
         if not self.local:
-            self.replies.close()
+            for ring in self.replies:
+                ring.close()
             self.req_pool.close()
         if self.params_out is not None:
             self.params_out.close()

@@ -33,30 +33,35 @@ def inference(t) -> str:
 
 
 def rank_files(topo: Topology) -> dict[str, str]:
-    """The HDF5 files run.h5 links: the learner's, each buffer's (actors' rows live in their buffer's file) and
+    """The HDF5 files run.h5 links: the (first) learner's, each other learner's, each buffer's (actors' rows live in their buffer's file) and
     each worker's (its actors' rows)."""
     workers = sorted(set(topo.worker_of.values()))
-    return {"learner": "learner.h5", **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers},
+    learners = topo.layout.ranks.get(LEARNER, (0,))
+    return {"learner": "learner.h5", **{f"learner_{k}": f"learner_{k}.h5" for k in learners[1:]},
+            **{f"buffer_{b}": f"buffer_{b}.h5" for b in topo.buffers},
             **{f"worker_{w}": f"worker_{w}.h5" for w in workers}}
 
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:
-    """Rank 0 the learner, 1..R the buffers, then the inference workers, the rest actors. Senders (actors, or
-    the workers that act for them, or the learner's rank when it is the one worker) send experience to their
-    buffer and take parameters from it; the learner asks the buffers for samples (or dumps) and publishes
-    parameters to them."""
+    """Rank 0 the learner (ranks 0..K-1 with K data-parallel learners), then the R buffers, then the inference
+    workers, the rest actors. Senders (actors, or the workers that act for them, or the learner's rank when it is
+    the one worker) send experience to their buffer and take parameters from it; every learner asks every buffer
+    for samples (or dumps); the first learner publishes parameters to the buffers; K learners sum their gradients
+    on a communicator of their own."""
     t = cfg.topology
-    b, w = t.buffers, t.worker_ranks
-    ranks = {LEARNER: (0,), BUFFER: tuple(range(1, 1 + b)), WORKER: tuple(range(1 + b, 1 + b + w)),
-             ACTOR: tuple(range(1 + b + w, world_size))}
+    k, b, w = t.learners, t.buffers, t.worker_ranks
+    ranks = {LEARNER: tuple(range(k)), BUFFER: tuple(range(k, k + b)), WORKER: tuple(range(k + b, k + b + w)),
+             ACTOR: tuple(range(k + b + w, world_size))}
     server = WORKER if w else LEARNER if t.on_learner else ""
     sender = server or ACTOR
-    links = [Link("experience", sender, BUFFER), Link("requests", LEARNER, BUFFER, hub="source"),
-             Link("parameters", LEARNER, BUFFER, hub="source")]
+    links = [Link("experience", sender, BUFFER), Link("requests", LEARNER, BUFFER, hub="source", span="all"),
+             Link("parameters", LEARNER, BUFFER, hub="source", span="first")]
     if sender != LEARNER:  # the learner's rank, when it is the one worker, has its parameters of its own
         links.insert(1, Link("parameters", BUFFER, sender, hub="source"))
     if server:
         links.append(Link("observations", ACTOR, server))
+    if k > 1:
+        links.append(Link("gradients", LEARNER, LEARNER))
     return Layout({role: r for role, r in ranks.items() if r}, tuple(links))
 
 
@@ -66,7 +71,7 @@ def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float
     """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role."""
     t = cfg.topology
     return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
-                    {LEARNER: 1, BUFFER: t.buffers, WORKER: t.worker_ranks, ACTOR: actor_count(cfg, world_size)},
+                    {LEARNER: t.learners, BUFFER: t.buffers, WORKER: t.worker_ranks, ACTOR: actor_count(cfg, world_size)},
                     slot, network_bytes, reserved, network_key=network_key, cache_bytes=int(cache_bytes))
 
 
@@ -79,7 +84,8 @@ def role_map(topo: Topology) -> str:
     """``0 learner; 1 buffer, 2-3 actors of buffer 1`` (with workers: ``1 buffer, 2 worker of buffer 1;
     3-5 actors of worker 2``): who is who, for messages that name ranks."""
     on_learner = 0 in topo.worker_of.values()  # the learner is the worker (AW): ``0 learner and worker; 1 buffer``
-    parts = ["0 learner and worker" if on_learner else "0 learner"]
+    learners = list(topo.layout.ranks.get(LEARNER, (0,)))
+    parts = ["0 learner and worker" if on_learner else f"{_span(learners)} learner{'s' if len(learners) > 1 else ''}"]
     sender = "worker" if topo.worker_of else "actor"
     for b in topo.buffers:
         ranks = [r for r in topo.actors_of(b) if r != 0]

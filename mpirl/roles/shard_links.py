@@ -20,7 +20,7 @@ from mpirl.comm.link import shaper_for
 from mpirl.comm.messages import BYE, request_layout
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.frame_cache import FrameCache
-from mpirl.replay.quotas import RateMeter, even_quotas
+from mpirl.replay.quotas import RateMeter, even_quotas, learner_quotas
 from mpirl.roles.context import RoleContext
 
 F8, I8 = np.float64, np.int64
@@ -83,12 +83,18 @@ class ShardLinks:
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.counters = ctx, counters
         n_buf = len(topo.buffers)
-        self.links = [BufferLink(topo.learner, b + 1, request_layout(most), reply, depth,
+        # On the learner communicator the learners come first (K data-parallel learners), then the buffers.
+        self.learners = topo.layout.count("learner")
+        self.index = topo.learner.rank  # this learner's among them
+        self.links = [BufferLink(topo.learner, self.learners + b, request_layout(most), reply, depth,
                                  shaper=shaper_for(cfg.comm.link), codec=codec_for(cfg.comm.link),
                                  chunk_bytes=int(cfg.comm.max_message_mb * 2**20)) for b in range(n_buf)]
         # A batch's record fields as replies carry them: with frames once, stacks as indices into "frames".
         self.batch_fields = batch_fields(reply)
-        self.quotas = even_quotas(cfg.replay.batch_size, n_buf)  # samples per shard in the next request
+        # Samples per shard in the whole batch, and in this learner's part of it (the next request's).
+        self.batch_quotas = even_quotas(cfg.replay.batch_size, n_buf)
+        self.quotas = (self.batch_quotas if self.learners == 1
+                       else learner_quotas(self.batch_quotas, self.learners)[self.index])
         self.meters = [RateMeter() for _ in range(n_buf)]  # each shard's insertion rate
         self.sizes = [0] * n_buf
         # What each buffer's env steps add to its count: after a resume its actors count on from their last

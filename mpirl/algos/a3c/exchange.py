@@ -13,32 +13,20 @@ with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.a
 
 from __future__ import annotations
 
-import os
 import zlib
 from typing import NamedTuple
 
 import numpy as np
-from mpi4py import MPI
 
 from mpirl.agents.a3c import A3cModel
 from mpirl.algos.a3c import messages as msg
 from mpirl.algos.a3c.progress import Progress
 from mpirl.algos.a3c.rules import preempted
 from mpirl.algos.a3c.updates import UpdateLog
-from mpirl.comm.backoff import wait_until
+from mpirl.comm.collectives import Collectives
 from mpirl.comm.counter import SharedCounter, finished_in_round
 from mpirl.comm.hub import ask
 from mpirl.roles.preemption import PREEMPTED
-
-
-def has_own_core(comm) -> bool:
-    """Collective: do the ranks of ``comm`` on this node number at most its cores (not oversubscribed)?"""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return bool(node.allreduce(int(node.size <= cores), op=MPI.MIN))
-    finally:
-        node.Free()
 
 
 class Outcome(NamedTuple):
@@ -116,7 +104,7 @@ class Peers:
         self.index, self.W = self.comm.rank, self.comm.size
         a = self.cfg.a3c
         self.counter = SharedCounter(self.comm) if a.sync_frac < 1 and self.W > 1 else None
-        self.own_core = has_own_core(self.comm)
+        self.coll = Collectives(self.comm)
         self.sum = np.zeros(model.n_params, np.float32)
         self.progress = Progress(ctx, list(range(self.W)))
         self.R = self.cfg.run.return_window
@@ -133,14 +121,7 @@ class Peers:
         return self.progress.version
 
     def _wait(self, req) -> None:
-        """Complete a collective. Open MPI moves a non-blocking collective's data only inside MPI calls, so a rank
-        asleep in a back-off holds its peers up: a rank with a core of its own waits in MPI (``Wait``); ranks that
-        share cores (oversubscribed) poll with a short back-off, so a waiting rank does not take a core from one
-        still computing its gradient."""
-        if self.own_core:
-            req.Wait()
-        else:
-            wait_until(req.Test, first=10e-6, longest=200e-6)
+        self.coll.wait(req)
 
     def start(self) -> tuple[int, int]:
         if self.ctx.resume:
@@ -176,14 +157,8 @@ class Peers:
         return Outcome("", False)
 
     def reduce(self, grad: np.ndarray) -> None:
-        """The workers' gradients summed into ``self.sum``. Ranks with a core each take MPI's blocking
-        ``Allreduce`` (its algorithms for large buffers beat the non-blocking ones' here: 1,374 against 1,123 a
-        second for the Nature CNN's 6.7 MB on 2 ranks); ranks sharing cores an ``Iallreduce`` polled with a short
-        back-off (:meth:`_wait`), so a waiting rank does not take a core from one still computing."""
-        if self.own_core:
-            self.comm.Allreduce(grad, self.sum, op=MPI.SUM)
-        else:
-            self._wait(self.comm.Iallreduce(grad, self.sum, op=MPI.SUM))
+        """The workers' gradients summed into ``self.sum`` (:class:`~mpirl.comm.collectives.Collectives`)."""
+        self.coll.sum(grad, self.sum)
 
     def check_same(self) -> None:
         """Every rank's parameters hash the same, or the job fails naming the update."""

@@ -14,7 +14,7 @@ import numpy as np
 from mpirl.algos.apex import memory
 from mpirl.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
-from mpirl.replay_job import actor_count, check_world_size
+from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.envs.factory import env_spaces
 from mpirl.roles.checks import Checked
 from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
@@ -63,7 +63,7 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.apex")
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     s, t = checked.spaces, cfg.topology
     workers = inference(t)
-    return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); "
+    return (f"{learners(t)}, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); "
             f"{cfg.env.id} obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; "
             f"replay {cfg.replay.architecture}, batch {cfg.replay.batch_size}, capacity {cfg.replay.capacity}")
 

@@ -15,6 +15,7 @@ from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_sche
 from mpirl.roles.context import RoleContext
 from mpirl.roles.batch_sources import Batch
 from mpirl.roles.learner import Learner, LearnerAlgorithm
+from mpirl.roles.learner_peers import smallest
 from mpirl.roles.shard_links import Counters
 
 F8, I8 = np.float64, np.int64
@@ -71,14 +72,22 @@ class ApexTraining(LearnerAlgorithm):
         self.last_p_t = mean_value
         self.acc["p_t"].append(mean_value)
 
+    def shared_stat(self, batch: Batch) -> float:
+        """This learner's smallest sampling probability: the largest importance weight of the whole batch, which
+        normalises every weight, is at the smallest over the learners' parts."""
+        return smallest(batch.probs)
+
     def train(self, batch: Batch) -> np.ndarray | None:
-        """One train step with importance weights; the new |TD|, or None when skipped."""
+        """One train step with importance weights; the new |TD|, or None when skipped. With K learners the
+        weights are normalised by the whole batch's largest (``peer_stats``: each part's smallest probability) and
+        the gradients summed over the learners (the agent's step with ``peers``)."""
         rp = self.cfg.replay
         beta = linear_schedule(rp.beta, rp.beta_final, self.agent.steps, rp.beta_steps)
         if batch.probs is None:
             raise ValueError("a prioritized batch carries each sample's probability")
-        weights = importance_weights(batch.probs, batch.size, beta)
-        loss, td = self.agent.train_step(batch.fields, weights)
+        whole = None if self.peers is None else float(np.min(self.peer_stats))
+        weights = importance_weights(batch.probs, batch.size, beta, smallest=whole)
+        loss, td = self.agent.train_step(batch.fields, weights, self.peers)
         if td is None:  # the batch keeps its priorities
             return None
         p_s, td_abs = float(batch.values.mean()), float(td.mean())
@@ -108,7 +117,7 @@ class ApexTraining(LearnerAlgorithm):
         a.steps = int(st["train_steps"])
 
     def file_attrs(self, threads: int) -> dict:
-        return {"role": "learner", "rank": 0, "architecture": self.cfg.replay.architecture,
+        return {"role": "learner", "rank": self.ctx.topo.rank, "architecture": self.cfg.replay.architecture,
                 "device": str(self.agent.device), "precision": self.agent.precision, "torch_threads": threads,
                 "n_params": self.agent.n_params, "batch_size": self.cfg.replay.batch_size}
 

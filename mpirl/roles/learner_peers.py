@@ -1,0 +1,96 @@
+"""K data-parallel learners (Gorila's several learners; ``topology.learners``): what they agree on each train step.
+
+Learner k draws its part of every batch from the shards (:func:`mpirl.replay.quotas.learner_quotas`), so the K
+parts together are the batch one learner would draw. One rule on the learners' communicator, every step, each
+collective depending only on the one before:
+
+1. **control** — an ``Iallgather`` of a few float64s per learner: the first learner's stop and checkpoint flags (it
+   alone sees the stop conditions, signals and the wall clock), each learner's statistic of its part that the
+   loss needs over the whole batch (Ape-X: its smallest sampling probability, for the importance weights'
+   normalisation) and, every :data:`CHECK_EVERY` steps, a CRC of its parameters (the job fails naming the step if
+   they differ);
+2. **gradients** — the losses are sums over the whole batch's rows, so the SUM of the learners' flat gradients (and
+   losses) is one learner's on the whole batch: clipping, the finite check, the optimizer and the target update then
+   run on identical inputs on every learner, which keeps their parameters identical.
+
+At a checkpoint the learners' per-shard sample counts are gathered to the first, which saves them beside the
+state they share.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from mpirl.agents.policy_gradient import flat_grad, set_flat_grad
+from mpirl.comm.collectives import Collectives
+
+CHECK_EVERY = 100  # train steps between parameter CRC comparisons (and at every checkpoint)
+STOP, CHECKPOINT, STAT, CRC = range(4)
+
+
+class Control(NamedTuple):
+    stop: bool
+    checkpoint: bool
+    stats: np.ndarray  # each learner's statistic of its part, in learner order
+
+
+class LearnerPeers:
+    """This learner's side of the rule above (collective to construct, on every learner)."""
+
+    def __init__(self, comm, batch_size: int, n_params: int):
+        self.comm = comm
+        self.index, self.K = comm.rank, comm.size
+        self.coll = Collectives(comm)
+        self.total = batch_size  # rows of the whole batch: the losses' denominator
+        self.mine = np.zeros(4)
+        self.all = np.zeros((self.K, 4))
+        self.grad = np.zeros(n_params + 1, np.float32)  # the flat gradient, then the loss
+        self.summed = np.zeros_like(self.grad)
+        self.last_crc = 0
+
+    @property
+    def lead(self) -> bool:
+        return self.index == 0
+
+    def control(self, stop: bool, checkpoint: bool, stat: float, params: np.ndarray | None, steps: int,
+                poll=None) -> Control:
+        """The step's agreement (see the module). ``params`` hashed when ``steps`` is due for a check."""
+        m = self.mine
+        m[STOP], m[CHECKPOINT], m[STAT] = float(stop), float(checkpoint), stat
+        m[CRC] = self.crc(params) if params is not None else -1.0
+        self.coll.gather(m, self.all, poll)
+        crcs = self.all[:, CRC]
+        if m[CRC] >= 0 and len(set(crcs.tolist())) != 1:
+            raise RuntimeError(f"the learners' parameters differ after train step {steps} (CRC32 "
+                               f"{[int(c) for c in crcs]}): the gradient allreduce or an optimizer went its own way")
+        return Control(bool(self.all[0, STOP]), bool(self.all[0, CHECKPOINT]), self.all[:, STAT].copy())
+
+    def crc(self, params: np.ndarray) -> float:
+        self.last_crc = zlib.crc32(np.ascontiguousarray(params).tobytes())
+        return float(self.last_crc)
+
+    def sum_grads(self, params, loss: torch.Tensor) -> torch.Tensor:
+        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed loss."""
+        params = list(params)
+        flat_grad(params, self.grad[:-1])
+        self.grad[-1] = float(loss.detach())
+        self.coll.sum(self.grad, self.summed)
+        set_flat_grad(params, self.summed[:-1])
+        return torch.tensor(float(self.summed[-1]))
+
+    def gather_counts(self, counts: list[int]) -> list[list[int]] | None:
+        """Every learner's per-shard counts, on the first learner (None on the others)."""
+        mine = np.asarray(counts, np.int64)
+        out = np.zeros((self.K, len(mine)), np.int64) if self.lead else None
+        self.comm.Gather(mine, out, root=0)
+        return out.tolist() if self.lead else None
+
+
+def smallest(probs: np.ndarray | None) -> float:
+    """A part's smallest sampling probability (inf for none): the statistic Ape-X's weights need."""
+    return float(probs.min()) if probs is not None and len(probs) else math.inf

@@ -1,0 +1,86 @@
+"""K data-parallel DQN learners against one learner on the same batches, under mpiexec. Run by
+``tests/test_learners.py``: ``mpiexec -n K python tests/learners_job.py OUT.json BATCH STEPS``.
+
+Every rank makes the same stream of prioritized batches (fixed seed: observations, actions, rewards, discounts,
+sampling probabilities); learner k trains rows [lo_k, hi_k) of each (:func:`mpirl.replay.quotas.learner_quotas`'s
+cut) with :class:`mpirl.roles.learner_peers.LearnerPeers` on ``COMM_WORLD``, its importance weights normalised by
+the smallest probability over the learners (the control exchange's gather), as Ape-X's learner does. Rank 0 also
+trains a reference learner alone on each whole batch. Out: every rank's final parameters' CRC and its |TD| of its
+rows at the last step; rank 0 adds the largest difference between its parameters and the reference's, and between
+the concatenated |TD| and the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from mpirl.agents.dqn import DQNLearner
+from mpirl.replay.quotas import learner_quotas
+from mpirl.replay.shard import importance_weights
+from mpirl.roles.learner_peers import LearnerPeers, smallest
+
+OBS, ACTIONS = 4, 2
+AGENT = SimpleNamespace(hidden=[32, 32], network="mlp", lr=1e-3, adam_eps=1.5e-4, grad_clip=10.0, target_update=5,
+                        precision="fp32", gamma=0.99)
+
+
+def batch(rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
+    fields = {"obs": rng.standard_normal((n, OBS)).astype(np.float32),
+              "next_obs": rng.standard_normal((n, OBS)).astype(np.float32),
+              "action": rng.integers(0, ACTIONS, n).astype(np.int64),
+              "reward": rng.standard_normal(n).astype(np.float32),
+              "discount": np.full(n, 0.99 ** 3, np.float32), "done": rng.random(n) < 0.1}
+    probs = rng.uniform(0.2, 1.0, n) / n
+    return fields, probs
+
+
+def main(out: str, n: int, steps: int) -> dict:
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    K, k = comm.size, comm.rank
+    part = np.cumsum([0] + [sum(q) for q in learner_quotas([n], K)])  # one shard: the cut of the batch alone
+    lo, hi = int(part[k]), int(part[k + 1])
+    mine = DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"), seed=3)
+    ref = DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"), seed=3) if k == 0 else None
+    peers = LearnerPeers(comm, n, mine.n_params)
+    rng = np.random.default_rng(11)
+    beta = 0.4
+    for step in range(steps):
+        fields, probs = batch(rng, n)
+        own = {name: v[lo:hi] for name, v in fields.items()}
+        ctl = peers.control(False, False, smallest(probs[lo:hi]), mine.flat_params() if step % 10 == 0 else None,
+                            step)
+        w = importance_weights(probs[lo:hi], n, beta, smallest=float(np.min(ctl.stats)))
+        _, td = mine.train_step(own, w, peers)
+        if ref is not None:
+            _, td_ref = ref.train_step(fields, importance_weights(probs, n, beta))
+    tds = comm.gather(td.tolist(), root=0)
+    result = {"rank": k, "rows": [lo, hi], "crc": int(peers.crc(mine.flat_params())), "steps": mine.steps}
+    if ref is not None:
+        result["param_diff"] = float(np.abs(mine.flat_params() - ref.flat_params()).max())
+        result["param_scale"] = float(np.abs(ref.flat_params()).max())
+        result["td_diff"] = float(np.abs(np.concatenate(tds) - td_ref).max())
+        result["ref_steps"] = ref.steps
+        result["moved"] = float(np.abs(ref.flat_params() - DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"),
+                                                                        seed=3).flat_params()).max())
+    return result
+
+
+if __name__ == "__main__":
+    out, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    try:
+        res = main(out, n, steps)
+    except Exception:  # noqa: BLE001 - the test reads the traceback from the output
+        traceback.print_exc()
+        MPI.COMM_WORLD.Abort(1)
+    everyone = MPI.COMM_WORLD.gather(res, root=0)
+    if MPI.COMM_WORLD.rank == 0:
+        with open(out, "w") as f:
+            json.dump(everyone, f)

@@ -1,0 +1,180 @@
+"""K data-parallel learners for Ape-X (``topology.learners``, Gorila's several learners): each learner's part of
+the batch, the communicators, the equality with one learner on the same samples, a job that learns with two, its
+checkpoint and resume, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import h5py
+import numpy as np
+import pytest
+
+from mpirl import config
+from mpirl.comm.topology import Layout, Link, plan
+from mpirl.replay.quotas import even_quotas, learner_quotas
+from mpirl.roles import checkpoint
+
+from conftest import JOBS, ROOT, finish, run_cli, run_mpi, run_mpi_script, start_mpi, wait_for_train_steps
+
+JOB = JOBS / "cartpole.toml"
+
+
+# ---------------------------------------------------------------- parts of a batch
+@pytest.mark.parametrize("quotas,K", [([64], 2), ([7], 2), ([32, 32], 2), ([22, 21, 21], 4), ([2, 1, 1], 4),
+                                      ([3, 3], 5), ([64], 64)])
+def test_the_learners_parts_cut_the_batch_one_learner_would_draw(quotas, K):
+    parts = learner_quotas(quotas, K)
+    n = sum(quotas)
+    assert len(parts) == K and all(len(p) == len(quotas) for p in parts)
+    assert [sum(p) for p in parts] == even_quotas(n, K)  # even parts, the first n % K one row more
+    assert np.sum(parts, axis=0).tolist() == quotas  # together each shard's whole share
+    rows = [b for p in parts for b, q in enumerate(p) for _ in range(q)]  # shard of each row, learner by learner
+    assert rows == [b for b, q in enumerate(quotas) for _ in range(q)]  # consecutive cuts of the one batch
+
+
+def test_more_learners_than_rows_is_an_error():
+    with pytest.raises(ValueError, match="3 learners"):
+        learner_quotas([1, 1], 3)
+
+
+def test_the_learners_talk_to_every_buffer_and_the_first_publishes():
+    lay = Layout({"learner": (0, 1), "buffer": (2, 3), "actor": (4, 5, 6, 7)},
+                 (Link("experience", "actor", "buffer"), Link("requests", "learner", "buffer", hub="source", span="all"),
+                  Link("parameters", "learner", "buffer", hub="source", span="first"),
+                  Link("gradients", "learner", "learner")))
+    groups = plan(lay, ["a"] * 8)
+    req, params, grads = (groups[link] for link in lay.links[1:])
+    assert req == {0: 0, 1: 0, 2: 0, 3: 0}  # one group, learner 0 its rank 0, then learner 1, then the buffers
+    assert params == {0: 0, 2: 0, 3: 0}  # the first learner and the buffers
+    assert grads == {0: 0, 1: 0}
+    assert set(groups[lay.links[0]].values()) == {2, 3}  # the actors still spread over the buffers
+
+
+# ---------------------------------------------------------------- K learners = one learner
+@pytest.mark.mpi
+@pytest.mark.parametrize("K,n", [(2, 7), (3, 64)])
+def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, K, n):
+    """Same batches (prioritized, importance-weighted), K learners each on its part with the gradient sum, and one
+    learner alone on each whole batch: after 40 steps the parameters agree to float32 rounding, every learner's
+    are bit-identical, and the parts' |TD| are the whole batch's."""
+    out = tmp_path / "k.json"
+    code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), str(n), "40", timeout=300)
+    assert code == 0, text
+    res = json.loads(out.read_text())
+    assert [r["rows"] for r in res] == [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1],
+                                                                          np.cumsum(even_quotas(n, K)))]
+    assert len({r["crc"] for r in res}) == 1 and all(r["steps"] == 40 for r in res)
+    head = res[0]
+    assert head["ref_steps"] == 40 and head["moved"] > 1e-3  # the reference learned something
+    assert head["param_diff"] <= 1e-5 * max(1.0, head["param_scale"]), head
+    assert head["td_diff"] <= 1e-5, head
+
+
+# ---------------------------------------------------------------- a job with two learners
+def _files(run_dir):
+    out = {}
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        out["attrs"] = dict(f.attrs)
+        for name in ("learner", "learner_1"):
+            g = f[name]
+            out[name] = {"attrs": dict(g.attrs), "train": {k: g["train"][k][()] for k in g["train"]},
+                         "shards": {k: g["shards"][k][()] for k in g["shards"]}}
+        out["buffer"] = {k: f["buffer_2/buffer"][k][()] for k in f["buffer_2/buffer"]}
+    return out
+
+
+def _two_learners_agree(r: dict, steps: int, resumed: bool = False) -> None:
+    first, second = r["learner"], r["learner_1"]
+    assert first["attrs"]["train_steps"] == second["attrs"]["train_steps"] == steps
+    assert first["attrs"]["params_crc32"] == second["attrs"]["params_crc32"]  # identical parameters at the end
+    assert (first["attrs"]["learner"], second["attrs"]["learner"]) == (0, 1)
+    # Each drew its 32 of every batch of 64 from the one buffer, and brought all its priorities back.
+    for g in (first, second):
+        assert g["shards"]["quota"][-1] == 32 and g["shards"]["consumed"][-1] == 32 * steps
+    b = r["buffer"]
+    assert b["consumed"][-1] == 64 * steps  # the sum of both learners' counts
+    if not resumed:  # (a resumed buffer's count continues from its last row before the checkpoint)
+        assert b["priority_updates"][-1] == 64 * steps
+    assert first["train"]["episodes"][-1] > 0 and second["train"]["episodes"][-1] == 0  # returns: the first's
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+def test_apex_with_two_learners_learns_cartpole(tmp_path):
+    """The default job with topology.learners = 2 (2 learners, 1 buffer, 2 actors) reaches 195 as the default
+    job does (this machine: 4.8 s); returns rise from random play."""
+    job = run_mpi(5, tmp_path, "topology.learners=2", timeout=900, stall=300)
+    assert job.proc.returncode == 0, job.output
+    r = _files(job.run_dir)
+    assert r["attrs"]["status"] == "completed" and "reached 195" in r["attrs"]["stop_reason"], r["attrs"]
+    steps = int(r["learner"]["attrs"]["train_steps"])
+    _two_learners_agree(r, steps)
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        ret = f["buffer_2/episodes/return"][()]
+    assert ret[:20].mean() < 60 and ret[-20:].mean() >= 150, (ret[:20].mean(), ret[-20:].mean())
+
+
+LONG = ("topology.learners=2", "run.env_steps=0", "run.target_return=nan", "run.wall_seconds=0",
+        "replay.learning_starts=500", "checkpoint.every_steps=300", "log.interval=0.2")
+
+
+@pytest.mark.mpi
+def test_two_learners_checkpoint_on_a_signal_and_resume_to_the_end(tmp_path):
+    out = tmp_path / "runs"
+    with start_mpi(5, out, *LONG, "run.train_steps=100000") as job:
+        wait_for_train_steps(job, out, 400)
+        job.proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank
+        code, text = finish(job, 180)
+    assert code == 75, text
+    run_dir = next(out.glob("*/run.h5")).parent
+    ckpt = checkpoint.checkpoints(run_dir)[-1]
+    st = checkpoint.load(ckpt)
+    stopped = int(st["train_steps"])
+    assert ckpt.name == f"ckpt-{stopped:010d}.pt" and np.shape(st["learners_consumed"]) == (2, 1)
+    assert st["learners_consumed"] == [[32 * stopped], [32 * stopped]]
+    total = stopped + 200
+    job = run_mpi(5, out, *LONG, f"run.train_steps={total}", args=("--resume", str(run_dir)))
+    assert job.proc.returncode == 0, job.output
+    r = _files(run_dir)
+    assert r["attrs"]["status"] == "completed" and r["attrs"]["stop_reason"] == f"train_steps {total} reached"
+    _two_learners_agree(r, total, resumed=True)
+    steps = r["learner"]["train"]["train_steps"]
+    assert np.all(np.diff(steps) >= 0) and steps[-1] == total
+
+
+# ---------------------------------------------------------------- refusals
+def _refusal(n: int, *sets: str, job=JOB) -> config.ConfigError:
+    from mpirl.algos import algorithm
+    with pytest.raises(config.ConfigError) as err:
+        cfg, _ = config.load(job, list(sets))
+        algorithm(cfg.agent.algorithm).check(cfg, n, str(job))
+    return err.value
+
+
+@pytest.mark.parametrize("n,sets,key", [
+    (5, ["topology.learners=0"], "topology.learners"),
+    (5, ["topology.learners=2", "replay.batch_size=1", "topology.actors=2"], "topology.learners"),
+    (70, ["topology.learners=65"], "topology.learners"),  # more learners than rows of a batch of 64
+    (5, ["topology.learners=2", "replay.architecture=baseline"], "replay.architecture"),
+    (5, ["topology.learners=2", 'replay.shares="rate"'], "replay.shares"),
+    (5, ["topology.learners=2", "replay.frame_cache=1000"], "replay.frame_cache"),
+    (4, ["topology.learners=2", 'topology.workers="learner"'], "topology.workers"),
+    (3, ["topology.learners=2"], "world size"),  # 2 learners + 1 buffer + 1 actor at least
+    (5, ["topology.learners=1.5"], "topology.learners"),
+])
+def test_bad_learner_input_is_refused_naming_the_key(n, sets, key):
+    err = _refusal(n, *sets)
+    assert key in f"{err.key}: {err.message}", (err.key, err.message)
+
+
+def test_qmix_refuses_several_learners_until_they_are_built():
+    err = _refusal(6, "topology.learners=2", job=JOBS / "predator_prey_qmix.toml")
+    assert err.key == "topology.learners" and "Ape-X" in err.message
+
+
+def test_bad_learner_input_is_exit_2_from_the_command_line():
+    proc = run_cli("validate", str(JOB), "-n", "5", "--set", "topology.learners=2", "--set",
+                   "replay.architecture=baseline")
+    assert proc.returncode == 2 and "replay.architecture" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -68,15 +68,16 @@ def learners(t) -> str:
 
 
 def check_learners(cfg, algorithm: str) -> None:
-    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X's sampled shards. Each
+    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X's and QMIX's sampled
+    shards. Each
     learner draws its 1/K of every batch, so K <= batch size; the rest is not built yet and says so."""
     from mpirl.config import ConfigError
     t, rp = cfg.topology, cfg.replay
     if t.learners == 1:
         return
-    if algorithm != "apex":
+    if algorithm not in ("apex", "qmix"):
         raise ConfigError("topology.learners", f"must be 1 for agent.algorithm = {algorithm!r}, got {t.learners}: "
-                                               "data-parallel learners are built for Ape-X so far")
+                                               "data-parallel learners are built for Ape-X and QMIX")
     for ok, key, value, why, how in (
             (rp.architecture == "proposed", "replay.architecture", rp.architecture,
              "the learners draw their shares from the buffers' shards (the baseline's local replay on several "

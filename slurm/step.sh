@@ -4,6 +4,9 @@
 #
 # * Launcher: `srun --mpi=pmix` where Slurm offers PMIx (Slurm starts the ranks), else the
 #   venv's (or site's) `mpiexec` inside the allocation. MPIRL_LAUNCHER=srun|mpiexec forces one.
+# * Placement: MPIRL_DISTRIBUTION=cyclic deals the ranks out over the nodes one at a time, rank k on
+#   node k for k < nodes (`srun --distribution=cyclic`, `mpiexec --map-by node`); =block fills each node
+#   in turn. Unset (the default), each launcher places the ranks as it always does.
 # * Preemption: the step runs in the background so that a signal to the batch shell
 #   (`#SBATCH --signal=B:USR1@120`, `scancel --signal=USR1 --batch`, or SIGTERM at preemption)
 #   reaches this trap, which passes SIGUSR1 to the step; mpirl then checkpoints and every rank
@@ -28,9 +31,21 @@ mpirl_launcher() {
   esac
 }
 
+# The launcher's placement option for MPIRL_DISTRIBUTION (none when unset).
+mpirl_distribution() {
+  case "${MPIRL_DISTRIBUTION:-}:$1" in
+    :*) ;;
+    cyclic:srun|block:srun) echo "--distribution=$MPIRL_DISTRIBUTION" ;;
+    cyclic:mpiexec) echo "--map-by node" ;;
+    block:mpiexec) echo "--map-by slot" ;;
+    *) echo "mpirl: MPIRL_DISTRIBUTION must be cyclic or block, not '$MPIRL_DISTRIBUTION'" >&2; return 2 ;;
+  esac
+}
+
 mpirl_step() {
-  local launcher
+  local launcher dist
   launcher=$(mpirl_launcher) || return 2
+  dist=$(mpirl_distribution "$launcher") || return 2
   mpirl validate "$@" -n "$SLURM_NTASKS" || return $?
   echo "mpirl: $launcher step on $SLURM_NTASKS tasks ($SLURM_JOB_NODELIST), job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}"
   if [ "$launcher" = srun ]; then
@@ -41,9 +56,9 @@ mpirl_step() {
     # other, and killing the later ones when the first exits makes srun report 143 instead of 75;
     # a rank that dies still takes the step down (measured: Slurm's PMIx plugin aborts the step within
     # seconds of a rank killed with -9; --wait=60 ends the others within a minute in any case).
-    _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 mpirl run "$@"
+    _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 $dist mpirl run "$@"
   else
-    _mpirl_supervise mpiexec -n "$SLURM_NTASKS" --oversubscribe --bind-to none mpirl run "$@"
+    _mpirl_supervise mpiexec -n "$SLURM_NTASKS" --oversubscribe --bind-to none $dist mpirl run "$@"
   fi
 }
 

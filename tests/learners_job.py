@@ -1,5 +1,7 @@
 """K data-parallel DQN learners against one learner on the same batches, under mpiexec. Run by
-``tests/test_learners.py``: ``mpiexec -n K python tests/learners_job.py OUT.json BATCH STEPS``.
+``tests/test_learners.py``: ``mpiexec -n K python tests/learners_job.py OUT.json BATCH STEPS [ALGO]``, ALGO
+``dqn`` (the default), ``qmix`` or ``macpo`` (QMIX with MAC-PO's weights and central mixer: the learners sum their
+steps and weights before the losses, and two optimizers' gradients).
 
 Every rank makes the same stream of prioritized batches (fixed seed: observations, actions, rewards, discounts,
 sampling probabilities); learner k trains rows [lo_k, hi_k) of each (:func:`mpirl.replay.quotas.learner_quotas`'s
@@ -41,6 +43,71 @@ def batch(rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
     return fields, probs
 
 
+N_AGENTS, Q_ACTIONS, Q_STATES, LIMIT = 2, 4, 3, 3
+
+
+def episodes(rng: np.random.Generator, n: int) -> dict:
+    """Random episodes of a tiny two-agent game (1-3 steps, action 3 never available), QMIX's episode fields."""
+    from mpirl.agents.qmix import episode_spec
+    spec = episode_spec(N_AGENTS, (Q_STATES,), np.uint8, (Q_STATES,), np.float32, Q_ACTIONS, LIMIT)
+    b = {k: np.zeros((n, *shape), dtype) for k, (shape, dtype) in spec.items()}
+    lengths = rng.integers(1, LIMIT + 1, size=n)
+    states = rng.integers(Q_STATES, size=(n, LIMIT + 1))
+    for t in range(LIMIT + 1):
+        onehot = np.eye(Q_STATES, dtype=np.uint8)[states[:, t]]
+        live = t <= lengths
+        b["obs"][:, t] = np.where(live[:, None, None], onehot[:, None, :], 0)
+        b["state"][:, t] = np.where(live[:, None], onehot, 0)
+        b["avail"][:, t, :, :3] = live[:, None, None]
+        if t < LIMIT:
+            step = t < lengths
+            b["actions"][:, t] = np.where(step[:, None], rng.integers(3, size=(n, N_AGENTS)), 0)
+            b["reward"][:, t] = np.where(step, rng.random(n), 0)
+            b["filled"][:, t] = step
+    b["terminated"][np.arange(n), lengths - 1] = rng.random(n) < 0.5
+    return b
+
+
+def qmix_main(n: int, steps: int, weights: str) -> dict:
+    from mpirl.agents.qmix import QmixHyper
+    from mpirl.agents.qmix_learner import QMixLearner
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    K, k = comm.size, comm.rank
+    part = np.cumsum([0] + [sum(q) for q in learner_quotas([n], K)])
+    lo, hi = int(part[k]), int(part[k + 1])
+    hp = QmixHyper(rnn_hidden=16, mixer_embed=8, hypernet_hidden=16, central_hidden=32, loss_weights=weights,
+                   target_update=5, lr=3e-3)
+
+    def make():
+        return QMixLearner(N_AGENTS, (Q_STATES,), (Q_STATES,), Q_ACTIONS, hp, seed=3)
+
+    def everything(learner) -> np.ndarray:  # agent, mixer and (MAC-PO) central mixer
+        nets = [learner.agent, learner.mixer] + ([learner.central] if learner.central is not None else [])
+        return np.concatenate([torch.nn.utils.parameters_to_vector(m.parameters()).detach().numpy() for m in nets])
+    mine, ref = make(), (make() if k == 0 else None)
+    start = everything(mine)
+    peers = LearnerPeers(comm, n, mine.n_params)
+    rng = np.random.default_rng(11)
+    for step in range(steps):
+        b = episodes(rng, n)
+        peers.control(False, False, 0.0, everything(mine) if step % 10 == 0 else None, step)
+        stats = mine.train_step({name: v[lo:hi] for name, v in b.items()}, peers)
+        assert not stats["skipped"], stats["reason"]
+        if ref is not None:
+            ref_stats = ref.train_step(b)
+    ew = comm.gather(stats["episode_weights"].tolist(), root=0)
+    result = {"rank": k, "rows": [lo, hi], "crc": int(peers.crc(everything(mine))), "steps": mine.steps}
+    if ref is not None:
+        result["param_diff"] = float(np.abs(everything(mine) - everything(ref)).max())
+        result["param_scale"] = float(np.abs(everything(ref)).max())
+        result["td_diff"] = float(np.abs(np.concatenate(ew) - ref_stats["episode_weights"]).max())
+        result["loss_diff"] = abs(stats["loss"] - ref_stats["loss"])
+        result["ref_steps"] = ref.steps
+        result["moved"] = float(np.abs(everything(ref) - start).max())
+    return result
+
+
 def main(out: str, n: int, steps: int) -> dict:
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
@@ -75,8 +142,9 @@ def main(out: str, n: int, steps: int) -> dict:
 
 if __name__ == "__main__":
     out, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    algo = sys.argv[4] if len(sys.argv) > 4 else "dqn"
     try:
-        res = main(out, n, steps)
+        res = main(out, n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none")
     except Exception:  # noqa: BLE001 - the test reads the traceback from the output
         traceback.print_exc()
         MPI.COMM_WORLD.Abort(1)

@@ -54,13 +54,14 @@ def test_the_learners_talk_to_every_buffer_and_the_first_publishes():
 
 # ---------------------------------------------------------------- K learners = one learner
 @pytest.mark.mpi
-@pytest.mark.parametrize("K,n", [(2, 7), (3, 64)])
-def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, K, n):
-    """Same batches (prioritized, importance-weighted), K learners each on its part with the gradient sum, and one
-    learner alone on each whole batch: after 40 steps the parameters agree to float32 rounding, every learner's
-    are bit-identical, and the parts' |TD| are the whole batch's."""
+@pytest.mark.parametrize("algo,K,n", [("dqn", 2, 7), ("dqn", 3, 64), ("qmix", 2, 9), ("macpo", 3, 10)])
+def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, algo, K, n):
+    """Same batches, K learners each on its part with the gradient sum, and one learner alone on each whole batch:
+    after 40 steps the parameters agree to float32 rounding, every learner's are bit-identical, and the parts'
+    new values (Ape-X: |TD| of prioritized, importance-weighted transitions; QMIX: each episode's weight, with
+    MAC-PO's weights normalised over the whole batch and its central mixer's optimizer) are the whole batch's."""
     out = tmp_path / "k.json"
-    code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), str(n), "40", timeout=300)
+    code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), str(n), "40", algo, timeout=300)
     assert code == 0, text
     res = json.loads(out.read_text())
     assert [r["rows"] for r in res] == [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1],
@@ -169,9 +170,42 @@ def test_bad_learner_input_is_refused_naming_the_key(n, sets, key):
     assert key in f"{err.key}: {err.message}", (err.key, err.message)
 
 
-def test_qmix_refuses_several_learners_until_they_are_built():
-    err = _refusal(6, "topology.learners=2", job=JOBS / "predator_prey_qmix.toml")
-    assert err.key == "topology.learners" and "Ape-X" in err.message
+def test_accmer_refuses_several_learners():
+    err = _refusal(5, "topology.learners=2", "qmix.loss_weights=macpo", "qmix.sampler=accmer",
+                   job=JOBS / "predator_prey_qmix.toml")
+    assert err.key == "qmix.sampler", (err.key, err.message)
+
+
+def test_algorithms_without_data_parallel_learners_refuse_them():
+    err = _refusal(5, "topology.learners=2", job=JOBS / "impala_cartpole.toml")
+    assert err.key == "topology.learners", (err.key, err.message)  # IMPALA does not read the key
+
+
+QMIX_SHORT = ("run.train_steps=24", "run.wall_seconds=0", "env.max_episode_steps=25", "replay.batch_size=8",
+              "replay.learning_starts=8", "replay.capacity=40", "qmix.test_every=10", "qmix.test_episodes=4",
+              "comm.n_update=2", "log.interval=0.2")
+
+
+@pytest.mark.mpi
+def test_two_qmix_learners_train_one_batch_of_episodes_and_send_their_weights_back(tmp_path):
+    """MAC-PO on predator-prey with 2 learners (2 learners, 1 buffer, 2 actors): both make the 24 train steps
+    with identical parameters, each drew 4 of the 8 episodes of every batch and sent their weights back; the
+    first learner alone plays the test rounds."""
+    job = run_mpi(5, tmp_path, *QMIX_SHORT, "topology.learners=2", "qmix.loss_weights=macpo",
+                  job=JOBS / "predator_prey_qmix.toml", timeout=300)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed", f.attrs["stop_reason"]
+        first, second = f["learner"], f["learner_1"]
+        assert first.attrs["train_steps"] == second.attrs["train_steps"] == 24
+        assert first.attrs["params_crc32"] == second.attrs["params_crc32"]
+        for g in (first, second):
+            assert g["shards/quota"][-1] == 4 and g["shards/consumed"][-1] == 4 * 24
+            assert np.isfinite(g["train/w_mean_raw"][()]).any()
+        np.testing.assert_array_equal(first["test/train_steps"][()], [10, 20, 24])
+        assert second["test/train_steps"].shape == (0,)
+        b = f["buffer_2/buffer"]
+        assert b["consumed"][-1] == 8 * 24 and b["priority_updates"][-1] == 8 * 24
 
 
 def test_bad_learner_input_is_exit_2_from_the_command_line():

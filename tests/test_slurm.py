@@ -163,6 +163,32 @@ def test_multi_node_template_over_two_nodes(two_nodes, tmp_path, launcher):
         assert launched_on(two_nodes, job) == ["n1", "n2"]
 
 
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_learners_template_puts_a_learner_on_each_node(two_nodes, tmp_path, launcher):
+    # 6 tasks on 2 nodes: the template sets topology.learners=2 (one per node), 1 buffer, 3 actors.
+    job = submit(two_nodes, tmp_path, "learners.sbatch", "jobs/cartpole.toml", *SHORT,
+                 env={"MPIRL_LAUNCHER": launcher}, sbatch=("--nodes=2", "--ntasks=6"))
+    info = wait_for(two_nodes, job, tmp_path)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["NodeList"] == "n[1-2]", \
+        (info, log)
+    assert "mpirl: one learner per node: --set topology.learners=2" in log, log
+    assert f"mpirl: {launcher} step on 6 tasks (n[1-2])" in log
+    assert "Sorry!" not in log
+    run_dir = only_run(tmp_path)
+    hosts = rank_hosts(run_dir)
+    assert len(hosts) == 6 and hosts[:2] == ["n1", "n2"], hosts  # learner 0 on n1, learner 1 on n2
+    with h5py.File(run_dir / "run.h5", "r") as f:  # check_run's checks; the buffer is rank 2 here
+        assert f.attrs["status"] == "completed", dict(f.attrs)
+        assert str(f["provenance"].attrs["slurm_job_id"]) == job
+        np.testing.assert_array_equal(f["learner/batches/train_step"][()], np.arange(1, 401))
+        assert f["buffer_2/buffer/experiences_in"][-1] > 0
+        first, second = (dict(f[g].attrs) for g in ("learner", "learner_1"))
+    assert (first["learner"], second["learner"], first["learners"], second["learners"]) == (0, 1, 2, 2), (first, second)
+    assert first["train_steps"] == second["train_steps"] == 400, (first, second)
+    assert first["params_crc32"] == second["params_crc32"], (first, second)  # identical networks at the end
+
+
 def test_hetjob_template_puts_the_learner_on_the_gpu_node(two_nodes, tmp_path):
     # The template's CPU component asks for 10 tasks; 3 here (an option after ":" is the second component's).
     job = submit(two_nodes, tmp_path, "hetjob.sbatch", "jobs/cartpole.toml", *SHORT, sbatch=(":", "--ntasks=3"))

@@ -89,10 +89,12 @@ class QmixHyper:
             raise ValueError(f"target_update must be at least 1, not {self.target_update}")
 
 
-def central_loss(q_star: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The central mixer's masked MSE to the QMIX targets (mean over the steps where ``mask``)."""
+def central_loss(q_star: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                 count: torch.Tensor | None = None) -> torch.Tensor:
+    """The central mixer's masked MSE to the QMIX targets (mean over the steps where ``mask``; over ``count`` steps
+    when given: the whole batch's, of which this is a learner's part)."""
     err = torch.where(mask, q_star - targets, torch.zeros_like(q_star))
-    return (err ** 2).sum() / mask.sum().clamp_min(1)
+    return (err ** 2).sum() / (mask.sum().clamp_min(1) if count is None else count)
 
 
 # ----------------------------------------------------------------------------------------------- targets, weights

@@ -90,7 +90,10 @@ class QMixLearner:
         q = net.sequence(inputs.transpose(1, 2).reshape(B * n, T1, D))
         return q.view(B, n, T1, -1).transpose(1, 2)
 
-    def _forward(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _forward(self, b: dict[str, torch.Tensor], peers=None) -> dict[str, torch.Tensor]:
+        """Q-values, targets and the losses. With ``peers`` (data-parallel learners, this batch a part of theirs)
+        the means run over the whole batch's real steps, and MAC-PO's weights are normalised by the whole batch's
+        mean: the counts and the weights' sum are summed over the learners first."""
         hp = self.hp
         actions, avail = b["actions"], b["avail"]
         q_all = self._agent_q(self.agent, b["inputs"])                                   # [B, T+1, n, A]
@@ -111,42 +114,56 @@ class QMixLearner:
         td = torch.where(mask, q_tot - y, torch.zeros_like(q_tot))
         out = {"q_all": q_all, "chosen": chosen, "q_tot": q_tot, "y": y, "mask": mask, "td": td}
         if self.central is None:
+            if peers is not None:
+                count = torch.as_tensor(peers.sum_values([float(mask.sum())])[0], device=td.device).clamp_min(1)
             out["loss"] = (td ** 2).sum() / count
             return out
         q_star = self.central(chosen.detach(), b["state"][:, :-1])
         out["q_star"] = q_star
-        out["central_loss"] = central_loss(q_star, y, mask)
         with torch.no_grad():
             logits = mask_unavailable(q_all[:, :-1].detach(), avail[:, :-1], float("-inf"))
             pi = torch.softmax(logits, dim=3).gather(3, actions[:, :-1].unsqueeze(3)).squeeze(3)
             f = f_pi(pi)
             w_raw = td.abs() * torch.exp(-(q_tot.detach() - q_star.detach()).abs()) * f
             w_raw = torch.where(mask, w_raw, torch.zeros_like(w_raw))
-            w = w_raw / (w_raw.sum() / count).clamp_min(1e-12)
+            w_sum = w_raw.sum()
+            if peers is not None:  # the whole batch's steps and weights
+                both = peers.sum_values([float(mask.sum()), float(w_sum)])
+                count = torch.as_tensor(both[0], device=td.device).clamp_min(1)
+                w_sum = torch.as_tensor(both[1], device=td.device, dtype=w_raw.dtype)
+            w = w_raw / (w_sum / count).clamp_min(1e-12)
+        out["central_loss"] = central_loss(q_star, y, mask, count if peers is not None else None)
         out.update(f=f, w_raw=w_raw)
         out["loss"] = (w * td ** 2).sum() / count
         return out
 
     # ---- the step
-    def train_step(self, batch: dict[str, np.ndarray]) -> dict:
+    def train_step(self, batch: dict[str, np.ndarray], peers=None) -> dict:
         """One gradient step on a batch of ``B`` whole episodes (``episode_spec`` fields, ``[B, T+1, ...]``).
 
         Returns the stats ``loss``, ``td_abs`` (mean |Q_tot - y| over real steps), ``q_tot``,
         ``central_loss``, ``w_mean_raw``, ``f_mean``, ``grad_norm`` (QMIX's, before clipping),
         ``skipped`` and ``episode_weights`` (float64 ``[B]``): each episode's mean raw MAC-PO weight over
         its steps, or with ``loss_weights="none"`` its mean |TD| (so a weighted sampler still has a score).
+        With ``peers`` (:class:`mpirl.roles.learner_peers.LearnerPeers`) the batch is this learner's part of the
+        learners' batch: the step every learner takes is the one a single learner takes on the whole batch.
         A batch whose loss or gradient is not finite is skipped: no step, ``skipped_batches`` + 1,
         ``skipped=True``, ``reason`` says what was not finite (``self.fault`` too) and
         ``episode_weights`` is None (keep the old weights).
         """
         b = self._tensors(batch)
-        out = self._forward(b)
+        out = self._forward(b, peers)
         loss = out["loss"]
         closs = out.get("central_loss")
         self.optimizer.zero_grad(set_to_none=True)
         if self.central_optimizer is not None:
             self.central_optimizer.zero_grad(set_to_none=True)
         (loss + closs if closs is not None else loss).backward()
+        if peers is not None:  # every learner's gradients and losses summed: the whole batch's, on each of them
+            if closs is None:
+                loss = peers.sum_grads(self.params, loss)
+            else:
+                loss, closs = peers.sum_grads(self.params + list(self.central.parameters()), loss, closs)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.hp.grad_clip)
         finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(norm))
         if closs is not None:

@@ -22,6 +22,9 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
   gradients/s (an update is one gradient under ``async``, W averaged under ``allreduce``) over W x the one worker's
   (under ``async`` that one worker waits for the server's reply to each gradient, and the server for the next one:
   neither is busy all the time, so two workers can more than double it).
+* **data-parallel learners**: Ape-X's ``jobs/cartpole.toml`` (1 buffer, 2 actors) with ``topology.learners``
+  K = 1, 2: train steps/s (the first learner's ``learner.h5``), the ratio to one learner, and the bytes a train
+  step adds on the learners' communicator.
 * **on paper** (:mod:`mpirl.bench.projection`): from the W = 1 allreduce job's compute time per gradient (its
   worker's ``compute_s`` over its gradients; the CartPole MLP), one rollout's forward passes and gradient timed in
   this process for the Nature CNN (random 84x84 frames on this CPU; the game's own steps not counted; a GPU would
@@ -178,6 +181,63 @@ def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
     return rows, base
 
 
+# -- 2b. data-parallel learners (Ape-X, topology.learners = K)
+
+APEX_JOB = ROOT / "jobs" / "cartpole.toml"
+APEX_SETS = ("run.target_return=nan", "run.wall_seconds=0", "run.env_steps=0", "replay.learning_starts=500")
+
+
+def train_rate(run_dir: Path) -> float:
+    """Train steps/s of an Ape-X run: the first learner's last train steps minus its first row's over their time
+    (start-up and the replay's warm-up are behind the first row)."""
+    with h5py.File(run_dir / "learner.h5", "r") as f:
+        t, s = f["train/time"][()], f["train/train_steps"][()]
+    if len(t) < 2 or not t[-1] > t[0]:
+        raise RuntimeError(f"{run_dir}: learner.h5 holds {len(t)} train row(s), too few for a rate")
+    return float((s[-1] - s[0]) / (t[-1] - t[0]))
+
+
+def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 900) -> list[Row]:
+    """``jobs/cartpole.toml`` (Ape-X, 1 buffer, 2 actors) with K = 1, 2, ... learners: train steps/s (each a
+    batch of 64 whose parts the K learners train), and the bytes a train step adds on the learners'
+    communicator (the gradient and loss summed: a ring's ``2 (K - 1) / K x 4 (n_params + 1)`` per learner, and the
+    control gather's 32 B per learner)."""
+    from mpirl.config import load
+    from mpirl.algos import algorithm
+    cfg, _ = load(APEX_JOB, [])
+    n_params = algorithm("apex").check(cfg, cfg.world_size, str(APEX_JOB)).n_params
+    rates: dict[int, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            for K in learners:
+                run = run_job(K + 3, str(APEX_JOB), [*APEX_SETS, f"topology.learners={K}", "topology.actors=2",
+                                                    f"run.train_steps={train_steps}", f"run.seed={rep + 1}"],
+                              Path(tmp), f"learners-{K}-{rep}", timeout, "gradients")
+                rates.setdefault(K, []).append(train_rate(run))
+    rows = []
+    for K in learners:
+        label = f"{K} learner{'s' if K > 1 else ''}"
+        head = f"apex job, {label} ({K + 3} ranks)"
+        r = Row(f"{head}: train step rate", "train steps/s", label, "(none)",
+                note=f"{train_steps} steps a run, batch 64; {_cores_note(K + 3)}")
+        r.values = {label: rates[K]}
+        rows.append(r)
+        if K > 1:
+            grad = proj.ring_bytes_per_rank(4 * (n_params + 1), K) + 32 * K
+            b = Row(f"{head}: bytes per train step on the learners' communicator", "B", label, "(none)",
+                    higher_is_better=False, note="ring allreduce of the gradient and loss, per learner, and the "
+                                                 "control gather")
+            b.values = {label: [grad] * reps}
+            rows.append(b)
+            one = "1 learner"
+            e = Row(f"{head}: train step rate vs 1 learner", "train steps/s", label, one,
+                    note=f"the same batch split {K} ways: < 1 when the sums cost more than the compute they split; "
+                         f"{_cores_note(K + 3)}")
+            e.values = {label: rates[K], one: rates[1]}
+            rows.append(e)
+    return rows
+
+
 # -- 3. on paper
 
 def _threads(n: int):
@@ -258,10 +318,12 @@ def projection_rows(reps: int, nets: dict[str, int], mlp_compute: list[float],
 
 
 def run(reps: int = MIN_REPS, seconds: float = 0.3, ranks: tuple = (2, 4, 8), workers: tuple = (1, 2, 4, 8),
-        exchanges: tuple = ("async", "allreduce"), train_steps: int = 300) -> list[Row]:
+        exchanges: tuple = ("async", "allreduce"), train_steps: int = 300, learners: tuple = (1, 2),
+        learner_steps: int = 2000) -> list[Row]:
     nets = sizes()
     rows = allreduce_rows(reps, seconds, ranks, nets)
     jobs, mlp_compute = job_rows(reps, workers, exchanges, train_steps)
+    jobs += learner_rows(reps, learners, learner_steps)
     timed = measured_costs(reps, seconds)
     projected, text = projection_rows(reps, nets, mlp_compute, timed)
     print(text, flush=True)

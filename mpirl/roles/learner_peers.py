@@ -74,14 +74,26 @@ class LearnerPeers:
         self.last_crc = zlib.crc32(np.ascontiguousarray(params).tobytes())
         return float(self.last_crc)
 
-    def sum_grads(self, params, loss: torch.Tensor) -> torch.Tensor:
-        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed loss."""
+    def sum_grads(self, params, *losses: torch.Tensor):
+        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed losses (one loss: it,
+        several: a list)."""
         params = list(params)
-        flat_grad(params, self.grad[:-1])
-        self.grad[-1] = float(loss.detach())
+        n, k = sum(p.numel() for p in params), len(losses)
+        if self.grad.size != n + k:
+            self.grad, self.summed = np.zeros(n + k, np.float32), np.zeros(n + k, np.float32)
+        flat_grad(params, self.grad[:n])
+        self.grad[n:] = [float(x.detach()) for x in losses]
         self.coll.sum(self.grad, self.summed)
-        set_flat_grad(params, self.summed[:-1])
-        return torch.tensor(float(self.summed[-1]))
+        set_flat_grad(params, self.summed[:n])
+        out = [torch.tensor(float(x)) for x in self.summed[n:]]
+        return out[0] if k == 1 else out
+
+    def sum_values(self, values) -> np.ndarray:
+        """A few float64 values summed over the learners (counts a loss divides by), on every learner."""
+        mine = np.asarray(values, np.float64)
+        out = np.empty_like(mine)
+        self.coll.sum(mine, out)
+        return out
 
     def gather_counts(self, counts: list[int]) -> list[list[int]] | None:
         """Every learner's per-shard counts, on the first learner (None on the others)."""

@@ -19,7 +19,7 @@ from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
 from mpirl.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
-from mpirl.replay_job import actor_count, check_world_size
+from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
@@ -154,7 +154,7 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     variant = {("none", "uniform"): "QMIX", ("macpo", "uniform"): "MAC-PO", ("macpo", "accmer"): "AccMER"}[
         (cfg.qmix.loss_weights, cfg.qmix.sampler)]
     workers = inference(t)
-    return (f"1 learner, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
+    return (f"{learners(t)}, {t.buffers} buffer(s){workers}, {actor_count(cfg, world_size)} actor(s); {variant} on "
             f"{cfg.env.id}: {s.n_agents} agents, obs {s.obs_shape} {s.obs_dtype}, state {s.state_shape}, "
             f"{s.n_actions} actions, episodes of up to {s.episode_limit} steps; replay {rp.architecture}, "
             f"batch {rp.batch_size} episodes, capacity {rp.capacity} episodes "

@@ -61,6 +61,12 @@ def check(cfg) -> None:
     if q.sampler == "accmer" and q.loss_weights != "macpo":
         raise ConfigError("qmix.sampler", "'accmer' ranks episodes by their MAC-PO weights; set "
                                           "qmix.loss_weights = \"macpo\" (AccMER = macpo + accmer)")
+    if q.sampler == "accmer" and cfg.topology.learners > 1:
+        raise ConfigError("qmix.sampler", f"cannot be 'accmer' with topology.learners = {cfg.topology.learners}: "
+                                          "AccMER's reuse window counts the batches a shard serves, and each "
+                                          "learner's part would count as one (serving a batch's parts as one draw "
+                                          "is not built yet); set qmix.sampler = \"uniform\" or "
+                                          "topology.learners = 1")
     if q.epsilon_finish > q.epsilon_start:
         raise ConfigError("qmix.epsilon_finish", f"must be <= qmix.epsilon_start ({q.epsilon_start}), "
                                                  f"got {q.epsilon_finish}")

@@ -68,8 +68,8 @@ def learners(t) -> str:
 
 
 def check_learners(cfg, algorithm: str) -> None:
-    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X's and QMIX's sampled
-    shards. Each
+    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X and QMIX, both replay
+    placements. Each
     learner draws its 1/K of every batch, so K <= batch size; the rest is not built yet and says so."""
     from mpirl.config import ConfigError
     t, rp = cfg.topology, cfg.replay
@@ -79,9 +79,6 @@ def check_learners(cfg, algorithm: str) -> None:
         raise ConfigError("topology.learners", f"must be 1 for agent.algorithm = {algorithm!r}, got {t.learners}: "
                                                "data-parallel learners are built for Ape-X and QMIX")
     for ok, key, value, why, how in (
-            (rp.architecture == "proposed", "replay.architecture", rp.architecture,
-             "the learners draw their shares from the buffers' shards (the baseline's local replay on several "
-             "learners is not built yet)", 'replay.architecture = "proposed"'),
             (rp.shares == "even", "replay.shares", rp.shares, "each learner's share of a buffer must be fixed for "
              "the learners' gradients to add up to one batch's", 'replay.shares = "even"'),
             (rp.frame_cache == 0, "replay.frame_cache", rp.frame_cache, "a buffer mirrors one learner's frame cache",

@@ -5,6 +5,7 @@
   buffers each serves its N/R share (``replay.shares``: even or by insertion rate).
 * :class:`LocalMemory`: the learner keeps a local replay of the algorithm's kind (:class:`LocalReplay`) and
   replaces it wholesale with the buffers' contents every ``replay.n_replay`` batches; the values go back into it.
+  K data-parallel learners each keep a copy of the dumps and draw their part of every batch from it.
 
 An algorithm without replay adds a source of its own (a trajectory queue) that satisfies :class:`BatchSource`.
 """
@@ -141,8 +142,7 @@ class RemoteShards:
         self.served = loop.serve()
         with loop.clock.communicating():  # polling and taking the replies: all waiting on the link
             t = time.perf_counter()
-            if loop.params is not None:
-                loop.params.pump()
+            loop.pump_params()
             ready = self.links.ready()
             self.waited += time.perf_counter() - t
             if ready:
@@ -196,7 +196,8 @@ class LocalMemory:
     def __init__(self, loop: Learner):
         self.loop, self.cfg = loop, loop.cfg
         self.links = _shard_links(loop, sampled=False)
-        self.memory = loop.algo.local_memory(self.cfg.replay.capacity * len(self.links.links))
+        self.rows = sum(self.links.quotas)  # the batch, or this learner's part of it (K learners, each a copy)
+        self.memory = loop.algo.local_memory(self.cfg.replay.capacity * len(self.links.links), self.rows)
         self.refreshed_at = loop.algo.steps
         self.next_try = 0.0
         self.idling = False
@@ -207,7 +208,7 @@ class LocalMemory:
     def next_batch(self) -> Batch | None:
         loop, memory = self.loop, self.memory
         self.links.pump()
-        loop.params.pump()
+        loop.pump_params()
         loop.serve()
         self.idling = memory.size < memory.need and time.perf_counter() < self.next_try
         if self.idling:
@@ -239,7 +240,7 @@ class LocalMemory:
         """The batches since the last refresh sampled the memory the last dumps made; attribute them to each shard
         by its share of it. Counts only grow (a resumed run starts from its checkpoint's)."""
         steps, sizes, c = self.loop.algo.steps, self.links.sizes, self.loop.counters
-        trained = (steps - self.refreshed_at) * self.cfg.replay.batch_size
+        trained = (steps - self.refreshed_at) * self.rows
         total = sum(sizes)
         if trained and total:
             upto = trained * np.cumsum(sizes) // total  # shares that add up to `trained` exactly
@@ -249,7 +250,7 @@ class LocalMemory:
 
     def _replies_ready(self) -> bool:
         self.loop.serve()
-        self.loop.params.pump()
+        self.loop.pump_params()
         return self.links.ready()
 
     def refresh(self) -> None:

@@ -158,8 +158,9 @@ class LearnerAlgorithm(ABC):
         local memory, by ``replay.architecture``)."""
         return None
 
-    def local_memory(self, capacity: int) -> LocalReplay:
-        """The replay the learner keeps itself when the buffers dump to it."""
+    def local_memory(self, capacity: int, rows: int) -> LocalReplay:
+        """The replay the learner keeps itself when the buffers dump to it, drawing ``rows`` samples a batch (the
+        batch, or with K data-parallel learners this learner's part: each keeps a copy of the dumps)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no local replay")
 
     def finish(self) -> None:
@@ -304,7 +305,10 @@ class Learner:
         if (steps, c.skipped) == self.last_row:
             # No batch since the last row, trained or skipped (warm-up, a refill after a resume, a checkpoint or the
             # stop right after a row): no row, so no train step appears twice; the next row's rate spans the time
-            # since the last row, as its counters' growth does.
+            # since the last row, as its counters' growth does. A forced row (a checkpoint, the stop) still writes
+            # the shards' rows: the baseline's counts per shard are settled only now.
+            if force:
+                self.source.links.write_rows()
             self.file.flush_if_due()
             return
         t = self.ctx.now()  # the row's time; its rate is over the time since the row before, on the same clock
@@ -330,6 +334,11 @@ class Learner:
             self.params.publish(self.counters.version, flat, stop=stop)
         if self.server and not stop:
             self.server.load(flat, self.counters.version)
+
+    def pump_params(self) -> None:
+        """Release held parameter sends (the emulated link); another learner than the first publishes none."""
+        if self.params is not None:
+            self.params.pump()
 
     def publish_due(self) -> None:
         steps = self.algo.steps
@@ -458,8 +467,7 @@ class Learner:
 
     def poll(self) -> None:
         """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
-        if self.params is not None:
-            self.params.pump()
+        self.pump_params()
         self.source.links.pump()
         if not self.lead and self.ctx.preempt is not None:
             self.ctx.preempt.requested()

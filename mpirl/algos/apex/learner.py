@@ -25,12 +25,12 @@ STATS = ("loss", "p_s", "p_t", "td_abs")
 class LocalPrioritized:
     """The learner's own prioritized replay, filled from the buffers' dumps."""
 
-    def __init__(self, ctx: RoleContext, capacity: int):
+    def __init__(self, ctx: RoleContext, capacity: int, rows: int):
         rp = ctx.cfg.replay
         self.shard = PrioritizedShard(ctx.spec, capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames)
-        self.batch_size = rp.batch_size
+        self.batch_size = rows  # the batch, or this learner's part of it (K data-parallel learners)
         self.need = max(rp.learning_starts, 1)
-        self.out = {name: np.zeros((rp.batch_size, *shape), dtype) for name, (shape, dtype) in ctx.spec.items()}
+        self.out = {name: np.zeros((rows, *shape), dtype) for name, (shape, dtype) in ctx.spec.items()}
 
     @property
     def size(self) -> int:
@@ -137,8 +137,8 @@ class ApexTraining(LearnerAlgorithm):
             v.clear()
         return mean
 
-    def local_memory(self, capacity: int) -> LocalPrioritized:
-        return LocalPrioritized(self.ctx, capacity)
+    def local_memory(self, capacity: int, rows: int) -> LocalPrioritized:
+        return LocalPrioritized(self.ctx, capacity, rows)
 
 
 def run_learner(ctx: RoleContext) -> str:

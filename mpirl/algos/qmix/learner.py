@@ -47,13 +47,13 @@ class LocalEpisodes:
     """The learner's own episode replay and its sampler, filled from the buffers' dumps; the AccMER reuse block
     stays in the batch arrays for its window."""
 
-    def __init__(self, ctx: RoleContext, capacity: int):
+    def __init__(self, ctx: RoleContext, capacity: int, rows: int):
         rp = ctx.cfg.replay
         q = ctx.cfg.qmix
-        self.shard = EpisodeShard(ctx.spec, capacity, q.sampler, rp.batch_size, q.accmer_alpha, q.accmer_discount)
-        self.batch_size = rp.batch_size
+        self.shard = EpisodeShard(ctx.spec, capacity, q.sampler, rows, q.accmer_alpha, q.accmer_discount)
+        self.batch_size = rows  # the batch, or this learner's part of it (K data-parallel learners)
         self.need = max(rp.learning_starts, rp.batch_size)
-        self.out = self.shard.episodes.batch_arrays(rp.batch_size)
+        self.out = self.shard.episodes.batch_arrays(rows)
 
     @property
     def size(self) -> int:
@@ -156,8 +156,8 @@ class QmixTraining(LearnerAlgorithm):
             raise RuntimeError("divergence() asked before any batch was skipped")
         return divergence(a.fault, a.hp, in_a_row, a.steps, self.counters.skipped)
 
-    def local_memory(self, capacity: int) -> LocalEpisodes:
-        return LocalEpisodes(self.ctx, capacity)
+    def local_memory(self, capacity: int, rows: int) -> LocalEpisodes:
+        return LocalEpisodes(self.ctx, capacity, rows)
 
     # -- greedy test episodes ------------------------------------------------------
     def test(self) -> None:

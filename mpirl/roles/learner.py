@@ -35,7 +35,7 @@ from mpirl.roles.context import Interval, RoleContext
 from mpirl.roles.preemption import PREEMPTED, signal_name
 from mpirl.roles.batch_sources import Batch, BatchSource, LocalMemory, LocalReplay, RemoteShards
 from mpirl.roles.learner_peers import CHECK_EVERY, LearnerPeers
-from mpirl.roles.shard_links import Counters
+from mpirl.roles.shard_links import Counters, ShardLinks
 from mpirl.roles.worker import Worker
 
 F8, I8 = np.float64, np.int64
@@ -422,6 +422,7 @@ class Learner:
         exchange (the first learner's stop and checkpoint, the parts' statistics, a CRC now and then), then the
         train step whose gradients are summed over the learners, the part's values back to its buffers."""
         source, peers = self.source, self.peers
+        assert peers is not None, "run_together() is the loop of several learners"
         self.publish()
         source.start()
         while True:
@@ -439,6 +440,7 @@ class Learner:
             if ctl.checkpoint:
                 with self.clock.computing():
                     self.checkpoint()
+            assert batch is not None  # only the first learner comes without one, and then to stop
             self.algo.peer_stats = ctl.stats
             with self.clock.computing():
                 values = self.train(batch)
@@ -468,7 +470,8 @@ class Learner:
     def poll(self) -> None:
         """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
         self.pump_params()
-        self.source.links.pump()
+        if isinstance(self.source.links, ShardLinks):  # (several learners draw from the buffers: always)
+            self.source.links.pump()
         if not self.lead and self.ctx.preempt is not None:
             self.ctx.preempt.requested()
 

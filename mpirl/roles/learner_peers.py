@@ -98,8 +98,8 @@ class LearnerPeers:
     def gather_counts(self, counts: list[int]) -> list[list[int]] | None:
         """Every learner's per-shard counts, on the first learner (None on the others)."""
         mine = np.asarray(counts, np.int64)
-        out = np.zeros((self.K, len(mine)), np.int64) if self.lead else None
-        self.comm.Gather(mine, out, root=0)
+        out = np.zeros((self.K, len(mine)), np.int64)
+        self.comm.Gather(mine, out if self.lead else None, root=0)
         return out.tolist() if self.lead else None
 
 

@@ -85,7 +85,7 @@ class ApexTraining(LearnerAlgorithm):
         beta = linear_schedule(rp.beta, rp.beta_final, self.agent.steps, rp.beta_steps)
         if batch.probs is None:
             raise ValueError("a prioritized batch carries each sample's probability")
-        whole = None if self.peers is None else float(np.min(self.peer_stats))
+        whole = None if self.peer_stats is None else float(np.min(self.peer_stats))
         weights = importance_weights(batch.probs, batch.size, beta, smallest=whole)
         loss, td = self.agent.train_step(batch.fields, weights, self.peers)
         if td is None:  # the batch keeps its priorities

@@ -58,7 +58,7 @@ class LocalLinks:
         """After the stop's broadcast: take the actors' last messages (each says goodbye), then close the queue."""
         b, backoff = self.buffer, Backoff()
         while b.finals < b.n_actors:
-            self.loop.params.pump()  # parameters sent to each actor on its own: the stop to those still due it
+            self.loop.pump_params()  # parameters sent to each actor on its own: the stop to those still due it
             if b.step():
                 backoff.reset()
             else:

@@ -39,7 +39,7 @@ def test_projection_follows_the_cost_model():
 def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tmp_path):
     from mpirl.bench import gradients
     rows = gradients.run(reps=1, seconds=0.01, ranks=(2,), workers=(1, 2), train_steps=30, learners=(1, 2),
-                         learner_steps=200)
+                         learner_steps=600, step_batch=4, step_steps=1)
     printed = capsys.readouterr().out
     assert "projected, not measured" in printed and "DD-PPO" in printed
     allreduce = [r for r in rows if r.name.startswith("allreduce of the")]
@@ -57,6 +57,8 @@ def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tm
     assert any(r.name.startswith("apex job, 1 learner (4 ranks): train step rate") for r in learners)
     vs = next(r for r in learners if r.name.startswith("apex job, 2 learners (5 ranks): train step rate vs 1"))
     assert np.isfinite(vs.ratio) and vs.ratio > 0
+    step = next(r for r in rows if r.name.startswith("Ape-X train step of the Nature CNN, batch 4, 2 learners vs 1"))
+    assert step.target == 1.8 and np.isfinite(step.ratio) and step.ratio > 0
     projected = [r for r in rows if r.name.startswith("projected, not measured")]
     assert len(projected) == 2 * len(proj.FABRICS) * len(proj.EXCHANGES)
     for r in rows:

@@ -24,7 +24,8 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
   neither is busy all the time, so two workers can more than double it).
 * **data-parallel learners**: Ape-X's ``jobs/cartpole.toml`` (1 buffer, 2 actors) with ``topology.learners``
   K = 1, 2: train steps/s (the first learner's ``learner.h5``), the ratio to one learner, and the bytes a train
-  step adds on the learners' communicator.
+  step adds on the learners' communicator; and the train step alone (:mod:`mpirl.bench.learner_step_job`): the
+  Nature CNN's on a batch of 256 split over K learners against one learner's, target 0.9 x K.
 * **on paper** (:mod:`mpirl.bench.projection`): from the W = 1 allreduce job's compute time per gradient (its
   worker's ``compute_s`` over its gradients; the CartPole MLP), one rollout's forward passes and gradient timed in
   this process for the Nature CNN (random 84x84 frames on this CPU; the game's own steps not counted; a GPU would
@@ -184,7 +185,8 @@ def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
 # -- 2b. data-parallel learners (Ape-X, topology.learners = K)
 
 APEX_JOB = ROOT / "jobs" / "cartpole.toml"
-APEX_SETS = ("run.target_return=nan", "run.wall_seconds=0", "run.env_steps=0", "replay.learning_starts=500")
+APEX_SETS = ("run.target_return=nan", "run.wall_seconds=0", "run.env_steps=0", "replay.learning_starts=500",
+             "log.interval=0.25")
 
 
 def train_rate(run_dir: Path) -> float:
@@ -235,6 +237,28 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
                          f"{_cores_note(K + 3)}")
             e.values = {label: rates[K], one: rates[1]}
             rows.append(e)
+    return rows
+
+
+def learner_step_rows(reps: int, learners: tuple, batch: int, steps: int) -> list[Row]:
+    """The train step itself (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's Ape-X step on a batch of
+    ``batch`` split over K learners, each rank a thread, against one learner on the whole batch."""
+    rates = {}
+    for K in learners:
+        out = mpiexec_json("step", {"batch": batch, "steps": steps, "reps": reps}, timeout=600 + 60 * reps, n=K,
+                           module="mpirl.bench.learner_step_job")
+        rates[K] = out["rates"]
+    rows = []
+    one = "1 learner"
+    for K in learners:
+        if K == 1:
+            continue
+        label = f"{K} learners"
+        r = Row(f"Ape-X train step of the Nature CNN, batch {batch}, {K} learners vs 1", "train steps/s", label, one,
+                target=0.9 * K, note=f"target: 0.9 x {K} (linear); {_cores_note(K)}, one thread each; the part of "
+                                     "each, the gradient sum and the step")
+        r.values = {label: rates[K], one: rates[1]}
+        rows.append(r)
     return rows
 
 
@@ -319,11 +343,12 @@ def projection_rows(reps: int, nets: dict[str, int], mlp_compute: list[float],
 
 def run(reps: int = MIN_REPS, seconds: float = 0.3, ranks: tuple = (2, 4, 8), workers: tuple = (1, 2, 4, 8),
         exchanges: tuple = ("async", "allreduce"), train_steps: int = 300, learners: tuple = (1, 2),
-        learner_steps: int = 2000) -> list[Row]:
+        learner_steps: int = 2000, step_batch: int = 256, step_steps: int = 10) -> list[Row]:
     nets = sizes()
     rows = allreduce_rows(reps, seconds, ranks, nets)
     jobs, mlp_compute = job_rows(reps, workers, exchanges, train_steps)
     jobs += learner_rows(reps, learners, learner_steps)
+    jobs += learner_step_rows(reps, learners, step_batch, step_steps)
     timed = measured_costs(reps, seconds)
     projected, text = projection_rows(reps, nets, mlp_compute, timed)
     print(text, flush=True)

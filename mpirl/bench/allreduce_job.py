@@ -18,14 +18,13 @@ Before timing, ours is checked to give the bare sum.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 from mpirl.algos.a3c.exchange import Peers
+from mpirl.bench.mpi_entry import main as entry
 from mpirl.comm.collectives import Collectives
 
 
@@ -70,27 +69,10 @@ def measure(comm, n: int, reps: int, seconds: float) -> dict:
     return result
 
 
-def main(argv: list[str]) -> int:
-    comm = MPI.COMM_WORLD
-    what, out = argv[0], argv[1]
-    opts = json.loads(argv[2]) if len(argv) > 2 else {}
-    if what != "allreduce":
-        print(f"mpirl.bench.allreduce_job: unknown measurement {what!r}", file=sys.stderr)
-        return 2
-    result = {label: measure(comm, int(n), int(opts.get("reps", 5)), float(opts.get("seconds", 0.3)))
-              for label, n in opts["sizes"].items()}
-    if comm.rank == 0:
-        with open(out, "w") as f:
-            json.dump({"ranks": comm.size, **result}, f)
-    return 0
+def measure_sizes(comm, opts: dict) -> dict:
+    return {label: measure(comm, int(n), int(opts.get("reps", 5)), float(opts.get("seconds", 0.3)))
+            for label, n in opts["sizes"].items()}
 
 
 if __name__ == "__main__":
-    try:
-        code = main(sys.argv[1:])
-    except BaseException:  # one rank's failure ends every rank (the others may wait in a collective)
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-    sys.exit(code)
+    entry("mpirl.bench.allreduce_job", "allreduce", measure_sizes)

@@ -12,8 +12,6 @@ one-learner path). Train steps/s of the slowest rank, per repetition, from a bar
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from types import SimpleNamespace
 
@@ -22,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from mpirl.agents.dqn import DQNLearner
+from mpirl.bench.mpi_entry import main as entry
 from mpirl.replay.quotas import learner_quotas
 from mpirl.replay.shard import importance_weights
 from mpirl.roles.learner_peers import LearnerPeers, smallest
@@ -64,26 +63,9 @@ def measure(comm, batch: int, steps: int, reps: int) -> dict:
     return {"rates": rates, "n_params": learner.n_params, "rows": [lo, hi]}
 
 
-def main(argv: list[str]) -> int:
-    comm = MPI.COMM_WORLD
-    what, out = argv[0], argv[1]
-    opts = json.loads(argv[2]) if len(argv) > 2 else {}
-    if what != "step":
-        print(f"mpirl.bench.learner_step_job: unknown measurement {what!r}", file=sys.stderr)
-        return 2
-    result = measure(comm, int(opts.get("batch", 256)), int(opts.get("steps", 20)), int(opts.get("reps", 3)))
-    if comm.rank == 0:
-        with open(out, "w") as f:
-            json.dump({"ranks": comm.size, **result}, f)
-    return 0
+def measure_step(comm, opts: dict) -> dict:
+    return measure(comm, int(opts.get("batch", 256)), int(opts.get("steps", 20)), int(opts.get("reps", 3)))
 
 
 if __name__ == "__main__":
-    try:
-        code = main(sys.argv[1:])
-    except BaseException:  # one rank's failure ends every rank (the others may wait in a collective)
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-    sys.exit(code)
+    entry("mpirl.bench.learner_step_job", "step", measure_step)

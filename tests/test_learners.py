@@ -5,6 +5,7 @@ checkpoint and resume, and the refusals."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import h5py
@@ -16,7 +17,8 @@ from mpirl.comm.topology import Layout, Link, plan
 from mpirl.replay.quotas import even_quotas, learner_quotas
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, ROOT, finish, run_cli, run_mpi, run_mpi_script, start_mpi, wait_for_train_steps
+from conftest import (JOBS, ROOT, finish, ranks_of, run_cli, run_mpi, run_mpi_script, start_mpi,
+                      wait_for_train_steps)
 
 JOB = JOBS / "cartpole.toml"
 
@@ -161,6 +163,31 @@ def test_two_learners_checkpoint_on_a_signal_and_resume_to_the_end(tmp_path):
     _two_learners_agree(r, total, resumed=True)
     steps = r["learner"]["train"]["train_steps"]
     assert np.all(np.diff(steps) >= 0) and steps[-1] == total
+
+
+@pytest.mark.mpi
+def test_a_killed_learner_ends_the_job_and_resume_continues_from_the_last_checkpoint(tmp_path):
+    """kill -9 of the second learner (the first waits for it in the next sum): the job ends, not hangs; --resume
+    continues from the periodic checkpoint (every 300 steps) to the end."""
+    out = tmp_path / "runs"
+    with start_mpi(5, out, *LONG, "run.train_steps=100000") as job:
+        wait_for_train_steps(job, out, 400)
+        os.kill(ranks_of(job.pid)[1], signal.SIGKILL)
+        code, text = finish(job, 180)
+    assert code != 0, text
+    run_dir = next(out.glob("*/run.h5")).parent
+    saved = int(checkpoint.load(checkpoint.checkpoints(run_dir)[-1])["train_steps"])
+    assert saved >= 300 and saved % 300 == 0
+    job = run_mpi(5, out, *LONG, f"run.train_steps={saved + 100}", args=("--resume", str(run_dir)))
+    assert job.proc.returncode == 0, job.output
+    _two_learners_agree(_files(run_dir), saved + 100, resumed=True)
+
+
+def test_validate_counts_each_learner_s_memory():
+    proc = run_cli("validate", str(JOB), "-n", "6", "--set", "topology.learners=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "on 6 ranks: 2 learners, 1 buffer(s), 3 actor(s)" in proc.stdout, proc.stdout
+    assert "2 learner(s)" in proc.stdout and "GiB each" in proc.stdout, proc.stdout
 
 
 # ---------------------------------------------------------------- refusals

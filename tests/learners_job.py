@@ -87,7 +87,7 @@ def qmix_main(n: int, steps: int, weights: str) -> dict:
         return np.concatenate([torch.nn.utils.parameters_to_vector(m.parameters()).detach().numpy() for m in nets])
     mine, ref = make(), (make() if k == 0 else None)
     start = everything(mine)
-    peers = LearnerPeers(comm, n, mine.n_params)
+    peers = LearnerPeers(comm, n)
     rng = np.random.default_rng(11)
     for step in range(steps):
         b = episodes(rng, n)
@@ -116,7 +116,7 @@ def main(out: str, n: int, steps: int) -> dict:
     lo, hi = int(part[k]), int(part[k + 1])
     mine = DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"), seed=3)
     ref = DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"), seed=3) if k == 0 else None
-    peers = LearnerPeers(comm, n, mine.n_params)
+    peers = LearnerPeers(comm, n)
     rng = np.random.default_rng(11)
     beta = 0.4
     for step in range(steps):

@@ -43,7 +43,7 @@ def measure(comm, batch: int, steps: int, reps: int) -> dict:
               "discount": np.full(n, 0.97, np.float32), "done": np.zeros(n, bool)}
     probs = rng.uniform(0.5, 1.0, n) / batch
     learner = DQNLearner(OBS, ACTIONS, AGENT, torch.device("cpu"), seed=1)
-    peers = LearnerPeers(comm, batch, learner.n_params) if K > 1 else None
+    peers = LearnerPeers(comm, batch) if K > 1 else None
 
     def step() -> None:
         if peers is None:

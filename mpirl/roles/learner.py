@@ -11,6 +11,8 @@ Every ``n_update`` batches the parameters go out in a versioned broadcast; the l
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
 :class:`~mpirl.roles.worker.Worker` and interleaves: it answers its actors' requests before each train step and
 while it waits for replies or dumps, loads each version it publishes, and tells the actors to stop at the end.
+K data-parallel learners (``topology.learners``) run :class:`mpirl.roles.data_parallel.DataParallelLearner`, this
+loop with the learners' agreement each step (:func:`learner_loop` picks).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from mpirl.roles import checkpoint
 from mpirl.roles.context import Interval, RoleContext
 from mpirl.roles.preemption import PREEMPTED, signal_name
 from mpirl.roles.batch_sources import Batch, BatchSource, LocalMemory, LocalReplay, RemoteShards
-from mpirl.roles.learner_peers import CHECK_EVERY, LearnerPeers
-from mpirl.roles.shard_links import Counters, ShardLinks
+from mpirl.roles.learner_peers import LearnerPeers
+from mpirl.roles.shard_links import Counters
 from mpirl.roles.worker import Worker
 
 F8, I8 = np.float64, np.int64
@@ -170,6 +172,9 @@ class LearnerAlgorithm(ABC):
 class Learner:
     """The loop: see the module's docstring."""
 
+    peers: LearnerPeers | None = None  # the other data-parallel learners (mpirl.roles.data_parallel)
+    lead = True  # this learner publishes, decides the stop, writes learner.h5 and the checkpoints
+
     def __init__(self, ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
                                                               LearnerAlgorithm]):
         cfg, topo = ctx.cfg, ctx.topo
@@ -181,11 +186,7 @@ class Learner:
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
         self.algo = algorithm(ctx, self.rng, self.counters)
-        # K data-parallel learners (topology.learners): the first publishes, decides the stop and checkpoints.
-        together = topo.comm("gradients")
-        self.peers = LearnerPeers(together, cfg.replay.batch_size, self.algo.n_params) if together else None
-        self.algo.peers = self.peers
-        self.lead = self.peers is None or self.peers.lead
+        self.algo.peers = self.peers  # (K data-parallel learners: the first publishes, decides and checkpoints)
         self.params = (param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
                                      shaper=shaper_for(cfg.comm.link)) if self.lead else None)
         self.server = None  # the worker on this rank (AW)
@@ -204,13 +205,7 @@ class Learner:
         self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
-            st = checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device)
-            self.restore(st)
-            if self.peers is not None:  # this learner's own samples per shard (the state is shared); the
-                self.counters.consumed = list(st["learners_consumed"][self.peers.index])  # episodes: the first's
-                if not self.lead:
-                    self.counters.episodes = 0
-                    self.counters.returns.clear()
+            self.restore(checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device))
             self.source.links.resumed(ctx.resume.actor_steps)
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.algo.steps
@@ -241,14 +236,12 @@ class Learner:
         self.checkpointed_at = self.algo.steps
         self.log(force=True)
         self.file.flush()
-        if self.peers is not None:  # every learner's samples per shard, kept by the first with the shared state
-            consumed = self.peers.gather_counts(self.counters.consumed)
-            if self.lead:
-                checkpoint.save(self.ctx.run_dir, {**self.state(), "learners_consumed": consumed},
-                                self.cfg.checkpoint.keep)
-        else:
-            checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
+        self.save()
         self.last_checkpoint = time.perf_counter()
+
+    def save(self) -> None:
+        """The checkpoint file (several learners: the first's, with every learner's counts)."""
+        checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
 
     def due_for_checkpoint(self) -> bool:
         ck = self.cfg.checkpoint
@@ -396,8 +389,6 @@ class Learner:
         return values
 
     def run(self) -> str:
-        if self.peers is not None:
-            return self.run_together()
         source = self.source
         self.publish()  # version 1: every actor starts from the learner's initial weights
         source.start()
@@ -416,65 +407,6 @@ class Learner:
         self.shutdown()
         return self.stop_reason
 
-    # -- K data-parallel learners -------------------------------------------------------
-    def run_together(self) -> str:
-        """The loop of K learners (:mod:`mpirl.roles.learner_peers`): each turn a batch part, the control
-        exchange (the first learner's stop and checkpoint, the parts' statistics, a CRC now and then), then the
-        train step whose gradients are summed over the learners, the part's values back to its buffers."""
-        source, peers = self.source, self.peers
-        assert peers is not None, "run_together() is the loop of several learners"
-        self.publish()
-        source.start()
-        while True:
-            stop = self.lead and self.should_stop()
-            batch = None if stop else self.next_part()
-            if batch is None:
-                stop = True  # (the first learner only: a stop condition came while it waited)
-            steps = self.algo.steps
-            check = steps % CHECK_EVERY == 0
-            ctl = peers.control(stop, self.lead and not stop and self.due_for_checkpoint(),
-                                self.algo.shared_stat(batch) if batch is not None else math.inf,
-                                self.algo.flat_params() if check else None, steps, poll=self.poll)
-            if ctl.stop:
-                break
-            if ctl.checkpoint:
-                with self.clock.computing():
-                    self.checkpoint()
-            assert batch is not None  # only the first learner comes without one, and then to stop
-            self.algo.peer_stats = ctl.stats
-            with self.clock.computing():
-                values = self.train(batch)
-            source.give_back(batch, values)
-            self.publish_due()
-            self.log()
-        if not self.lead:
-            self.stop_reason = "the first learner stopped the job"
-        self.shutdown()
-        return self.stop_reason
-
-    def next_part(self) -> Batch | None:
-        """This learner's part of the next batch, waiting for it; None when the first learner is to stop."""
-        source = self.source
-        while True:
-            batch = source.next_batch()
-            if batch is not None:
-                return batch
-            self.log()
-            source.wait()
-            if self.lead:
-                if self.should_stop():
-                    return None
-            elif self.ctx.preempt is not None:
-                self.ctx.preempt.requested()  # a signal here: tell the first learner
-
-    def poll(self) -> None:
-        """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
-        self.pump_params()
-        if isinstance(self.source.links, ShardLinks):  # (several learners draw from the buffers: always)
-            self.source.links.pump()
-        if not self.lead and self.ctx.preempt is not None:
-            self.ctx.preempt.requested()
-
     def shutdown(self) -> None:
         """The algorithm's last words, a checkpoint, the last broadcast with the stop flag, goodbye to the buffers,
         drain every reply.
@@ -491,6 +423,20 @@ class Learner:
         self.source.links.close(self.algo.steps)
         if self.params is not None:
             self.params.close()
-        crc = {} if self.peers is None else {"params_crc32": int(self.peers.crc(self.algo.flat_params()))}
-        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes(), **crc)
+        self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes(),
+                            **self.final_attrs())
         self.file.close()
+
+    def final_attrs(self) -> dict:
+        """More attributes of the file at the end (several learners: their parameters' CRC)."""
+        return {}
+
+
+def learner_loop(ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
+                                                       LearnerAlgorithm]) -> Learner:
+    """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` the data-parallel learners'
+    (:class:`mpirl.roles.data_parallel.DataParallelLearner`)."""
+    if ctx.topo.comm("gradients") is None:
+        return Learner(ctx, algorithm)
+    from mpirl.roles.data_parallel import DataParallelLearner
+    return DataParallelLearner(ctx, algorithm)

@@ -42,15 +42,15 @@ class Control(NamedTuple):
 class LearnerPeers:
     """This learner's side of the rule above (collective to construct, on every learner)."""
 
-    def __init__(self, comm, batch_size: int, n_params: int):
+    def __init__(self, comm, batch_size: int):
         self.comm = comm
         self.index, self.K = comm.rank, comm.size
         self.coll = Collectives(comm)
         self.total = batch_size  # rows of the whole batch: the losses' denominator
         self.mine = np.zeros(4)
         self.all = np.zeros((self.K, 4))
-        self.grad = np.zeros(n_params + 1, np.float32)  # the flat gradient, then the loss
-        self.summed = np.zeros_like(self.grad)
+        # The flat gradient, then the losses (sized by the first sum).
+        self.grad = self.summed = np.zeros(0, np.float32)
         self.last_crc = 0
 
     @property

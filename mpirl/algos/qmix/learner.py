@@ -28,7 +28,7 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.roles.context import RoleContext
 from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import Learner, LearnerAlgorithm
+from mpirl.roles.learner import LearnerAlgorithm, learner_loop
 from mpirl.roles.shard_links import Counters
 
 F8, I8 = np.float64, np.int64
@@ -207,4 +207,4 @@ class QmixTraining(LearnerAlgorithm):
 
 
 def run_learner(ctx: RoleContext) -> str:
-    return Learner(ctx, QmixTraining).run()
+    return learner_loop(ctx, QmixTraining).run()

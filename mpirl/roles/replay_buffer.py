@@ -95,7 +95,7 @@ class Buffer:
         self.actor_steps: dict[int, int] = {}
         self.actor_logged: dict[int, float] = {}
         self.inserted = self.consumed = self.stale = self.updates = 0
-        self.finals, self.bye = 0, False
+        self.finals = 0
         self.stop_steps = 0  # the learner's train steps at the stop (its BYE): names the stop checkpoint
         self._open_metrics()
         if ctx.resume and cfg.checkpoint.replay:
@@ -198,7 +198,6 @@ class Buffer:
             self.serve(DUMP, float(req.get(buf, "seq")), learner=learner)
         elif kind == BYE:
             self.byes[learner] = True
-            self.bye = all(self.byes)
             if learner == 0:
                 self.stop_steps = int(req.get(buf, "train_steps"))
 
@@ -222,7 +221,8 @@ class Buffer:
 
     # -- the loop ----------------------------------------------------------------
     def finished(self) -> bool:
-        return self.bye and self.finals == self.n_actors and not self.waiting and (self.params_out is None or self.params_out.done())
+        return (all(self.byes) and self.finals == self.n_actors and not self.waiting
+                and (self.params_out is None or self.params_out.done()))
 
     def step(self) -> bool:
         """One pass over every source of work; True if anything happened."""

@@ -61,7 +61,8 @@ def _fake_run(tmp_path, cfg_sets=(), world=4, steps=100):
     return run_dir
 
 
-@pytest.mark.parametrize("case", ["no run", "no checkpoint", "other job", "other world size", "unreadable"])
+@pytest.mark.parametrize("case", ["no run", "no checkpoint", "other job", "other world size", "unreadable",
+                                  "other version"])
 def test_a_run_that_cannot_be_resumed_is_refused_before_any_rank_starts(tmp_path, case):
     run_dir = _fake_run(tmp_path)
     sets = ["--set", f'run.out_dir="{tmp_path / "runs"}"']
@@ -78,6 +79,10 @@ def test_a_run_that_cannot_be_resumed_is_refused_before_any_rank_starts(tmp_path
     elif case == "other world size":
         sets += ["-n", "5"]
         want = "world_size was 4 in the checkpoint's job, is 5 now"
+    elif case == "other version":  # a checkpoint of format 1, whose run's tables lack this version's columns
+        cfg, _ = load(CARTPOLE)
+        torch.save({**_state(cfg, 4, 100), "format": 1}, checkpoint.checkpoints(run_dir)[-1])
+        want = f"format 1; this version reads format {checkpoint.FORMAT}"
     else:
         checkpoint.checkpoints(run_dir)[-1].write_bytes(b"not a checkpoint")
         want = "cannot be read"

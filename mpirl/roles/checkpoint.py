@@ -33,7 +33,10 @@ from mpirl.metrics.run_file import load_run, plain, read_status
 
 CKPT_DIR = "checkpoints"
 NAME = re.compile(r"^ckpt-(\d{10})\.(pt|h5)$")
-FORMAT = 1
+# What a checkpoint and its run's tables look like; a change to either (a table's columns, the state saved) takes
+# the next number, and a run written with another number is not resumed (the resumed ranks would append rows to
+# tables of other columns). 2: the test and rollouts tables count env_errors; several learners' counts.
+FORMAT = 2
 # Keys a resumed job may change: when to stop, how to log, how to checkpoint.
 MAY_CHANGE = ("run.train_steps", "run.env_steps", "run.wall_seconds", "run.target_return", "run.out_dir")
 MAY_CHANGE_SECTIONS = ("log.", "checkpoint.")
@@ -95,11 +98,13 @@ def load(path: Path, map_location=None) -> dict:
 
 
 def header(path: Path) -> dict:
-    """What every checkpoint says about itself: ``identity``, ``job_time``, ``train_steps``, ``step_name``."""
+    """What every checkpoint says about itself: ``format``, ``identity``, ``job_time``, ``train_steps``,
+    ``step_name``."""
     if Path(path).suffix == ".h5":
         with h5py.File(path, "r", locking=False) as f:
             a = f.attrs
-            return {"identity": json.loads(plain(a["identity"])), "job_time": float(a["job_time"]),
+            return {"format": int(a.get("format", 0)), "identity": json.loads(plain(a["identity"])),
+                    "job_time": float(a["job_time"]),
                     "train_steps": int(a["train_steps"]), "step_name": plain(a.get("step_name", "step"))}
     return {"step_name": "train step", **load(path, map_location="cpu")}
 
@@ -159,6 +164,10 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError("--resume", f"{found[-1]} cannot be read ({type(err).__name__}: {first}); "
                           "delete it to resume from the one before, or start a new run") from None
+    if state.get("format", 0) != FORMAT:
+        raise ConfigError("--resume", f"{found[-1]} was written by another version of mpirl (checkpoint format "
+                          f"{state.get('format', 0)}; this version reads format {FORMAT}, whose tables differ): "
+                          "finish the run with the version that wrote it, or start a new run")
     why = mismatch(state.get("identity", {}), identity(cfg, world_size))
     if why:
         raise ConfigError("--resume", f"{found[-1]} belongs to another job: {why}; resume with the job and world "

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from mpirl.agents.actor_critic import ActorCritic
-from mpirl.agents.policy_gradient import (PGLosses, a2c_losses, flat_grad, gae, minibatch_indices, ppo_losses,
-                                          set_flat_grad)
+from mpirl.agents.flat_grads import flat_grad, set_flat_grad
+from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, minibatch_indices, ppo_losses
 
 # ---------------------------------------------------------------------------------------------------------------- gae
 

@@ -15,7 +15,8 @@ import torch
 
 from mpirl.agents.actor_critic import ActorCritic
 from mpirl.agents.dqn import to_tensors
-from mpirl.agents.policy_gradient import PGLosses, a2c_losses, flat_grad, gae, ppo_losses, set_flat_grad
+from mpirl.agents.flat_grads import flat_grad, set_flat_grad
+from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 
 
 class Rollout:

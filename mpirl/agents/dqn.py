@@ -141,8 +141,8 @@ class GradientPeers(Protocol):
 
     total: int  # rows of the whole batch
 
-    def sum_grads(self, params, loss: torch.Tensor) -> torch.Tensor:
-        """Replace each parameter's ``.grad`` with the sum over the learners; the summed loss."""
+    def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
+        """Replace each parameter's ``.grad`` with the sum over the learners; the summed losses."""
 
 
 class DQNLearner:
@@ -193,7 +193,7 @@ class DQNLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if peers is not None:  # the learners' gradients and losses summed: the whole batch's, on every learner
-            loss = peers.sum_grads(self.online.parameters(), loss)
+            loss, = peers.sum_grads(self.online.parameters(), loss)
         norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
         if not (torch.isfinite(loss) and torch.isfinite(norm)):  # with peers: the same verdict on every learner
             self.fault = self.diagnose(b, w, y, q, loss)

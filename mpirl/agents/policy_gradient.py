@@ -1,5 +1,5 @@
 """The pure parts of on-policy actor-critic learning with gradients computed where the rollouts are (A2C / A3C,
-Mnih et al. 2016; PPO, Schulman et al. 2017): advantages, losses, minibatches and the gradient as one flat vector.
+Mnih et al. 2016; PPO, Schulman et al. 2017): advantages, losses and minibatches.
 
 **Advantages** (generalized advantage estimation, Schulman et al. 2016). A rollout is T steps of E games stepped
 together, tensors time-major ``[T, E]``. With V'(x_{t+1}) the value step t bootstraps from::
@@ -23,14 +23,12 @@ the episode's) and A_t = R_t - V(x_t): A2C's advantage; lambda < 1 trades its va
   ``|rho - 1| > eps`` and the estimate ``E[(rho - 1) - log rho]`` of KL(pi_old || pi) (Schulman's "k3": unbiased,
   never negative).
 
-**Flat gradients**: a worker's gradient crosses the network as one float32 vector, the parameters' ``.grad``
-concatenated in ``parameters()`` order (:func:`flat_grad`); the receiver writes it back (:func:`set_flat_grad`)
-before its optimizer steps.
+A worker's gradient crosses the network as one flat vector: :mod:`mpirl.agents.flat_grads`.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -132,49 +130,3 @@ def minibatch_indices(n: int, k: int, rng: np.random.Generator) -> list[np.ndarr
     if k < 1 or k > n:
         raise ValueError(f"cannot cut {n} samples into {k} minibatches (need 1 <= k <= n)")
     return np.array_split(rng.permutation(n), k)
-
-
-def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
-    """Write the parameters' ``.grad``, concatenated in order, into ``out`` (float32, one value per parameter
-    element; zeros for a parameter without a gradient)."""
-    params = list(params)
-    n = sum(p.numel() for p in params)
-    if out.ndim != 1 or out.shape[0] != n:
-        raise ValueError(f"the gradient has {n} values but out has {out.size} (shape {out.shape})")
-    if out.dtype != np.float32:
-        raise ValueError(f"out must be float32, not {out.dtype}")
-    flat = torch.from_numpy(out)
-    offset = 0
-    for p in params:
-        part = flat[offset:offset + p.numel()]
-        if p.grad is None:
-            part.zero_()
-        else:
-            part.copy_(p.grad.detach().reshape(-1))  # to float32 on the CPU
-        offset += p.numel()
-
-
-def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray, scale: float = 1.0) -> None:
-    """Set each parameter's ``.grad`` (on its device, in its dtype) from the flat vector :func:`flat_grad` writes,
-    times ``scale`` (an allreduce's sum into a mean, in the same pass as the copy); the gradients are copies, not
-    views of ``flat``."""
-    params = list(params)
-    n = sum(p.numel() for p in params)
-    if flat.ndim != 1 or flat.shape[0] != n:
-        raise ValueError(f"the parameters have {n} values but the flat gradient has {flat.size} "
-                         f"(shape {flat.shape})")
-    host = np.ascontiguousarray(flat, dtype=np.float32)
-    src = torch.from_numpy(host if host.flags.writeable else host.copy())
-    offset = 0
-    for p in params:
-        part = src[offset:offset + p.numel()].view_as(p)
-        if p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype and p.grad.device == p.device:
-            if scale == 1.0:
-                p.grad.copy_(part)
-            else:
-                torch.mul(part.to(p.device), scale, out=p.grad)
-        else:
-            p.grad = part.to(device=p.device, dtype=p.dtype, copy=True)
-            if scale != 1.0:
-                p.grad.mul_(scale)
-        offset += p.numel()

@@ -161,7 +161,7 @@ class QMixLearner:
         (loss + closs if closs is not None else loss).backward()
         if peers is not None:  # every learner's gradients and losses summed: the whole batch's, on each of them
             if closs is None:
-                loss = peers.sum_grads(self.params, loss)
+                loss, = peers.sum_grads(self.params, loss)
             else:
                 loss, closs = peers.sum_grads(self.params + list(self.central.parameters()), loss, closs)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.hp.grad_clip)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mpirl.agents.policy_gradient import flat_grad, set_flat_grad
+from mpirl.agents.flat_grads import flat_grad, set_flat_grad
 from mpirl.comm.collectives import Collectives
 
 CHECK_EVERY = 100  # train steps between parameter CRC comparisons (and at every checkpoint)
@@ -74,9 +74,8 @@ class LearnerPeers:
         self.last_crc = zlib.crc32(np.ascontiguousarray(params).tobytes())
         return float(self.last_crc)
 
-    def sum_grads(self, params, *losses: torch.Tensor):
-        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed losses (one loss: it,
-        several: a list)."""
+    def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed losses, in order."""
         params = list(params)
         n, k = sum(p.numel() for p in params), len(losses)
         if self.grad.size != n + k:
@@ -85,8 +84,7 @@ class LearnerPeers:
         self.grad[n:] = [float(x.detach()) for x in losses]
         self.coll.sum(self.grad, self.summed)
         set_flat_grad(params, self.summed[:n])
-        out = [torch.tensor(float(x)) for x in self.summed[n:]]
-        return out[0] if k == 1 else out
+        return [torch.tensor(float(x)) for x in self.summed[n:]]
 
     def sum_values(self, values) -> np.ndarray:
         """A few float64 values summed over the learners (counts a loss divides by), on every learner."""

@@ -1,0 +1,59 @@
+"""A network's gradient as one flat float32 vector: what crosses the network when gradients are shared (the a3c
+workers' to a server or in an allreduce, the several replay learners' sum). :func:`flat_grad` writes the parameters'
+``.grad`` concatenated in ``parameters()`` order; :func:`set_flat_grad` writes such a vector back before the
+optimizer steps.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
+    """Write the parameters' ``.grad``, concatenated in order, into ``out`` (float32, one value per parameter
+    element; zeros for a parameter without a gradient)."""
+    params = list(params)
+    n = sum(p.numel() for p in params)
+    if out.ndim != 1 or out.shape[0] != n:
+        raise ValueError(f"the gradient has {n} values but out has {out.size} (shape {out.shape})")
+    if out.dtype != np.float32:
+        raise ValueError(f"out must be float32, not {out.dtype}")
+    flat = torch.from_numpy(out)
+    offset = 0
+    for p in params:
+        part = flat[offset:offset + p.numel()]
+        if p.grad is None:
+            part.zero_()
+        else:
+            part.copy_(p.grad.detach().reshape(-1))  # to float32 on the CPU
+        offset += p.numel()
+
+
+def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray, scale: float = 1.0) -> None:
+    """Set each parameter's ``.grad`` (on its device, in its dtype) from the flat vector :func:`flat_grad` writes,
+    times ``scale`` (an allreduce's sum into a mean, in the same pass as the copy); the gradients are copies, not
+    views of ``flat``."""
+    params = list(params)
+    n = sum(p.numel() for p in params)
+    if flat.ndim != 1 or flat.shape[0] != n:
+        raise ValueError(f"the parameters have {n} values but the flat gradient has {flat.size} "
+                         f"(shape {flat.shape})")
+    host = np.ascontiguousarray(flat, dtype=np.float32)
+    src = torch.from_numpy(host if host.flags.writeable else host.copy())
+    offset = 0
+    for p in params:
+        part = src[offset:offset + p.numel()].view_as(p)
+        if p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype and p.grad.device == p.device:
+            if scale == 1.0:
+                p.grad.copy_(part)
+            else:
+                torch.mul(part.to(p.device), scale, out=p.grad)
+        else:
+            p.grad = part.to(device=p.device, dtype=p.dtype, copy=True)
+            if scale != 1.0:
+                p.grad.mul_(scale)
+        offset += p.numel()

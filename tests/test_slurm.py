@@ -104,7 +104,8 @@ def check_run(run_dir: Path, job_id: str, steps: int = 400):
         assert f.attrs["status"] == "completed", dict(f.attrs)
         assert str(f["provenance"].attrs["slurm_job_id"]) == job_id
         np.testing.assert_array_equal(f["learner/batches/train_step"][()], np.arange(1, steps + 1))
-        assert f["buffer_1/buffer/experiences_in"][-1] > 0
+        buffers = [g for g in f if g.startswith("buffer_")]  # buffer_1, or buffer_2 after two learners
+        assert buffers and all(f[g]["buffer/experiences_in"][-1] > 0 for g in buffers), buffers
 
 
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
@@ -180,11 +181,9 @@ def test_learners_template_puts_a_learner_on_each_node(two_nodes, tmp_path, laun
     run_dir = only_run(tmp_path)
     hosts = rank_hosts(run_dir)
     assert len(hosts) == 6 and hosts[:2] == ["n1", "n2"], hosts  # learner 0 on n1, learner 1 on n2
-    with h5py.File(run_dir / "run.h5", "r") as f:  # check_run's checks; the buffer is rank 2 here
-        assert f.attrs["status"] == "completed", dict(f.attrs)
-        assert str(f["provenance"].attrs["slurm_job_id"]) == job
-        np.testing.assert_array_equal(f["learner/batches/train_step"][()], np.arange(1, 401))
-        assert f["buffer_2/buffer/experiences_in"][-1] > 0
+    check_run(run_dir, job)
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert "buffer_2" in f, list(f)  # the buffer after the two learners
         first, second = (dict(f[g].attrs) for g in ("learner", "learner_1"))
     assert (first["learner"], second["learner"], first["learners"], second["learners"]) == (0, 1, 2, 2), (first, second)
     assert first["train_steps"] == second["train_steps"] == 400, (first, second)

@@ -336,18 +336,18 @@ def test_preempted_distql_job_requeues_and_resumes(cluster, tmp_path):
 
 def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
     """The same template for an IMPALA job (4 tasks: learner, a trajectory queue, two actors): preempted once it
-    has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 2,000 train steps with
+    has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 1,000 train steps with
     every batch's row once."""
-    long = ("--set", "run.train_steps=2000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
+    long = ("--set", "run.train_steps=1000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
             "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/impala_cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200, "train 200 steps")
-    resumed_once(run_dir, job, "train_steps 2000 reached", ".pt")
+    resumed_once(run_dir, job, "train_steps 1000 reached", ".pt")
     with h5py.File(run_dir / "run.h5", "r") as f:
         trained = f["learner/train/train_steps"][()]
-    assert np.all(np.diff(trained) > 0) and trained[-1] == 2000, trained  # rows after the checkpoint rewritten
-    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000002000.pt"
+    assert np.all(np.diff(trained) > 0) and trained[-1] == 1000, trained  # rows after the checkpoint rewritten
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000001000.pt"
 
 
 def test_preempted_allreduce_gradient_job_requeues_and_resumes(cluster, tmp_path):

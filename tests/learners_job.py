@@ -9,7 +9,8 @@ cut) with :class:`mpirl.roles.learner_peers.LearnerPeers` on ``COMM_WORLD``, its
 the smallest probability over the learners (the control exchange's gather), as Ape-X's learner does. Rank 0 also
 trains a reference learner alone on each whole batch. Out: every rank's final parameters' CRC and its |TD| of its
 rows at the last step; rank 0 adds the largest difference between its parameters and the reference's, and between
-the concatenated |TD| and the reference's.
+the concatenated |TD| and the reference's. ALGO ``dqn-nan``, ``qmix-nan`` or ``macpo-nan``: no reference; at the
+middle step the last learner's part has a NaN reward, and each rank reports which steps it skipped and why.
 """
 
 from __future__ import annotations
@@ -140,11 +141,56 @@ def main(out: str, n: int, steps: int) -> dict:
     return result
 
 
+def poisoned_main(n: int, steps: int, algo: str) -> dict:
+    """``steps`` train steps of the learners alone; at the middle one the last learner's part has a NaN reward.
+    Out: each step whether it was skipped, and the skipped step's fault (kind, detail) on this learner."""
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    K, k = comm.size, comm.rank
+    part = np.cumsum([0] + [sum(q) for q in learner_quotas([n], K)])
+    lo, hi = int(part[k]), int(part[k + 1])
+    peers = LearnerPeers(comm, n)
+    rng = np.random.default_rng(11)
+    if algo == "dqn-nan":
+        learner = DQNLearner((OBS,), ACTIONS, AGENT, torch.device("cpu"), seed=3)
+    else:
+        from mpirl.agents.qmix import QmixHyper
+        from mpirl.agents.qmix_learner import QMixLearner
+        hp = QmixHyper(rnn_hidden=16, mixer_embed=8, hypernet_hidden=16, central_hidden=32, target_update=5,
+                       lr=3e-3, loss_weights="macpo" if algo == "macpo-nan" else "none")
+        learner = QMixLearner(N_AGENTS, (Q_STATES,), (Q_STATES,), Q_ACTIONS, hp, seed=3)
+    skipped, fault = [], None
+    for step in range(steps):
+        bad = step == steps // 2 and k == K - 1
+        if algo == "dqn-nan":
+            fields, probs = batch(rng, n)
+            own = {name: v[lo:hi].copy() for name, v in fields.items()}
+            if bad:
+                own["reward"][0] = np.nan
+            ctl = peers.control(False, False, smallest(probs[lo:hi]), None, step)
+            _, td = learner.train_step(own, importance_weights(probs[lo:hi], n, 0.4, smallest=float(np.min(ctl.stats))),
+                                       peers)
+            skipped.append(td is None)
+        else:
+            b = episodes(rng, n)
+            own = {name: v[lo:hi].copy() for name, v in b.items()}
+            if bad:
+                own["reward"][0, 0] = np.nan
+            peers.control(False, False, 0.0, None, step)
+            skipped.append(bool(learner.train_step(own, peers)["skipped"]))
+        if skipped[-1]:
+            fault = [learner.fault.kind, learner.fault.detail]
+    return {"rank": k, "skipped": skipped, "fault": fault, "steps": learner.steps}
+
+
 if __name__ == "__main__":
     out, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     algo = sys.argv[4] if len(sys.argv) > 4 else "dqn"
     try:
-        res = main(out, n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none")
+        if algo.endswith("-nan"):
+            res = poisoned_main(n, steps, algo)
+        else:
+            res = main(out, n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none")
     except Exception:  # noqa: BLE001 - the test reads the traceback from the output
         traceback.print_exc()
         MPI.COMM_WORLD.Abort(1)

@@ -75,6 +75,26 @@ def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path,
     assert head["td_diff"] <= 1e-5, head
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("algo", ["dqn-nan", "qmix-nan", "macpo-nan"])
+def test_a_part_that_is_not_finite_is_named_by_every_learner(tmp_path, algo):
+    """The last of 3 learners gets a NaN reward in its part of step 1 (of 3): every learner skips that step alone
+    (the sum is not finite everywhere), the last says what in its part was not finite, the others name its part
+    rather than blaming their own finite rows."""
+    out = tmp_path / "out.json"
+    code, text = run_mpi_script(3, ROOT / "tests" / "learners_job.py", str(out), "9", "3", algo, timeout=300)
+    assert code == 0, text
+    res = json.loads(out.read_text())
+    assert [r["skipped"] for r in res] == [[False, True, False]] * 3, res
+    assert all(r["steps"] == 2 for r in res), res
+    *others, last = res
+    assert last["fault"][0] in ("batch", "targets"), last  # QMIX's reward enters its targets (checked first: batch)
+    assert "not finite" in last["fault"][1] and "learner 2's part" not in last["fault"][1], last
+    for r in others:
+        assert r["fault"] == ["peer", "learner 2's part of the batch was not finite (this learner's part was; that "
+                                      "learner's message names what)"], r
+
+
 # ---------------------------------------------------------------- a job with two learners
 def _files(run_dir):
     out = {}

@@ -107,7 +107,8 @@ class Fault:
 
     ``kind``: ``"batch"`` (rewards, discounts or observations), ``"weights"`` (importance weights),
     ``"parameters"`` (the online network's), ``"q"`` (its Q-values), ``"targets"`` (the n-step targets),
-    ``"loss"`` (its inputs finite, the loss not) or ``"gradient"``; ``detail``: what and where, in words.
+    ``"loss"`` (its inputs finite, the loss not), ``"gradient"`` or, with several learners, ``"peer"`` (another
+    learner's part of the batch, this one's finite); ``detail``: what and where, in words.
     """
     kind: str
     detail: str
@@ -120,16 +121,18 @@ FEEDS = {"batch": ("env.id", "agent.reward_clip"),
          "q": ("agent.lr", "agent.grad_clip", "agent.adam_eps"),
          "targets": ("agent.reward_clip", "agent.lr", "agent.grad_clip", "agent.target_update"),
          "loss": ("agent.reward_clip", "env.id", "agent.lr", "agent.grad_clip"),
-         "gradient": ("agent.lr", "agent.grad_clip", "agent.adam_eps", "agent.reward_clip")}
+         "gradient": ("agent.lr", "agent.grad_clip", "agent.adam_eps", "agent.reward_clip"),
+         "peer": ()}  # that learner's message names the settings
 
 
 def divergence(fault: Fault, settings: dict, in_a_row: int, steps: int, skipped: int) -> str:
     """Why the learner gives up: what was not finite in the last skipped batch and the settings that feed it."""
     feeds = ", ".join(f"{k}={settings[k]:g}" if isinstance(settings[k], float) else f"{k}={settings[k]}"
                       for k in FEEDS[fault.kind])
-    what = "cannot train" if fault.kind == "batch" else "has diverged"  # "batch": what the environment gave
+    what = "cannot train" if fault.kind in ("batch", "peer") else "has diverged"  # "batch": what the env gave
+    tail = f"; the settings that feed it: {feeds}" if feeds else ""
     return (f"the learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
-            f"({skipped} skipped in all); in the last, {fault.detail}; the settings that feed it: {feeds}")
+            f"({skipped} skipped in all); in the last, {fault.detail}{tail}")
 
 
 def _not_finite(t: torch.Tensor) -> int:
@@ -143,6 +146,9 @@ class GradientPeers(Protocol):
 
     def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
         """Replace each parameter's ``.grad`` with the sum over the learners; the summed losses."""
+
+    def others_part(self) -> str:
+        """After a sum that was not finite: '' if this learner's part was not finite either, else whose was."""
 
 
 class DQNLearner:
@@ -196,7 +202,8 @@ class DQNLearner:
             loss, = peers.sum_grads(self.online.parameters(), loss)
         norm = torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.grad_clip)
         if not (torch.isfinite(loss) and torch.isfinite(norm)):  # with peers: the same verdict on every learner
-            self.fault = self.diagnose(b, w, y, q, loss)
+            whose = peers.others_part() if peers is not None else ""
+            self.fault = Fault("peer", whose) if whose else self.diagnose(b, w, y, q, loss)
             self.optimizer.zero_grad(set_to_none=True)
             return float(loss.detach()), None  # skipped: the weights are untouched, no step counted
         self.optimizer.step()

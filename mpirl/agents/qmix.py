@@ -153,7 +153,8 @@ FEEDS = {"batch": ("env",),
          "targets": ("gamma", "td_lambda", "lr", "target_update"),
          "weights": ("loss_weights", "central_hidden", "lr"),
          "loss": ("lr", "grad_clip", "loss_weights"),
-         "gradient": ("lr", "grad_clip", "optimizer", "loss_weights")}
+         "gradient": ("lr", "grad_clip", "optimizer", "loss_weights"),
+         "peer": ()}  # another learner's part (dqn.Fault): that learner's message names the settings
 
 
 def divergence(fault: Fault, hp: QmixHyper, in_a_row: int, steps: int, skipped: int) -> str:
@@ -161,7 +162,8 @@ def divergence(fault: Fault, hp: QmixHyper, in_a_row: int, steps: int, skipped: 
     settings = asdict(hp)
     feeds = ", ".join(f"{k}={settings[k]:g}" if isinstance(settings[k], float) else f"{k}={settings[k]}"
                       for k in FEEDS[fault.kind] if k in settings)
-    what = "cannot train" if fault.kind == "batch" else "has diverged"
-    tail = f"; the settings that feed it: {feeds}" if feeds else "; the environment gave it"
+    what = "cannot train" if fault.kind in ("batch", "peer") else "has diverged"
+    tail = (f"; the settings that feed it: {feeds}" if feeds else
+            "" if fault.kind == "peer" else "; the environment gave it")
     return (f"the QMIX learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
             f"({skipped} skipped in all); in the last, {fault.detail}{tail}")

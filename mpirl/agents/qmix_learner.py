@@ -178,7 +178,8 @@ class QMixLearner:
                  "f_mean": _masked_mean(out["f"], mask) if "f" in out else float("nan"),
                  "grad_norm": float(norm)}
         if not finite:
-            self.fault = self.diagnose(b, out)
+            whose = peers.others_part() if peers is not None else ""
+            self.fault = Fault("peer", whose) if whose else self.diagnose(b, out)
             self.optimizer.zero_grad(set_to_none=True)
             if self.central_optimizer is not None:
                 self.central_optimizer.zero_grad(set_to_none=True)

@@ -11,7 +11,10 @@ collective depending only on the one before:
    they differ);
 2. **gradients** — the losses are sums over the whole batch's rows, so the SUM of the learners' flat gradients (and
    losses) is one learner's on the whole batch: clipping, the finite check, the optimizer and the target update then
-   run on identical inputs on every learner, which keeps their parameters identical.
+   run on identical inputs on every learner, which keeps their parameters identical. The same sum carries a flag
+   per learner, set by a learner whose own part's gradient or loss was not finite: every learner learns whose part
+   made a skipped batch (:attr:`LearnerPeers.bad_parts`), so the one that holds it diagnoses it and the others say
+   whose it was, rather than blaming their own finite part.
 
 At a checkpoint the learners' per-shard sample counts are gathered to the first, which saves them beside the
 state they share.
@@ -49,8 +52,10 @@ class LearnerPeers:
         self.total = batch_size  # rows of the whole batch: the losses' denominator
         self.mine = np.zeros(4)
         self.all = np.zeros((self.K, 4))
-        # The flat gradient, then the losses (sized by the first sum).
+        # The flat gradient, then the losses, then a flag per learner (sized by the first sum).
         self.grad = self.summed = np.zeros(0, np.float32)
+        self.bad_parts: list[int] = []  # the learners whose own part was not finite in the last step's sums
+        self._bad_values: list[int] = []  # those of this step's sum_values, until its sum_grads
         self.last_crc = 0
 
     @property
@@ -75,23 +80,44 @@ class LearnerPeers:
         return float(self.last_crc)
 
     def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed losses, in order."""
+        """Each parameter's ``.grad`` replaced by the sum over the learners; the summed losses, in order.
+        :attr:`bad_parts`: the learners whose own gradient or losses were not finite."""
         params = list(params)
         n, k = sum(p.numel() for p in params), len(losses)
-        if self.grad.size != n + k:
-            self.grad, self.summed = np.zeros(n + k, np.float32), np.zeros(n + k, np.float32)
+        if self.grad.size != n + k + self.K:
+            self.grad, self.summed = np.zeros(n + k + self.K, np.float32), np.zeros(n + k + self.K, np.float32)
         flat_grad(params, self.grad[:n])
-        self.grad[n:] = [float(x.detach()) for x in losses]
+        self.grad[n:n + k] = [float(x.detach()) for x in losses]
+        self.grad[n + k:] = 0.0
+        self.grad[n + k + self.index] = 0.0 if np.isfinite(self.grad[:n + k]).all() else 1.0
         self.coll.sum(self.grad, self.summed)
         set_flat_grad(params, self.summed[:n])
-        return [torch.tensor(float(x)) for x in self.summed[n:]]
+        # a step's values (summed first) poisoned by a part explain a sum that is not finite before its gradients do
+        self.bad_parts = self._bad_values or np.flatnonzero(self.summed[n + k:]).tolist()
+        self._bad_values = []
+        return [torch.tensor(float(x)) for x in self.summed[n:n + k]]
+
+    def others_part(self) -> str:
+        """'' when this learner's own part was not finite (or none was: the sum overflowed), else the learners whose
+        part was, in words, for a skipped batch's diagnosis."""
+        if not self.bad_parts or self.index in self.bad_parts:
+            return ""
+        whose = ", ".join(str(j) for j in self.bad_parts)
+        return (f"learner {whose}'s part of the batch was not finite (this learner's part was; that learner's "
+                "message names what)")
 
     def sum_values(self, values) -> np.ndarray:
-        """A few float64 values summed over the learners (counts a loss divides by), on every learner."""
-        mine = np.asarray(values, np.float64)
+        """A few float64 values summed over the learners (counts a loss divides by), on every learner. Like
+        :meth:`sum_grads`, it notes the learners whose values were not finite: the step's :attr:`bad_parts` are
+        theirs (the sum then poisons every part's loss)."""
+        v = len(values)
+        mine = np.zeros(v + self.K)
+        mine[:v] = values
+        mine[v + self.index] = 0.0 if np.isfinite(mine[:v]).all() else 1.0
         out = np.empty_like(mine)
         self.coll.sum(mine, out)
-        return out
+        self._bad_values = np.flatnonzero(out[v:]).tolist()
+        return out[:v]
 
     def gather_counts(self, counts: list[int]) -> list[list[int]] | None:
         """Every learner's per-shard counts, on the first learner (None on the others)."""

@@ -51,7 +51,7 @@ def test_a_sync_round_closes_at_workers_minus_stragglers_and_drops_a_closed_roun
     assert r.offer(1, 0, 0) and not r.ready()
     assert r.offer(4, 0, 0) and r.ready()
     assert r.close() == [1, 3, 4]  # rank order, whatever order they came in
-    assert not r.offer(2, 0, 1) and r.dropped == 1  # the straggler's gradient of version 0, at version 1
+    assert not r.offer(2, 0, 1) and r.members == []  # the straggler's gradient of version 0, at version 1: dropped
     with pytest.raises(RuntimeError, match="two gradients"):
         r.offer(1, 1, 1)
         r.offer(1, 1, 1)

@@ -33,14 +33,12 @@ class Rounds:
             raise ValueError(f"stragglers must be in [0, {workers}), got {stragglers}")
         self.quorum = workers - stragglers
         self.members: list[int] = []
-        self.dropped = 0
 
     def offer(self, worker: int, version_grad: int, version_now: int) -> bool:
         """Join ``worker``'s gradient to the round (True), or drop it: computed before the round's version."""
         if version_grad > version_now:
             raise ValueError(f"a gradient of version {version_grad} from the future (the server is at {version_now})")
         if version_grad < version_now:
-            self.dropped += 1
             return False
         if worker in self.members:
             raise RuntimeError(f"worker {worker} sent two gradients of version {version_now}")

@@ -146,18 +146,25 @@ def test_each_node_has_its_own_tmp_shm_and_host_name(two_nodes):
     assert not Path("/tmp/mark-n1").exists() and not Path("/dev/shm/mark-n1").exists()
 
 
-@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
-def test_multi_node_template_over_two_nodes(two_nodes, tmp_path, launcher):
-    job = submit(two_nodes, tmp_path, "multi_node.sbatch", "jobs/cartpole.toml", *SHORT,
-                 env={"MPIRL_LAUNCHER": launcher}, sbatch=("--nodes=2", "--ntasks=4"))
-    info = wait_for(two_nodes, job, tmp_path)
+def two_node_job(cluster, tmp_path, template: str, launcher: str, tasks: int) -> tuple[str, str, Path]:
+    """The CartPole job of ``template`` on ``tasks`` tasks over both nodes, completed and checked (check_run):
+    its id, log and run directory."""
+    job = submit(cluster, tmp_path, template, "jobs/cartpole.toml", *SHORT,
+                 env={"MPIRL_LAUNCHER": launcher}, sbatch=("--nodes=2", f"--ntasks={tasks}"))
+    info = wait_for(cluster, job, tmp_path)
     log = log_of(tmp_path, job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["NodeList"] == "n[1-2]", \
         (info, log)
-    assert f"mpirl: {launcher} step on 4 tasks (n[1-2])" in log
-    assert "Sorry!" not in log
+    assert f"mpirl: {launcher} step on {tasks} tasks (n[1-2])" in log
+    assert "Sorry!" not in log  # no PMIx help-file noise from the ranks
     run_dir = only_run(tmp_path)
     check_run(run_dir, job)
+    return job, log, run_dir
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_multi_node_template_over_two_nodes(two_nodes, tmp_path, launcher):
+    job, _, run_dir = two_node_job(two_nodes, tmp_path, "multi_node.sbatch", launcher, 4)
     hosts = rank_hosts(run_dir)
     assert hosts[0] == "n1" and set(hosts) == {"n1", "n2"}, hosts  # the learner on the first node; both used
     if launcher == "srun":  # one step, its tasks started by both slurmd
@@ -169,19 +176,10 @@ def test_multi_node_template_over_two_nodes(two_nodes, tmp_path, launcher):
 @pytest.mark.parametrize("launcher", ["srun"])
 def test_learners_template_puts_a_learner_on_each_node(two_nodes, tmp_path, launcher):
     # 6 tasks on 2 nodes: the template sets topology.learners=2 (one per node), 1 buffer, 3 actors.
-    job = submit(two_nodes, tmp_path, "learners.sbatch", "jobs/cartpole.toml", *SHORT,
-                 env={"MPIRL_LAUNCHER": launcher}, sbatch=("--nodes=2", "--ntasks=6"))
-    info = wait_for(two_nodes, job, tmp_path)
-    log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["NodeList"] == "n[1-2]", \
-        (info, log)
+    _, log, run_dir = two_node_job(two_nodes, tmp_path, "learners.sbatch", launcher, 6)
     assert "mpirl: one learner per node: --set topology.learners=2" in log, log
-    assert f"mpirl: {launcher} step on 6 tasks (n[1-2])" in log
-    assert "Sorry!" not in log
-    run_dir = only_run(tmp_path)
     hosts = rank_hosts(run_dir)
     assert len(hosts) == 6 and hosts[:2] == ["n1", "n2"], hosts  # learner 0 on n1, learner 1 on n2
-    check_run(run_dir, job)
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert "buffer_2" in f, list(f)  # the buffer after the two learners
         first, second = (dict(f[g].attrs) for g in ("learner", "learner_1"))

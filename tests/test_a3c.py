@@ -90,7 +90,9 @@ def test_a_message_and_a_reply_round_trip():
     hello = msg.unpack(buf, msg.pack(buf, msg.HELLO, 0, 0, 0, 0, {}, np.zeros(0), np.zeros(0), None))
     assert hello.kind == msg.HELLO and len(hello.grad) == 0 and len(hello.returns) == 0
     back = np.zeros(msg.reply_nbytes(n), np.uint8)
-    msg.pack_reply(back, 13, False, True, grad * 2, env_steps=77, episodes=4)
+    nbytes, params = msg.pack_reply(back, 13, False, True, n, env_steps=77, episodes=4)
+    params[:] = grad * 2
+    assert nbytes == msg.reply_nbytes(n)
     r = msg.unpack_reply(back, n)
     assert (r.version, r.stop, r.dropped, r.env_steps, r.episodes) == (13, False, True, 77, 4)
     assert np.array_equal(r.params, grad * 2)

@@ -1,7 +1,7 @@
 """A2C / PPO's pure parts: generalized advantages against hand-computed rollouts and a plain-loop reference (episode
 ends inside a rollout, lambda = 1 as n-step returns), the losses on a network whose logits and values are its
-parameters (hand-computed values and gradients, the clipped branch giving no gradient), minibatches, and the flat
-gradient's round trip."""
+parameters (hand-computed values and gradients, the clipped branch giving no gradient) and minibatches (the flat
+gradient: test_flat_grads.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from mpirl.agents.actor_critic import ActorCritic
-from mpirl.agents.flat_grads import flat_grad, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, minibatch_indices, ppo_losses
 
 # ---------------------------------------------------------------------------------------------------------------- gae
@@ -307,54 +306,3 @@ def test_minibatches_are_shuffled_and_checked():
     for k in (0, -1, 11):
         with pytest.raises(ValueError):
             minibatch_indices(10, k, np.random.default_rng(0))
-
-
-# ------------------------------------------------------------------------------------------------------ flat gradient
-
-def test_flat_grad_round_trip_on_an_actor_critic():
-    torch.manual_seed(0)
-    net = ActorCritic((4,), 2, [16, 16])
-    obs, actions = torch.randn(8, 4), torch.randint(2, (8,))
-    a2c_losses(net, obs, actions, torch.randn(8), torch.randn(8), 0.5, 0.01).total.backward()
-    params = list(net.parameters())
-    n = sum(p.numel() for p in params)
-    flat = np.full(n, np.nan, np.float32)
-    flat_grad(net.parameters(), flat)
-    np.testing.assert_array_equal(flat, torch.cat([p.grad.reshape(-1) for p in params]).numpy())
-
-    other = ActorCritic((4,), 2, [16, 16])
-    set_flat_grad(other.parameters(), flat)
-    for p, q in zip(params, other.parameters()):
-        assert q.grad is not None and q.grad.dtype == q.dtype and q.grad.shape == q.shape
-        assert torch.equal(p.grad, q.grad)
-    flat[:] = 0.0  # the gradients are copies
-    assert torch.equal(params[0].grad, next(other.parameters()).grad)
-    set_flat_grad(other.parameters(), np.arange(n, dtype=np.float32))  # over existing gradients
-    back = np.empty(n, np.float32)
-    flat_grad(other.parameters(), back)
-    np.testing.assert_array_equal(back, np.arange(n, dtype=np.float32))
-
-
-def test_flat_grad_zeros_a_missing_gradient_and_converts_dtype():
-    net = ActorCritic((4,), 2, [16, 16]).double()
-    params = list(net.parameters())
-    params[0].grad = torch.full_like(params[0], 0.5)
-    n = sum(p.numel() for p in params)
-    out = np.full(n, np.nan, np.float32)
-    flat_grad(params, out)
-    k = params[0].numel()
-    assert (out[:k] == 0.5).all() and (out[k:] == 0.0).all()
-    set_flat_grad(params, out)
-    assert all(p.grad is not None and p.grad.dtype == torch.float64 for p in params)
-    assert float(params[1].grad.abs().sum()) == 0.0 and float(params[0].grad.mean()) == 0.5
-
-
-def test_flat_grad_length_mismatch_names_both_lengths():
-    net = ActorCritic((4,), 2, [16, 16])
-    n = sum(p.numel() for p in net.parameters())
-    with pytest.raises(ValueError, match=rf"{n}.*{n + 1}"):
-        flat_grad(net.parameters(), np.zeros(n + 1, np.float32))
-    with pytest.raises(ValueError, match=rf"{n}.*{n - 1}"):
-        set_flat_grad(net.parameters(), np.zeros(n - 1, np.float32))
-    with pytest.raises(ValueError, match="float32"):
-        flat_grad(net.parameters(), np.zeros(n, np.float64))

@@ -15,7 +15,7 @@ import torch
 
 from mpirl.agents.actor_critic import ActorCritic
 from mpirl.agents.dqn import to_tensors
-from mpirl.agents.flat_grads import flat_grad, set_flat_grad
+from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 
 
@@ -143,8 +143,12 @@ class A3cModel:
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(torch.as_tensor(flat, device=self.device), self.params)
 
-    def flat_params(self) -> np.ndarray:
-        return torch.nn.utils.parameters_to_vector(self.params).detach().cpu().numpy()
+    def flat_params(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The parameters as one float32 vector: a new one, or written into ``out`` (and returned)."""
+        if out is None:
+            return torch.nn.utils.parameters_to_vector(self.params).detach().cpu().numpy()
+        flat_values(self.params, out)
+        return out
 
     def state(self) -> dict:
         out = {"net": self.net.state_dict()}

@@ -1,7 +1,7 @@
 """A network's gradient as one flat float32 vector: what crosses the network when gradients are shared (the a3c
 workers' to a server or in an allreduce, the several replay learners' sum). :func:`flat_grad` writes the parameters'
 ``.grad`` concatenated in ``parameters()`` order; :func:`set_flat_grad` writes such a vector back before the
-optimizer steps.
+optimizer steps. :func:`flat_values` writes the parameters themselves the same way.
 """
 
 from __future__ import annotations
@@ -17,19 +17,30 @@ def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
     """Write the parameters' ``.grad``, concatenated in order, into ``out`` (float32, one value per parameter
     element; zeros for a parameter without a gradient)."""
     params = list(params)
+    _flatten(params, [p.grad for p in params], out, "the gradient has")
+
+
+def flat_values(params: Iterable[Tensor], out: np.ndarray) -> None:
+    """Write the parameters' values, concatenated in order, into ``out`` (float32): what a server sends straight
+    into a reply's buffer, without a vector of its own in between."""
+    params = list(params)
+    _flatten(params, params, out, "the parameters have")
+
+
+def _flatten(params: list[Tensor], tensors: list, out: np.ndarray, what: str) -> None:
     n = sum(p.numel() for p in params)
     if out.ndim != 1 or out.shape[0] != n:
-        raise ValueError(f"the gradient has {n} values but out has {out.size} (shape {out.shape})")
+        raise ValueError(f"{what} {n} values but out has {out.size} (shape {out.shape})")
     if out.dtype != np.float32:
         raise ValueError(f"out must be float32, not {out.dtype}")
     flat = torch.from_numpy(out)
     offset = 0
-    for p in params:
+    for p, t in zip(params, tensors):
         part = flat[offset:offset + p.numel()]
-        if p.grad is None:
+        if t is None:
             part.zero_()
         else:
-            part.copy_(p.grad.detach().reshape(-1))  # to float32 on the CPU
+            part.copy_(t.detach().reshape(-1))  # to float32 on the CPU
         offset += p.numel()
 
 

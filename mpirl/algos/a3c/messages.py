@@ -77,16 +77,19 @@ def unpack(buf: np.ndarray, nbytes: int) -> Message:
                    eps[k:].copy(), buf[end:nbytes].view(np.float32))
 
 
-def pack_reply(out: np.ndarray, version: int, stop: bool, dropped: bool, params: np.ndarray | None,
-               env_steps: int = 0, episodes: int = 0) -> int:
+def pack_reply(out: np.ndarray, version: int, stop: bool, dropped: bool, n_params: int, env_steps: int = 0,
+               episodes: int = 0) -> tuple[int, np.ndarray]:
+    """Write a reply's header into ``out`` (uint8): the reply's length in bytes, and where its ``n_params``
+    parameters go (a float32 view the server writes them into, straight from its model)."""
     ints = out[:64].view(np.int64)
     ints[:] = (version, int(stop), int(dropped), env_steps, episodes, 0, 0, 0)
-    if params is None:
-        return 64
-    out[64:64 + 4 * len(params)].view(np.float32)[:] = params
-    return 64 + 4 * len(params)
+    return 64 + 4 * n_params, reply_params(out, n_params)
+
+
+def reply_params(buf: np.ndarray, n_params: int) -> np.ndarray:
+    return buf[64:64 + 4 * n_params].view(np.float32)
 
 
 def unpack_reply(buf: np.ndarray, n_params: int) -> Reply:
     v, stop, dropped, env_steps, episodes = (int(x) for x in buf[:40].view(np.int64))
-    return Reply(v, bool(stop), bool(dropped), env_steps, episodes, buf[64:64 + 4 * n_params].view(np.float32))
+    return Reply(v, bool(stop), bool(dropped), env_steps, episodes, reply_params(buf, n_params))

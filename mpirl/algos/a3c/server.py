@@ -49,22 +49,21 @@ def run_server(ctx) -> str:
                          msg.reply_nbytes(n))
     rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None
     total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
-    params = model.flat_params()
     stop = ""
     backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
 
     def answer(w: int, dropped: bool) -> None:
         out = hub.outbox(w)
-        hub.reply(w, msg.pack_reply(out, progress.version, bool(stop), dropped, params, progress.env_steps[w],
-                                    progress.episodes[w]))
+        nbytes, params = msg.pack_reply(out, progress.version, bool(stop), dropped, n, progress.env_steps[w],
+                                        progress.episodes[w])
+        model.flat_params(out=params)  # the current parameters, straight from the model into the reply
+        hub.reply(w, nbytes)
         if stop:
             hub.finish(w)  # it sends nothing more
 
     def applied(grad: np.ndarray) -> float:
-        nonlocal params
         norm = model.apply(grad)
         progress.version += 1
-        params = model.flat_params()
         return norm
 
     def close_round() -> None:

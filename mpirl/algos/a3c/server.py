@@ -52,14 +52,25 @@ def run_server(ctx) -> str:
     stop = ""
     backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
 
-    def answer(w: int, dropped: bool) -> None:
+    def answer(w: int, dropped: bool, same: np.ndarray | None = None) -> np.ndarray:
+        """Reply to ``w`` with the current parameters: straight from the model, or copied from ``same`` (another
+        reply's of this version: a round's workers cost one read of the model, on a GPU one transfer)."""
         out = hub.outbox(w)
         nbytes, params = msg.pack_reply(out, progress.version, bool(stop), dropped, n, progress.env_steps[w],
                                         progress.episodes[w])
-        model.flat_params(out=params)  # the current parameters, straight from the model into the reply
+        if same is None:
+            model.flat_params(out=params)
+        else:
+            params[:] = same
         hub.reply(w, nbytes)
         if stop:
             hub.finish(w)  # it sends nothing more
+        return params
+
+    def answer_all(members: list[int]) -> None:
+        same = None
+        for w in members:
+            same = answer(w, False, same)
 
     def applied(grad: np.ndarray) -> float:
         norm = model.apply(grad)
@@ -80,8 +91,7 @@ def run_server(ctx) -> str:
         log.add(version=progress.version, worker=-1, gradients=len(members), staleness=0.0, applied=True,
                 dropped=progress.dropped, env_steps=progress.total_env_steps, applied_norm=norm,
                 **{k: float(np.mean([s[k] for s in stats])) for k in msg.STATS})
-        for w in members:
-            answer(w, False)
+        answer_all(members)
 
     def handle(w: int) -> None:
         m = msg.unpack(hub.inbox(w), hub.nbytes_in(w))
@@ -111,8 +121,7 @@ def run_server(ctx) -> str:
         if not stop:
             stop = progress.stop_reason(ctx.preempt.requested() if ctx.preempt is not None else None)
             if stop and rounds is not None:
-                for w in rounds.close():  # the open round's workers wait: they get the stop now
-                    answer(w, False)
+                answer_all(rounds.close())  # the open round's workers wait: they get the stop now
 
     try:
         while not hub.finished:

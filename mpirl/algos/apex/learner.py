@@ -14,7 +14,8 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.roles.context import RoleContext
 from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import LearnerAlgorithm, learner_loop
+from mpirl.roles.learner import learner_loop
+from mpirl.roles.learner_algorithm import LearnerAlgorithm
 from mpirl.roles.learner_peers import smallest
 from mpirl.roles.shard_links import Counters
 

@@ -23,7 +23,8 @@ from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
 from mpirl.roles.batch_sources import Batch, BatchSource
 from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import Learner, LearnerAlgorithm
+from mpirl.roles.learner import Learner
+from mpirl.roles.learner_algorithm import LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
 from mpirl.roles.test_play import TEST_COLUMNS, play_test
 

@@ -28,7 +28,8 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.roles.context import RoleContext
 from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import LearnerAlgorithm, learner_loop
+from mpirl.roles.learner import learner_loop
+from mpirl.roles.learner_algorithm import LearnerAlgorithm
 from mpirl.roles.shard_links import Counters
 
 F8, I8 = np.float64, np.int64

@@ -1,0 +1,127 @@
+"""What an algorithm gives the learner loop (:mod:`mpirl.roles.learner`): its agent (networks and optimizer on a
+device), its train step, its metric columns and tables, its checkpoint state, where its batches come from, and
+what several data-parallel learners share (:mod:`mpirl.roles.data_parallel`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+from mpirl.metrics.writer import MetricsFile
+from mpirl.roles.batch_sources import Batch, BatchSource, LocalReplay
+from mpirl.roles.context import RoleContext
+from mpirl.roles.learner_peers import LearnerPeers
+from mpirl.roles.shard_links import Counters
+
+if TYPE_CHECKING:
+    from mpirl.roles.learner import Learner
+
+
+class Agent(Protocol):
+    """The learning agent an algorithm trains (:mod:`mpirl.agents`): networks and optimizer on a device."""
+
+    @property
+    def steps(self) -> int:
+        """Train steps done (a skipped batch is none)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def n_params(self) -> int:
+        """The length of the flat parameter vector every broadcast carries."""
+
+    def flat_params(self) -> np.ndarray: ...
+
+
+class LearnerAlgorithm(ABC):
+    """What an algorithm gives the learner loop: its agent (networks and optimizer), its train step, its metric
+    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters)`` once the loop has
+    set the rank's torch threads; the constructor sets ``agent``."""
+
+    agent: Agent
+
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
+        self.ctx, self.cfg, self.rng, self.counters = ctx, ctx.cfg, rng, counters
+
+    # -- the agent -------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Train steps done (a skipped batch is none); a checkpoint's ``train_steps``."""
+        return self.agent.steps
+
+    @property
+    def device(self) -> torch.device:
+        return self.agent.device
+
+    @property
+    def n_params(self) -> int:
+        return self.agent.n_params
+
+    def flat_params(self) -> np.ndarray:
+        """The parameters to publish, flat."""
+        return self.agent.flat_params()
+
+    @abstractmethod
+    def train(self, batch: Batch) -> np.ndarray | None:
+        """One train step (the caller accounts its time as compute); the samples' new values, or None when the
+        step was skipped for a non-finite loss or gradient."""
+
+    @abstractmethod
+    def divergence(self, in_a_row: int) -> str:
+        """The message that ends the job after ``in_a_row`` skipped batches in a row."""
+
+    def transferred(self, mean_value: float) -> None:
+        """The mean value (priority, weight) of the experiences a transfer from the buffers just brought."""
+
+    # -- K data-parallel learners (topology.learners; set by the loop) -------------------
+    peers: LearnerPeers | None = None  # the learners this one shares each batch with (None: alone)
+    peer_stats: np.ndarray | None = None  # each learner's shared_stat of its part of the batch being trained
+
+    def shared_stat(self, batch: Batch) -> float:
+        """A statistic of this learner's part that the train step needs over the whole batch (gathered into
+        ``peer_stats`` before it): Ape-X's smallest sampling probability."""
+        return 0.0
+
+    # -- checkpoints ---------------------------------------------------------------
+    @abstractmethod
+    def state(self) -> dict:
+        """Networks, optimizer and the algorithm's own counters for a checkpoint (keys apart from the loop's)."""
+
+    @abstractmethod
+    def restore(self, st: dict) -> None: ...
+
+    # -- metrics -------------------------------------------------------------------
+    @abstractmethod
+    def file_attrs(self, threads: int) -> dict:
+        """The attributes of ``learner.h5``."""
+
+    @abstractmethod
+    def columns(self) -> tuple[dict, dict]:
+        """The ``train`` table's columns of the algorithm: its statistics (after ``env_steps``) and its timers
+        (after ``comm_s``)."""
+
+    def open_tables(self, file: MetricsFile) -> None:
+        """Tables of the algorithm's own beyond ``train`` (on resume: truncated to the checkpoint)."""
+
+    @abstractmethod
+    def row(self) -> dict:
+        """The values of :meth:`columns` for a ``train`` row (means since the last row), then start over."""
+
+    # -- where batches come from, and the end ------------------------------------------
+    def batch_source(self, loop: Learner) -> BatchSource | None:
+        """A source of the algorithm's own (a trajectory queue); None: the replay placement's (remote shards or a
+        local memory, by ``replay.architecture``)."""
+        return None
+
+    def local_memory(self, capacity: int, rows: int) -> LocalReplay:
+        """The replay the learner keeps itself when the buffers dump to it, drawing ``rows`` samples a batch (the
+        batch, or with K data-parallel learners this learner's part: each keeps a copy of the dumps)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no local replay")
+
+    def finish(self) -> None:
+        """Before the last checkpoint (e.g. the final policy's test episodes)."""

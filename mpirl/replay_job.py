@@ -26,7 +26,7 @@ def check(cfg) -> None:
     """The checks every replay-based algorithm's job needs: a stop condition, and a learner-buffer-actor layout
     that can work (called from their settings' ``check``)."""
     from mpirl.config import ConfigError
-    check_learners(cfg, cfg.agent.algorithm)
+    check_learners(cfg)
 
     def _need(ok, key: str, message: str) -> None:
         if not ok:
@@ -67,17 +67,14 @@ def learners(t) -> str:
     return f"{t.learners} learner{'s' if t.learners > 1 else ''}"
 
 
-def check_learners(cfg, algorithm: str) -> None:
-    """``topology.learners = K > 1`` (data-parallel learners) where they are built: Ape-X and QMIX, both replay
-    placements. Each
-    learner draws its 1/K of every batch, so K <= batch size; the rest is not built yet and says so."""
+def check_learners(cfg) -> None:
+    """``topology.learners = K > 1`` (data-parallel learners; Ape-X and QMIX read the key, the others refuse it as
+    one they do not read). Each learner draws its 1/K of every batch, so K <= batch size; what is not built with
+    K > 1 says so."""
     from mpirl.config import ConfigError
     t, rp = cfg.topology, cfg.replay
     if t.learners == 1:
         return
-    if algorithm not in ("apex", "qmix"):
-        raise ConfigError("topology.learners", f"must be 1 for agent.algorithm = {algorithm!r}, got {t.learners}: "
-                                               "data-parallel learners are built for Ape-X and QMIX")
     for ok, key, value, why, how in (
             (rp.shares == "even", "replay.shares", rp.shares, "each learner's share of a buffer must be fixed for "
              "the learners' gradients to add up to one batch's", 'replay.shares = "even"'),

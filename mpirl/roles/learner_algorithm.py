@@ -82,6 +82,11 @@ class LearnerAlgorithm(ABC):
     peers: LearnerPeers | None = None  # the learners this one shares each batch with (None: alone)
     peer_stats: np.ndarray | None = None  # each learner's shared_stat of its part of the batch being trained
 
+    @property
+    def lead(self) -> bool:
+        """Alone, or the first of the learners (the one that tests, publishes and decides)."""
+        return self.peers is None or self.peers.lead
+
     def shared_stat(self, batch: Batch) -> float:
         """A statistic of this learner's part that the train step needs over the whole batch (gathered into
         ``peer_stats`` before it): Ape-X's smallest sampling probability."""

@@ -108,7 +108,8 @@ class QmixTraining(LearnerAlgorithm):
     # -- metrics -------------------------------------------------------------------
     def file_attrs(self, threads: int) -> dict:
         cfg, s = self.cfg, self.ctx.spaces
-        return {"role": "learner", "rank": self.ctx.topo.rank, "algorithm": "qmix", "architecture": cfg.replay.architecture,
+        return {"role": "learner", "rank": self.ctx.topo.rank, "algorithm": "qmix",
+                "architecture": cfg.replay.architecture,
                 "sampler": cfg.qmix.sampler, "loss_weights": cfg.qmix.loss_weights, "env_id": cfg.env.id,
                 "n_agents": s.n_agents, "n_actions": s.n_actions, "episode_limit": s.episode_limit,
                 "device": str(self.agent.device), "torch_threads": threads, "n_params": self.agent.n_params,
@@ -143,7 +144,7 @@ class QmixTraining(LearnerAlgorithm):
         for k in STATS:
             self.acc[k].append(stats[k])
         if (self.agent.steps % self.cfg.qmix.test_every == 0 and self.agent.steps != self.tested_at
-                and (self.peers is None or self.peers.lead)):  # one test round, the first learner's
+                and self.lead):  # one test round, the first learner's
             self.test()
         weights = stats["episode_weights"].astype(np.float32)
         bad = ~np.isfinite(weights)
@@ -201,7 +202,7 @@ class QmixTraining(LearnerAlgorithm):
         self.test_s += time.perf_counter() - t0
 
     def finish(self) -> None:
-        if self.agent.steps != self.tested_at and (self.peers is None or self.peers.lead):
+        if self.agent.steps != self.tested_at and self.lead:
             self.test()  # the final policy's greedy return: the number a run is judged by
         for game in self.test_games or []:
             game.close()

@@ -147,6 +147,9 @@ class GradientPeers(Protocol):
     def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
         """Replace each parameter's ``.grad`` with the sum over the learners; the summed losses."""
 
+    def sum_values(self, values) -> np.ndarray:
+        """A few values summed over the learners (the counts a loss divides by)."""
+
     def others_part(self) -> str:
         """After a sum that was not finite: '' if this learner's part was not finite either, else whose was."""
 

@@ -10,7 +10,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from mpirl.agents.dqn import Fault
+from mpirl.agents.dqn import Fault, GradientPeers
 from mpirl.agents.qmix import QmixHyper, central_loss, episode_spec, f_pi, step_mask, td_lambda_targets
 from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_input_dim, agent_inputs,
                                         last_action_onehot, mask_unavailable)
@@ -90,7 +90,7 @@ class QMixLearner:
         q = net.sequence(inputs.transpose(1, 2).reshape(B * n, T1, D))
         return q.view(B, n, T1, -1).transpose(1, 2)
 
-    def _forward(self, b: dict[str, torch.Tensor], peers=None) -> dict[str, torch.Tensor]:
+    def _forward(self, b: dict[str, torch.Tensor], peers: GradientPeers | None = None) -> dict[str, torch.Tensor]:
         """Q-values, targets and the losses. With ``peers`` (data-parallel learners, this batch a part of theirs)
         the means run over the whole batch's real steps, and MAC-PO's weights are normalised by the whole batch's
         mean: the counts and the weights' sum are summed over the learners first."""
@@ -138,7 +138,7 @@ class QMixLearner:
         return out
 
     # ---- the step
-    def train_step(self, batch: dict[str, np.ndarray], peers=None) -> dict:
+    def train_step(self, batch: dict[str, np.ndarray], peers: GradientPeers | None = None) -> dict:
         """One gradient step on a batch of ``B`` whole episodes (``episode_spec`` fields, ``[B, T+1, ...]``).
 
         Returns the stats ``loss``, ``td_abs`` (mean |Q_tot - y| over real steps), ``q_tot``,

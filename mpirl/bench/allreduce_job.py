@@ -5,10 +5,11 @@ Run by the benchmark as ``mpiexec -n W python -m mpirl.bench.allreduce_job allre
 writes the measurements to OUT.json. OPTS (JSON): ``sizes`` ({label: float32 elements}), ``reps``, ``seconds``.
 
 * ours: exactly the reduction of :meth:`mpirl.algos.a3c.exchange.Peers.update` (``a3c.exchange = "allreduce"``),
-  :meth:`Peers.reduce`: the flat float32 gradient summed into a preallocated buffer, with MPI's blocking
-  ``Allreduce`` when every rank has a core of its own, else an ``Iallreduce`` polled with a short back-off. The
-  mean's 1/W rides in the copy into the parameters' gradients that either path needs
-  (:meth:`mpirl.agents.a3c.A3cModel.apply`), so it is not timed here; nor is the optimizer step that follows.
+  :meth:`Peers.reduce`, which is :meth:`mpirl.comm.collectives.Collectives.sum`: the flat float32 gradient summed
+  into a preallocated buffer, with MPI's blocking ``Allreduce`` when every rank has a core of its own, else an
+  ``Iallreduce`` polled with a short back-off. The mean's 1/W rides in the copy into the parameters' gradients
+  that either path needs (:meth:`mpirl.agents.a3c.A3cModel.apply`), so it is not timed here; nor is the optimizer
+  step that follows.
 * bare: ``comm.Allreduce(grad, out, op=MPI.SUM)`` in a tight loop: what this MPI does with a blocking call.
 
 Every rank runs the same number of calls per repetition (fixed beforehand from a short probe, so the collectives
@@ -23,15 +24,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.algos.a3c.exchange import Peers
 from mpirl.bench.mpi_entry import main as entry
 from mpirl.comm.collectives import Collectives
-
-
-def ours(comm, peers: Peers, grad: np.ndarray, total: np.ndarray, W: int) -> None:
-    """Peers.update's reduction: the same calls on the same kinds of buffers."""
-    peers.comm, peers.sum = comm, total
-    peers.reduce(grad)
 
 
 def bare(comm, grad: np.ndarray, out: np.ndarray) -> None:
@@ -49,12 +43,10 @@ def _timed(comm, op, calls: int) -> float:
 
 def measure(comm, n: int, reps: int, seconds: float) -> dict:
     """Updates/s of ours and bare on an ``n``-element float32 gradient, ``reps`` repetitions of about ``seconds``."""
-    W = comm.size
-    peers = Peers.__new__(Peers)  # its wait only: no job behind it
-    peers.coll = Collectives(comm)  # as its constructor makes it
+    coll = Collectives(comm)  # what Peers.reduce calls: Collectives.sum into a preallocated buffer
     grad = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     total, out = np.empty_like(grad), np.empty_like(grad)
-    impls = {"ours": lambda: ours(comm, peers, grad, total, W), "bare": lambda: bare(comm, grad, out)}
+    impls = {"ours": lambda: coll.sum(grad, total), "bare": lambda: bare(comm, grad, out)}
     for op in impls.values():  # warm-up (first-touch of buffers, the collective's set-up)
         op()
     if not np.allclose(total, out, rtol=1e-5, atol=1e-6):

@@ -120,9 +120,6 @@ class Peers:
     def version(self) -> int:
         return self.progress.version
 
-    def _wait(self, req) -> None:
-        self.coll.wait(req)
-
     def start(self) -> tuple[int, int]:
         if self.ctx.resume:
             self.progress.restore(self.model)
@@ -163,7 +160,7 @@ class Peers:
     def check_same(self) -> None:
         """Every rank's parameters hash the same, or the job fails naming the update."""
         self.hash_in[0] = zlib.crc32(self.model.flat_params().tobytes())
-        self._wait(self.comm.Iallgather(self.hash_in, self.hashes))
+        self.coll.gather(self.hash_in, self.hashes)
         if len(set(self.hashes.tolist())) != 1:
             raise RuntimeError(f"the workers' parameters differ after update {self.version} (hashes "
                                f"{self.hashes.tolist()}): the allreduce or an optimizer went its own way")
@@ -179,7 +176,7 @@ class Peers:
         k = min(len(rets), self.R)
         m[:self.FIXED] = (flag, env_steps, episodes, k)
         m[self.FIXED:self.FIXED + k] = rets[len(rets) - k:]
-        self._wait(self.comm.Iallgather(m, self.all))
+        self.coll.gather(m, self.all)
         for w in range(self.W):
             row = self.all[w]
             n = int(row[3])

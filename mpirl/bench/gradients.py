@@ -202,8 +202,8 @@ def train_rate(run_dir: Path) -> float:
 def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 900) -> list[Row]:
     """``jobs/cartpole.toml`` (Ape-X, 1 buffer, 2 actors) with K = 1, 2, ... learners: train steps/s (each a
     batch of 64 whose parts the K learners train), and the bytes a train step adds on the learners'
-    communicator (the gradient and loss summed: a ring's ``2 (K - 1) / K x 4 (n_params + 1)`` per learner, and the
-    control gather's 32 B per learner)."""
+    communicator (the gradient, loss and a flag per learner summed: a ring's ``2 (K - 1) / K x 4 (n_params + 1 +
+    K)`` per learner, and the control gather's 32 B per learner)."""
     from mpirl.config import load
     from mpirl.algos import algorithm
     cfg, _ = load(APEX_JOB, [])
@@ -225,10 +225,10 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
         r.values = {label: rates[K]}
         rows.append(r)
         if K > 1:
-            grad = proj.ring_bytes_per_rank(4 * (n_params + 1), K) + 32 * K
+            grad = proj.ring_bytes_per_rank(4 * (n_params + 1 + K), K) + 32 * K  # LearnerPeers.sum_grads, .control
             b = Row(f"{head}: bytes per train step on the learners' communicator", "B", label, "(none)",
-                    higher_is_better=False, note="ring allreduce of the gradient and loss, per learner, and the "
-                                                 "control gather")
+                    higher_is_better=False, note="ring allreduce of the gradient, loss and flags, per learner, "
+                                                 "and the control gather")
             b.values = {label: [grad] * reps}
             rows.append(b)
             one = "1 learner"

@@ -89,7 +89,8 @@ class LearnerPeers:
         flat_grad(params, self.grad[:n])
         self.grad[n:n + k] = [float(x.detach()) for x in losses]
         self.grad[n + k:] = 0.0
-        self.grad[n + k + self.index] = 0.0 if np.isfinite(self.grad[:n + k]).all() else 1.0
+        # (a sum is finite iff every value is, barring an overflow of huge ones: then this part is the one to name)
+        self.grad[n + k + self.index] = 0.0 if np.isfinite(self.grad[:n + k].sum()) else 1.0
         self.coll.sum(self.grad, self.summed)
         set_flat_grad(params, self.summed[:n])
         # a step's values (summed first) poisoned by a part explain a sum that is not finite before its gradients do

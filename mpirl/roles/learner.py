@@ -5,7 +5,8 @@
 
 The algorithm (:class:`~mpirl.roles.learner_algorithm.LearnerAlgorithm`) owns its networks, optimizer and metric
 columns; the loop owns its counters (versions, episodes, returns, env steps, skipped batches, clocks, bytes) and
-saves them in the checkpoint next to the algorithm's state. The sources (remote shards, a local memory) are in :mod:`mpirl.roles.batch_sources`.
+saves them in the checkpoint next to the algorithm's state. The sources (remote shards, a local memory) are in
+:mod:`mpirl.roles.batch_sources`.
 
 Every ``n_update`` batches the parameters go out in a versioned broadcast; the last broadcast carries the stop flag.
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a

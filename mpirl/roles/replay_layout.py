@@ -33,8 +33,8 @@ def inference(t) -> str:
 
 
 def rank_files(topo: Topology) -> dict[str, str]:
-    """The HDF5 files run.h5 links: the (first) learner's, each other learner's, each buffer's (actors' rows live in their buffer's file) and
-    each worker's (its actors' rows)."""
+    """The HDF5 files run.h5 links: the (first) learner's, each other learner's, each buffer's (actors' rows live in
+    their buffer's file) and each worker's (its actors' rows)."""
     workers = sorted(set(topo.worker_of.values()))
     learners = topo.layout.ranks.get(LEARNER, (0,))
     return {"learner": "learner.h5", **{f"learner_{k}": f"learner_{k}.h5" for k in learners[1:]},
@@ -71,7 +71,8 @@ def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float
     """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role."""
     t = cfg.topology
     return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
-                    {LEARNER: t.learners, BUFFER: t.buffers, WORKER: t.worker_ranks, ACTOR: actor_count(cfg, world_size)},
+                    {LEARNER: t.learners, BUFFER: t.buffers, WORKER: t.worker_ranks,
+                     ACTOR: actor_count(cfg, world_size)},
                     slot, network_bytes, reserved, network_key=network_key, cache_bytes=int(cache_bytes))
 
 
@@ -85,7 +86,8 @@ def role_map(topo: Topology) -> str:
     3-5 actors of worker 2``): who is who, for messages that name ranks."""
     on_learner = 0 in topo.worker_of.values()  # the learner is the worker (AW): ``0 learner and worker; 1 buffer``
     learners = list(topo.layout.ranks.get(LEARNER, (0,)))
-    parts = ["0 learner and worker" if on_learner else f"{_span(learners)} learner{'s' if len(learners) > 1 else ''}"]
+    plural = "s" if len(learners) > 1 else ""
+    parts = ["0 learner and worker" if on_learner else f"{_span(learners)} learner{plural}"]
     sender = "worker" if topo.worker_of else "actor"
     for b in topo.buffers:
         ranks = [r for r in topo.actors_of(b) if r != 0]

@@ -1,6 +1,6 @@
-"""K data-parallel learners for Ape-X (``topology.learners``, Gorila's several learners): each learner's part of
-the batch, the communicators, the equality with one learner on the same samples, a job that learns with two, its
-checkpoint and resume, and the refusals."""
+"""K data-parallel learners for Ape-X and QMIX (``topology.learners``, Gorila's several learners): each learner's part
+of the batch, the communicators, the equality with one learner on the same samples, a part that is not finite named
+by every learner, jobs that learn with two, checkpoint and resume, and the refusals."""
 
 from __future__ import annotations
 

@@ -134,6 +134,8 @@ def run_worker(ctx) -> str:
     stop = ""
     try:
         while not stop:
+            if ctx.preempt is not None:
+                ctx.preempt.requested()  # a signal here: tell rank 0 (the server, or worker 0), which stops the job
             start = time.perf_counter()
             preempted = games.play(model, ro, rng, lambda t: t >= shortest and link.preempt(n_rollouts, t))
             link.finished_rollout(n_rollouts)

@@ -65,6 +65,8 @@ def run_worker(ctx) -> str:
             played += 1
             episodes.append((j, ret, env_ret, length, eps))
             compute_s += time.perf_counter() - start
+            if ctx.preempt is not None:
+                ctx.preempt.requested()  # a signal here: tell the server, which stops the job
             last = j == d.episodes - 1
             if j % d.tau and not last:
                 continue

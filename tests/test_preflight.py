@@ -179,3 +179,56 @@ def test_every_exit_2_under_plain_mpiexec_is_one_line_and_open_mpis_box_as_the_r
     assert "exited with non-zero status" in " ".join(job.output.split())  # Open MPI's box
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`mpiexec` every exit 2 (the ranks run every check themselves) is followed by Open MPI's own box" in readme
+
+
+IMPALA = str(JOBS / "impala_cartpole.toml")
+A3C = str(JOBS / "a3c_cartpole.toml")
+
+
+@pytest.mark.parametrize("job, sets, commands, key, fix", [
+    (IMPALA, ("topology.actors=1000000",), ("validate", "launch"), "topology.actors",
+     "lower topology.actors (now 1,000,000: a world of 1,000,002 ranks)"),
+    (A3C, ("a3c.unroll=100000", "env.envs_per_actor=4096"), ("validate", "launch"), "a3c.unroll",
+     "lower a3c.unroll (now 100,000) or env.envs_per_actor (now 4,096)"),
+    (A3C, ("a3c.workers=1000000",), ("validate", "launch"), "a3c.workers",
+     "lower a3c.workers (now 1,000,000: a world of 1,000,001 ranks)"),
+    (CARTPOLE, ("topology.learners=4096", "replay.batch_size=4096"), ("launch",), "topology.learners",
+     "lower topology.learners (now 4,096: a world of 4,099 ranks)"),
+    (str(JOBS / "taxi_distql.toml"), ("distql.workers=1000000",), ("validate",), "distql.workers",
+     "lower distql.workers (now 1,000,000: a world of 1,000,001 ranks)"),
+    (str(JOBS / "predator_prey_qmix.toml"), ("topology.actors=100000",), ("validate",), "topology.actors",
+     "lower topology.actors (now 100,000"),
+])
+def test_a_refusal_names_the_setting_whose_change_shrinks_the_need_most(tmp_path, job, sets, commands, key, fix):
+    """The memory preflight names what makes a job too big for a node: the count of ranks (a world of a million
+    actors or workers, thousands of learners), a worker's rollout (unroll x envs), not the replay's capacity or the
+    network's width that the defaults leave small."""
+    flags = [x for s in sets for x in ("--set", s)]
+    for command in commands:
+        proc = run_cli(command, job, "--set", f'run.out_dir="{tmp_path}"', *flags)
+        lines = error_lines(proc)
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert lines[0].startswith(f"mpirl: error: {key}: the job needs about "), lines[0]
+        assert fix in lines[0] and "Traceback" not in proc.stderr, lines[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_nodes_check_counts_what_the_jobs_own_ranks_already_hold():
+    """Inside the job each node is checked after its ranks started: the memory they hold by then (their imports)
+    is theirs, so a job that launch let through is not refused by its own ranks' footprint."""
+    assert memory.held_bytes() > 10 * 2**20  # this process: Python, numpy, torch's imports
+
+
+def test_a_rollout_of_more_games_than_steps_is_named_by_its_games(tmp_path):
+    """Four workers whose rollouts fit one by one but not together (launch checks them together), each of 4,096
+    games and fewer steps: env.envs_per_actor is named, with a3c.unroll beside it."""
+    unroll = int(0.75 * memory.available_bytes() / (4096 * 1100))  # about 1.1 KB a CartPole step and its loss
+    if not 1 <= unroll < 4096:
+        pytest.skip(f"this node's memory makes it {unroll} steps, not fewer than the games")
+    proc = run_cli("launch", A3C, "--set", f'run.out_dir="{tmp_path}"', "--set", f"a3c.unroll={unroll}",
+                   "--set", "env.envs_per_actor=4096")
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("mpirl: error: env.envs_per_actor: the job needs about "), lines[0]
+    assert f"lower a3c.unroll (now {unroll:,}) or env.envs_per_actor (now 4,096)" in lines[0]
+    assert not any(tmp_path.iterdir())

@@ -38,7 +38,7 @@ def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -
     check_out_dir(cfg)
     est = checked.memory
     memory.check_fits(cfg, est, memory.LIBRARIES + est.largest(),
-                      "one node (its largest rank alone)", memory.available_bytes())
+                      "one node (its largest rank alone)", memory.available_bytes(), largest_only=True)
     return checked
 
 

@@ -113,7 +113,8 @@ def _peak_rss_bytes() -> int:
 def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate, role: str) -> None:
     """Checks whose answer depends on the rank's node; every rank learns the first failure.
 
-    Memory: the ranks of each node (their roles follow from their rank) must fit in its available memory.
+    Memory: the ranks of each node (their roles follow from their rank) must fit in its available memory, with
+    what they hold already counted as theirs (RssAnon).
     """
     problem = None
     if world.rank == 0 and cfg.agent.device == "cuda":
@@ -122,13 +123,15 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate
             problem = ("agent.device", f"'cuda' but the learner's node ({MPI.Get_processor_name()}) has no usable "
                        "CUDA device; use 'auto' (CUDA when present) or 'cpu'")
     mine = est.of(role)
-    nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes()))
-    for host in sorted({h for h, _, _ in nodes}):
-        need = memory.LIBRARIES + sum(b for h, b, _ in nodes if h == host)
-        avail = [a for h, _, a in nodes if h == host and a is not None]
+    nodes = world.allgather((MPI.Get_processor_name(), mine, memory.available_bytes(), memory.held_bytes()))
+    for host in sorted({n[0] for n in nodes}):
+        here = [n for n in nodes if n[0] == host]
+        need = memory.LIBRARIES + sum(n[1] for n in here)
+        avail = [n[2] for n in here if n[2] is not None]
+        # The ranks have started: what they hold already is part of the need, not taken from the node.
+        free = min(avail) + sum(n[3] for n in here) if avail else None
         try:
-            memory.check_fits(cfg, est, need, f"node {host} ({sum(h == host for h, _, _ in nodes)} ranks)",
-                              min(avail) if avail else None)
+            memory.check_fits(cfg, est, need, f"node {host} ({len(here)} ranks)", free)
         except ConfigError as err:
             problem = problem or (err.key, err.message)
     problems = [p for p in world.allgather(problem) if p]

@@ -32,10 +32,18 @@ FRAMES_PER_SLOT = 1.25  # distinct frames a slot holds with frames stored once (
 SLOT_INDEX = 16 + 4 + 8  # sum tree leaf and its share of the inner nodes, raw priority, version
 
 
+WORLD_SIZE = "world size"  # what counts a role's ranks when no setting does: every rank left (mpiexec -n)
+
+
 @dataclass
 class Estimate:
     """Bytes of one rank of each role (``per_rank``, by the role names of the algorithm's layout) and how many
-    ranks play it (``ranks``); ``parts`` say what dominates, for the message."""
+    ranks play it (``ranks``), and what sizes them, for the message that names the setting to change.
+
+    ``parts``: for a role, the bytes of one of its ranks that a setting sizes (``{"replay.capacity": ...}``; a
+    count of another role's ranks, such as the actors whose messages a buffer holds, by that count's setting);
+    ``counts``: the setting that counts a role's ranks (``topology.actors``; :data:`WORLD_SIZE` where the world
+    size does). A refusal names the setting whose change shrinks the need most (:meth:`shares`)."""
     per_rank: dict[str, int]
     ranks: dict[str, int]
     slot_bytes: float = 0.0  # one replay slot (0: no replay)
@@ -45,6 +53,9 @@ class Estimate:
     fix_text: str = ""  # the fix to name with network_key (an algorithm without a network: its tables)
     labels: dict[str, str] = field(default_factory=dict)  # a role's name in the message ("Q-server")
     cache_bytes: int = 0  # the learner's frame cache (replay.frame_cache), when the job keeps one
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)
+    counts: dict[str, str] = field(default_factory=dict)
+    fixes: dict[str, str] = field(default_factory=dict)  # an algorithm's own words for a setting's fix
 
     def of(self, role: str) -> int:
         """One rank of ``role``."""
@@ -58,6 +69,9 @@ class Estimate:
         """All ranks on one node."""
         return LIBRARIES + sum(b * self.ranks.get(role, 0) for role, b in self.per_rank.items())
 
+    def world(self) -> int:
+        return sum(self.ranks.values())
+
     def text(self) -> str:
         parts = []
         for role, b in self.per_rank.items():
@@ -66,24 +80,62 @@ class Estimate:
             if n == 1:
                 parts.append(f"{name} {gib}")
             elif n:
-                parts.append(f"{n} {name}(s) {gib} each")
+                parts.append(f"{n:,} {name}(s) {gib} each")
         return ", ".join(parts)
 
-    def fix(self, cfg: JobConfig) -> tuple[str, str]:
-        """The field to name and the fix, by what dominates the estimate."""
-        replay = self.slot_bytes * cfg.replay.capacity
-        if self.cache_bytes > max(replay, self.network_bytes):
-            return ("replay.frame_cache", f"lower replay.frame_cache (now {cfg.replay.frame_cache:,} frames per "
-                                          f"buffer, {self.cache_bytes / 2**30:,.1f} GiB on the learner; 0 turns "
-                                          f"the cache off), or run the ranks on more nodes")
-        if replay >= self.network_bytes:
-            return ("replay.capacity", f"lower replay.capacity (now {cfg.replay.capacity:,}; about "
-                                       f"{self.slot_bytes / 1024:,.1f} KiB a slot), or run the ranks on more nodes")
-        key = self.network_key
-        if self.fix_text:
-            return key, self.fix_text
+    def shares(self, largest_only: bool = False) -> dict[str, int]:
+        """Bytes each setting accounts for, in the largest rank alone or on a node holding every rank: a size's
+        share is what it puts in one rank times the ranks that hold it; a count's, every rank of its roles but
+        one (what fewer ranks would save)."""
+        roles = [r for r in self.per_rank if self.ranks.get(r, 0)]
+        if largest_only:
+            roles = [max(roles, key=self.per_rank.__getitem__)] if roles else []
+        out: dict[str, int] = {}
+        for role in roles:
+            n = 1 if largest_only else self.ranks[role]
+            for key, b in self.parts.get(role, {}).items():
+                out[key] = out.get(key, 0) + n * int(b)
+            count = self.counts.get(role)
+            if count and n > 1:
+                out[count] = out.get(count, 0) + (n - 1) * self.per_rank[role]
+        return out
+
+    def fix(self, cfg: JobConfig, largest_only: bool = False) -> tuple[str, str]:
+        """The field to name and the fix: the setting with the largest share of the need."""
+        shares = {k: b for k, b in self.shares(largest_only).items() if b > 0}
+        if shares:
+            key = max(shares, key=shares.__getitem__)
+            return key, self.fix_for(cfg, key)
+        replay = self.slot_bytes * cfg.replay.capacity  # an estimate without parts: the replay or the network
+        key = ("replay.frame_cache" if self.cache_bytes > max(replay, self.network_bytes)
+               else "replay.capacity" if replay >= self.network_bytes else self.network_key)
+        return key, self.fix_for(cfg, key)
+
+    def fix_for(self, cfg: JobConfig, key: str) -> str:
+        """What to do about ``key``, in words."""
+        if key in self.fixes:
+            return self.fixes[key]
+        if key == "replay.frame_cache":
+            return (f"lower replay.frame_cache (now {cfg.replay.frame_cache:,} frames per buffer, "
+                    f"{self.cache_bytes / 2**30:,.1f} GiB on the learner; 0 turns the cache off), or run the ranks on "
+                    "more nodes")
+        if key == "replay.capacity":
+            return (f"lower replay.capacity (now {cfg.replay.capacity:,}; about {self.slot_bytes / 1024:,.1f} KiB a "
+                    "slot), or run the ranks on more nodes")
+        if key == WORLD_SIZE:
+            return (f"run fewer ranks (the world has {self.world():,}: mpiexec -n, srun -n), or spread them over "
+                    "more nodes")
+        if key in self.counts.values():
+            section, name = key.split(".")
+            return (f"lower {key} (now {getattr(getattr(cfg, section), name):,}: a world of {self.world():,} "
+                    "ranks), or run the ranks on more nodes")
+        if key == self.network_key:
+            if self.fix_text:
+                return self.fix_text
+            section, name = key.split(".")
+            return f"use a smaller network ({key}, now {getattr(getattr(cfg, section), name)}) or a bigger node"
         section, name = key.split(".")
-        return (key, f"use a smaller network ({key}, now {getattr(getattr(cfg, section), name)}) or a bigger node")
+        return f"lower {key} (now {getattr(getattr(cfg, section), name)}), or run the ranks on more nodes"
 
 
 def available_bytes() -> int | None:
@@ -101,6 +153,19 @@ def available_bytes() -> int | None:
         return None
 
 
+def held_bytes() -> int:
+    """What this process already holds of its own (Linux RssAnon; 0 where it cannot be read): a job's ranks check
+    a node after they started, and the memory they hold by then is theirs, not another job's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def reservable_bytes() -> int | None:
     """RAM plus swap: the most one allocation may reserve under Linux's default overcommit heuristic."""
     try:
@@ -111,8 +176,10 @@ def reservable_bytes() -> int | None:
         return None
 
 
-def check_fits(cfg: JobConfig, est: Estimate, need: int, where: str, available: int | None) -> None:
-    """ConfigError naming the field and the fix when ``need`` bytes do not fit in ``available``."""
+def check_fits(cfg: JobConfig, est: Estimate, need: int, where: str, available: int | None,
+               largest_only: bool = False) -> None:
+    """ConfigError naming the field and the fix when ``need`` bytes (the largest rank alone, or all of them)
+    do not fit in ``available``."""
     limit = reservable_bytes()
     if limit is not None and est.reserved > limit:
         raise ConfigError("replay.capacity", f"the frame pool of {cfg.replay.capacity:,} slots reserves "
@@ -120,6 +187,6 @@ def check_fits(cfg: JobConfig, est: Estimate, need: int, where: str, available: 
                           f"{limit / 2**30:.1f} GiB of RAM and swap; lower replay.capacity")
     if available is None or need <= available:
         return
-    key, fix = est.fix(cfg)
+    key, fix = est.fix(cfg, largest_only)
     raise ConfigError(key, f"the job needs about {need / 2**30:.1f} GiB on {where} ({est.text()}), "
                            f"{available / 2**30:.1f} GiB are available; {fix}")

@@ -12,7 +12,7 @@ from mpirl.contract import RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
-from mpirl.roles.memory import Estimate
+from mpirl.roles.memory import WORLD_SIZE, Estimate
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -65,15 +65,29 @@ def layout(cfg: JobConfig, world_size: int) -> Layout:
     return Layout({role: r for role, r in ranks.items() if r}, tuple(links))
 
 
-def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float, actor: float, worker: float, slot: float,
-                  network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden",
-                  cache_bytes: int = 0) -> Estimate:
-    """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role."""
+def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float, actor: float, worker: float,
+                  slot: float, network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden",
+                  cache_bytes: int = 0, parts: dict | None = None) -> Estimate:
+    """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role; ``parts``: what sizes
+    each role's rank (:attr:`Estimate.parts`; a sender's count is :func:`sender_count`'s key)."""
     t = cfg.topology
     return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
                     {LEARNER: t.learners, BUFFER: t.buffers, WORKER: t.worker_ranks,
                      ACTOR: actor_count(cfg, world_size)},
-                    slot, network_bytes, reserved, network_key=network_key, cache_bytes=int(cache_bytes))
+                    slot, network_bytes, reserved, network_key=network_key, cache_bytes=int(cache_bytes),
+                    parts={role: {k: int(b) for k, b in p.items() if b} for role, p in (parts or {}).items()},
+                    counts=counts(cfg))
+
+
+def counts(cfg: JobConfig) -> dict[str, str]:
+    """The setting that counts each role's ranks (the actors: the world size when ``topology.actors`` is 0)."""
+    return {LEARNER: "topology.learners", BUFFER: "topology.buffers", WORKER: "topology.workers",
+            ACTOR: "topology.actors" if cfg.topology.actors else WORLD_SIZE}
+
+
+def sender_count(cfg: JobConfig) -> str:
+    """The setting that counts the ranks sending to a buffer (its actors, or the inference workers)."""
+    return counts(cfg)[WORKER if cfg.topology.worker_ranks else ACTOR]
 
 
 def _span(ranks: list[int]) -> str:

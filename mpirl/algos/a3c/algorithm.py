@@ -57,9 +57,17 @@ def estimate(cfg: JobConfig, workers: int, spaces: Spaces, n_params: int) -> mem
               + reply_nbytes(n_params) + (2 * params if not has_server(cfg) else 0))
     server = memory.PROCESS + memory.TRAINING + 5 * params + workers * (message + reply_nbytes(n_params))
     per_rank, ranks = {WORKER: int(worker)}, {WORKER: workers}
+    count = "a3c.workers" if a.workers else memory.WORLD_SIZE
+    rollout_key = "a3c.unroll" if a.unroll >= E else "env.envs_per_actor"
+    parts = {WORKER: {rollout_key: rollout + activations + 16 * max_episodes(cfg), "agent.hidden": 6 * params}}
     if has_server(cfg):
         per_rank[SERVER], ranks[SERVER] = int(server), 1
-    return memory.Estimate(per_rank, ranks, network_bytes=params, labels={SERVER: "parameter server"})
+        parts[SERVER] = {"agent.hidden": 5 * params, count: workers * (message + reply_nbytes(n_params))}
+    fix = (f"lower a3c.unroll (now {a.unroll:,}) or env.envs_per_actor (now {E:,}): each worker holds a rollout of "
+           f"unroll x envs steps ({a.unroll * E:,}) and the loss's activations over it, "
+           f"{(rollout + activations) / 2**30:,.1f} GiB a worker")
+    return memory.Estimate(per_rank, ranks, network_bytes=params, labels={SERVER: "parameter server"},
+                           parts=parts, counts={WORKER: count}, fixes={"a3c.unroll": fix, "env.envs_per_actor": fix})
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:

@@ -16,7 +16,7 @@ from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
 from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
-from mpirl.roles.replay_layout import star_estimate
+from mpirl.roles.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, sender_count, star_estimate
 
 
 def _slot_bytes(spec: dict, dedup: bool) -> float:
@@ -123,7 +123,14 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         pool = rp.capacity * sum(d for d, _ in framed.values()) * frame * (1 if proposed else n_buf)
         pool = max(pool, (rp.capacity * sum(d for d, _ in framed.values())
                           + actors_per_buffer * window_frames(c.send_batch, games, cfg.apex.n_step, framed)) * frame)
-    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool, cache_bytes=cache_bytes)
+    inbox = actors_per_buffer * c.recv_depth * message  # a buffer's receives, one ring per sender
+    key = "agent.hidden"
+    parts = {BUFFER: {"replay.capacity": memory if proposed else memory + dump, sender_count(cfg): inbox},
+             LEARNER: {key: network, "replay.frame_cache": cache_bytes,
+                       "replay.capacity": 0 if proposed else n_buf * (memory + dump)},
+             ACTOR: {key: 0 if t.served else 3 * params}, WORKER: {key: 3 * params if t.served else 0}}
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, pool, cache_bytes=cache_bytes,
+                         parts=parts)
 
 
 class _Obs:

@@ -78,10 +78,13 @@ def estimate(cfg: JobConfig, workers: int, spaces: TableSpaces) -> memory.Estima
     # flag (the bools are shared), a set entry per changed pair
     worker = PROCESS + (2 * (24 + 8) + 8 + 8) * pairs + buffers + state_nbytes(pairs)
     key = "distql.bins" if spaces.discretized else "env.id"
+    count = "distql.workers" if cfg.distql.workers else memory.WORLD_SIZE
+    parts = {SERVER: {key: server - PROCESS - memory.NUMBA - workers * buffers, count: workers * buffers},
+             WORKER: {key: worker - PROCESS}}
     return memory.Estimate({SERVER: int(server), WORKER: int(worker)}, {SERVER: 1, WORKER: workers},
                            network_bytes=int(25 * pairs), network_key=key,
                            fix_text=f"a smaller table ({pairs:,} pairs now) or fewer workers on a node",
-                           labels={SERVER: "Q-server"})
+                           labels={SERVER: "Q-server"}, parts=parts, counts={WORKER: count})
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:

@@ -24,7 +24,8 @@ from mpirl.roles.checks import Checked
 from mpirl.roles.policy_checks import actor_critic_params, actor_critic_spaces
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.roles import replay_layout
-from mpirl.roles.replay_layout import ACTOR, LEARNER, inference, lazy_roles, star_estimate
+from mpirl.roles.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, lazy_roles, sender_count,
+                                      star_estimate)
 
 
 if TYPE_CHECKING:
@@ -53,12 +54,18 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
                + t.buffers * (replies + request_layout(share).max_nbytes))
     served = -(-n_act // senders)
     message = experience_layout(spec, E * served).max_nbytes  # a sender's message: a trajectory per game it steps
-    held = queue_slots(cfg, queues, group, E * served) + cfg.impala.replay_capacity  # the queue and its replay
+    queue = queue_slots(cfg, queues, group, E * served)  # sized by its senders, their games and the window
+    held = queue + cfg.impala.replay_capacity  # the queue and its replay
     buffer = memory.PROCESS + slot * held + group * c.recv_depth * message + replies
+    by_senders = slot * queue + group * c.recv_depth * message
     if cfg.impala.exchange == "async":  # parameters sent to each sender on its own: a copy per send in flight
         buffer += group * params
+        by_senders += group * params
+    queue_parts = {sender_count(cfg): by_senders, "impala.replay_capacity": slot * cfg.impala.replay_capacity}
+    learner_parts = {"agent.hidden": 4 * params, "impala.unroll": activations + 2 * rp.batch_size * slot}
     if not t.buffers:  # the queue is the learner's, in its process
         learner, buffer = learner + buffer - memory.PROCESS, 0
+        learner_parts.update(queue_parts)
     if t.served:
         import math
         from mpirl.comm.messages import step_layout
@@ -73,7 +80,15 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
         actor = memory.PROCESS + 3 * E * slot + c.send_ring * message + 3 * params
     if t.on_learner:  # the learner's rank is the worker
         learner, worker = learner + worker - memory.PROCESS, 0
-    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params)
+    parts = {LEARNER: learner_parts, BUFFER: queue_parts if t.buffers else {}, ACTOR: {"agent.hidden": 3 * params}}
+    if t.served:
+        parts[WORKER] = {"agent.hidden": 3 * params}
+    fixes = {"impala.unroll": f"lower impala.unroll (now {cfg.impala.unroll}) or replay.batch_size (now "
+                              f"{rp.batch_size}): the learner's batch holds batch_size x (unroll + 1) steps and their "
+                              "activations, or run the ranks on more nodes"}
+    est = star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, parts=parts)
+    est.fixes.update(fixes)
+    return est
 
 
 class _Obs:

@@ -23,8 +23,8 @@ from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.replay.quotas import max_quota
 from mpirl.roles import memory
 from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
-                                      role_map, star_estimate)
+from mpirl.roles.replay_layout import (BUFFER, LEARNER, build_topology, inference, layout,  # noqa: F401
+                                      lazy_roles, rank_files, role_map, sender_count, star_estimate)
 
 
 class Spaces(NamedTuple):
@@ -130,7 +130,12 @@ def estimate(cfg: JobConfig, world_size: int, spaces: Spaces, spec: dict, nets: 
         actor = (memory.PROCESS + (E + c.send_batch) * slot + c.send_ring * message + 3 * 4 * n_params)
     if t.on_learner:  # the learner's rank is the worker
         learner, worker = learner + worker - memory.PROCESS, 0
-    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, 4 * nets.total, network_key=nets.key)
+    inbox = per_buffer * c.recv_depth * message  # a buffer's receives, one ring per sender
+    held = slot * rp.capacity + (0 if rp.architecture == "proposed" else dump)
+    parts = {BUFFER: {"replay.capacity": held, sender_count(cfg): inbox},
+             LEARNER: {nets.key: network, "replay.capacity": 0 if rp.architecture == "proposed" else n_buf * held}}
+    return star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, 4 * nets.total, network_key=nets.key,
+                         parts=parts)
 
 
 def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:

@@ -167,10 +167,19 @@ def cmd_bench(args) -> int:
         return _fail(f"--reps: at least 5 repetitions make a median with a range, got {args.reps}")
     if not args.breakout_wall >= 0:
         return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
+    if args.device != "all":
+        if args.what != "learner":
+            return _fail(f"--device: only `mpirl bench learner` takes a device (got `mpirl bench {args.what}`); "
+                         "leave --device out")
+        import torch
+        if args.device == "cuda" and not torch.cuda.is_available():
+            return _fail("--device: 'cuda' but torch sees no CUDA device here; use 'cpu', or 'all' (the CPU and "
+                         "CUDA when present)")
     out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
     if out.exists():
         return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
-    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall})
+    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
+               learner={"device": args.device})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -228,6 +237,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
                     help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
                          "(default 60; 0 leaves them out)")
+    sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
+                    help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present)")
     sp.set_defaults(func=cmd_bench)
     return p
 

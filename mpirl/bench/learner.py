@@ -1,6 +1,6 @@
 """The learner's own overhead: its train step on a reply, against the same network's bare PyTorch step.
 
-    mpirl bench learner [--reps 5]
+    mpirl bench learner [--reps 5] [--device all|cpu|cuda]
 
 *Ours* is the Ape-X learner's code from a batch as the buffers send it to the
 update: the reply's views joined into a batch (:func:`mpirl.roles.shard_links.joined`),
@@ -12,7 +12,8 @@ stacks rebuilt by one gather on the device), the double-DQN step of
 already as tensors on the device: forward, Huber loss with the weights, backward,
 gradient clipping, Adam. The ratio is bare seconds over ours (1: no overhead).
 CartPole (MLP 128x128, batch 64) and Breakout (Nature CNN, batch 64, frames once),
-on the CPU and, when present, on CUDA.
+on the CPU and, when present, on CUDA (``--device cpu|cuda|all``; on CUDA each step is timed to its
+``torch.cuda.synchronize()``).
 """
 
 from __future__ import annotations
@@ -121,9 +122,13 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
     return r
 
 
-def run(reps: int = MIN_REPS, seconds: float = 1.0) -> list[Row]:
+def run(reps: int = MIN_REPS, seconds: float = 1.0, device: str = "all") -> list[Row]:
+    """``device``: "cpu", "cuda", or "all" (the CPU, and CUDA when torch sees it)."""
     threads = torch.get_num_threads()
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    cuda = [torch.device("cuda")] if torch.cuda.is_available() else []
+    devices = {"cpu": [torch.device("cpu")], "cuda": cuda, "all": [torch.device("cpu")] + cuda}[device]
+    if not devices:
+        raise RuntimeError("no CUDA device: the learner bench on cuda needs one")
     rows = []
     try:
         torch.set_num_threads(min(2, threads))

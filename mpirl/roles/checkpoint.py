@@ -37,8 +37,10 @@ NAME = re.compile(r"^ckpt-(\d{10})\.(pt|h5)$")
 # the next number, and a run written with another number is not resumed (the resumed ranks would append rows to
 # tables of other columns). 2: the test and rollouts tables count env_errors; several learners' counts.
 FORMAT = 2
-# Keys a resumed job may change: when to stop, how to log, how to checkpoint.
-MAY_CHANGE = ("run.train_steps", "run.env_steps", "run.wall_seconds", "run.target_return", "run.out_dir")
+# Keys a resumed job may change: when to stop, how to log, how to checkpoint, and where the networks compute (a
+# checkpoint written on a GPU resumes on a CPU and the reverse: every tensor is loaded onto the resuming device).
+MAY_CHANGE = ("run.train_steps", "run.env_steps", "run.wall_seconds", "run.target_return", "run.out_dir",
+              "agent.device", "agent.torch_threads")
 MAY_CHANGE_SECTIONS = ("log.", "checkpoint.")
 
 
@@ -53,6 +55,8 @@ def mismatch(saved: dict, current: dict) -> str:
     """'' if ``current`` may resume from ``saved``, else the first difference in words. A checkpoint written
     before a setting moved to its algorithm's section names it by its old key (config.MOVED)."""
     saved = {MOVED.get(k, k): v for k, v in saved.items()}
+    saved = {k: v for k, v in saved.items()  # a checkpoint written before a key could change still names it
+             if k not in MAY_CHANGE and not k.startswith(MAY_CHANGE_SECTIONS)}
     for key in sorted(set(saved) | set(current)):
         if saved.get(key) != current.get(key):
             return f"{key} was {saved.get(key, 'unset')} in the checkpoint's job, is {current.get(key, 'unset')} now"

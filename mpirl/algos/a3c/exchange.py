@@ -90,12 +90,16 @@ class ToServer:
 
 class Peers:
     """DD-PPO: every worker averages its gradient with the others' (``Iallreduce``) and steps its own optimizer;
-    identical parameters on every rank, checked by a hash every ``a3c.check_every`` updates. Every rank keeps the
+    identical parameters on every rank, checked by a hash every ``a3c.check_every`` updates. Ranks on devices of
+    different kinds (a GPU node among CPU nodes, ``agent.device = "auto"``) round the same update differently, so
+    there the check is a re-sync instead: rank 0's parameters broadcast to all, and only a drift beyond rounding
+    (:data:`DRIFT`) fails the job. Every rank keeps the
     same :class:`Progress` (each rollout's counters and returns are gathered to all), so all decide to stop at the
     same update; rank 0 adds what only it sees (a preemption notice, the wall clock), writes ``updates.h5`` and the
     checkpoints."""
 
     FIXED = 4  # stop flag, env steps, episodes, returns carried; then up to run.return_window returns
+    DRIFT = 1e-3  # mixed devices: the largest |parameter - rank 0's| a re-sync accepts, relative to rank 0's largest
     lockstep = True  # every rank makes the same updates: the same version everywhere
 
     def __init__(self, ctx, model: A3cModel):
@@ -110,10 +114,15 @@ class Peers:
         self.R = self.cfg.run.return_window
         self.mine = np.zeros(self.FIXED + self.R)
         self.all = np.zeros((self.W, self.FIXED + self.R))
-        self.log = UpdateLog(ctx, model.n_params, {"role": "worker 0", "exchange": "allreduce",
-                                                   "workers": self.W}) if self.index == 0 else None
+        devices = self.comm.allgather(model.device.type)
+        self.mixed = len(set(devices)) > 1
+        attrs = {"role": "worker 0", "exchange": "allreduce", "workers": self.W, "device": str(model.device),
+                 "devices": ",".join(devices)}
+        self.log = UpdateLog(ctx, model.n_params, attrs) if self.index == 0 else None
         self.hash_in = np.zeros(1, np.int64)
         self.hashes = np.zeros(self.W, np.int64)
+        self.drift = np.zeros(1)
+        self.drifts = np.zeros(self.W)
         self.stop_reason = ""
 
     @property
@@ -158,12 +167,32 @@ class Peers:
         self.coll.sum(grad, self.sum)
 
     def check_same(self) -> None:
-        """Every rank's parameters hash the same, or the job fails naming the update."""
+        """Every rank's parameters hash the same, or the job fails naming the update; ranks on devices of different
+        kinds take rank 0's parameters instead (:meth:`resync`)."""
+        if self.mixed:
+            self.resync()
+            return
         self.hash_in[0] = zlib.crc32(self.model.flat_params().tobytes())
         self.coll.gather(self.hash_in, self.hashes)
         if len(set(self.hashes.tolist())) != 1:
             raise RuntimeError(f"the workers' parameters differ after update {self.version} (hashes "
                                f"{self.hashes.tolist()}): the allreduce or an optimizer went its own way")
+
+    def resync(self) -> None:
+        """Rank 0's parameters on every rank (collective); the job fails naming the update when a rank had drifted
+        further from them than rounding explains."""
+        mine = self.model.flat_params()
+        params = mine.copy()
+        self.comm.Bcast(params, root=0)
+        scale = float(np.abs(params).max()) or 1.0
+        self.drift[0] = float(np.abs(mine - params).max()) / scale
+        self.model.load(params)
+        self.coll.gather(self.drift, self.drifts)
+        if self.drifts.max() > self.DRIFT:
+            raise RuntimeError(f"the workers' parameters drifted apart by up to {self.drifts.max():.3g} of their "
+                               f"largest after update {self.version} (each rank's: {self.drifts.tolist()}), more than "
+                               "rounding on devices of different kinds explains: the allreduce or an optimizer went "
+                               "its own way")
 
     def end_rollout(self, env_steps, episodes, rets, lens) -> str:
         """Gather every worker's counters and newest returns; the stop decision, the same on every rank."""

@@ -44,7 +44,8 @@ def run_server(ctx) -> str:
     progress = Progress(ctx, workers)
     if ctx.resume:
         progress.restore(model)
-    log = UpdateLog(ctx, n, {"role": "server", "exchange": a.exchange, "workers": len(workers)})
+    log = UpdateLog(ctx, n, {"role": "server", "exchange": a.exchange, "workers": len(workers),
+                             "device": str(model.device)})
     hub: Hub[None] = Hub(comm, workers, msg.GRADIENT, msg.message_nbytes(n, max_episodes(cfg)), msg.REPLY,
                          msg.reply_nbytes(n))
     rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None

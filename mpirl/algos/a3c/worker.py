@@ -122,7 +122,7 @@ def run_worker(ctx) -> str:
     shortest = min_steps(cfg)
     f = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5",
                     {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange, "loss": a.loss,
-                     "n_params": model.n_params, "unroll": T, "envs": E},
+                     "n_params": model.n_params, "unroll": T, "envs": E, "device": str(model.device)},
                     flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
     rollouts, episodes = Rows(f.table("rollouts", ROLLOUTS, UNITS)), Rows(f.table("episodes", EPISODES, UNITS))
     if ctx.resume:

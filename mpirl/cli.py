@@ -9,12 +9,15 @@ line naming the field and the fix.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
+import os
+import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from mpirl import config
+from mpirl import config, phases
 from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
 
 if TYPE_CHECKING:
@@ -26,6 +29,28 @@ EXIT_BAD_INPUT = 2
 def _fail(message: str) -> int:
     print(f"mpirl: error: {message}", file=sys.stderr, flush=True)
     return EXIT_BAD_INPUT
+
+
+def imports_done() -> None:
+    """The process has imported what it runs on: keep those objects out of the collector's way (``gc.freeze``)
+    and collect from now on (``main`` turned the collector off for the start-up of ``run`` and ``launch``)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
+def _quick_exit(code: int) -> NoReturn:
+    """End the process now that its work is done: its files are closed and its requests complete (a rank's, after
+    MPI_Finalize here), so the interpreter's teardown of torch and the rest (about 0.3 s a process, and a job's
+    ranks share the cores) would change nothing but the time."""
+    phases.mark("exit")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    os._exit(code)
 
 
 def _load(args) -> tuple[config.JobConfig, str]:
@@ -49,16 +74,27 @@ def _ranks(args, cfg: config.JobConfig) -> int:
 
 
 def cmd_run(args) -> int:
+    # A stop signal from now on is noted for the job (roles/preemption.py takes it over once the job runs): one
+    # that came while the rank still imported would otherwise end it unhandled, mid-start.
+    early: list[int] = []
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, lambda signum, _frame: early.append(signum))
+    phases.mark("imported")
     from mpi4py import MPI  # initializes MPI: only the run command needs it
+    phases.mark("MPI initialized")
 
     from mpirl.roles.job import run_job
     world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
         algo = _algorithm(cfg)
-        return run_job(cfg, algo, text, args.job, quiet=args.quiet, resume=args.resume or "")
+        imports_done()
+        return run_job(cfg, algo, text, args.job, quiet=args.quiet, resume=args.resume or "", early=early)
     except config.ConfigError as err:
-        return _fail(str(err)) if world.rank == 0 else EXIT_BAD_INPUT
+        from mpirl.roles import launched
+        if world.rank == 0 and not launched.refuse(str(err)):
+            return _fail(str(err))
+        return 0 if launched.under_launcher() else EXIT_BAD_INPUT  # launched: the launcher says it, exits 2
     except BaseException:  # any other failure on any rank ends the whole job, never a hang
         import traceback
         print(f"mpirl: rank {world.rank} failed:", file=sys.stderr)
@@ -69,15 +105,22 @@ def cmd_run(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    """The job file and the command line are checked here; the rest of the checks are the job's own (rank 0's,
+    handed on to every rank: :mod:`mpirl.roles.launched`), whose refusal the launcher prints as its own. A world
+    whose bare processes alone would not fit this node is checked whole before any rank starts."""
+    import tempfile
+
+    from mpirl.roles import launched, memory
     try:
         cfg, _ = _load(args)
         n = _ranks(args, cfg)
         if not (args.grace > 0 and math.isfinite(args.grace)):
             raise config.ConfigError("--grace", f"seconds to wait for a clean stop must be a finite number > 0, "
                                      f"got {args.grace}")
-        from mpirl.roles.checks import check_local_job
-        algo = _algorithm(cfg)
-        check_local_job(cfg, algo, n, args.job)  # every rank runs here: their memory, CUDA, the run directory
+        avail = memory.available_bytes()
+        if avail is not None and n * memory.PROCESS + memory.LIBRARIES > avail:  # starting them could harm the node
+            from mpirl.roles.checks import check_local_job
+            check_local_job(cfg, _algorithm(cfg), n, args.job)
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
             from mpirl.roles.checkpoint import plan_resume
             plan_resume(cfg, n, args.resume)
@@ -85,10 +128,16 @@ def cmd_launch(args) -> int:
                                   args.resume or "")
     except config.ConfigError as err:
         return _fail(str(err))
-    print("mpirl: " + " ".join(cmd), flush=True)
-    # The launcher stays mpiexec's parent: Ctrl-C or a SIGTERM becomes the job's clean stop (a checkpoint,
-    # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py).
-    return supervise(cmd, env, args.grace)
+    phases.mark("launcher checked")
+    imports_done()
+    with tempfile.TemporaryDirectory(prefix="mpirl-launch-") as where:
+        refusal = Path(where) / "refusal"
+        env.update(launched.environment(refusal, cmd))
+        # The launcher stays mpiexec's parent: Ctrl-C or a SIGTERM becomes the job's clean stop (a checkpoint,
+        # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py).
+        code = supervise(cmd, env, args.grace)
+        why = launched.refusal(refusal)
+    return _fail(why) if why else code
 
 
 def cmd_validate(args) -> int:
@@ -231,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
-                                     "solve", "impala", "marl", "workers", "distql", "gradients"])
+                                     "solve", "impala", "marl", "workers", "distql", "gradients", "startup"])
     sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
@@ -243,16 +292,35 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+NO_MPI = ("launch", "validate", "info", "watch")  # commands that never talk MPI themselves
+QUICK_EXIT = ("run", "launch")  # commands whose process ends as soon as its work is done and said
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` None: this process's own, as the ``mpirl`` program; a list: called in-process,
+    which changes nothing of the process it runs in)."""
     args = parser().parse_args(argv)
+    program = argv is None
+    if program and args.command in QUICK_EXIT:
+        gc.disable()  # until the imports are done (imports_done): the collector walks torch's objects for nothing
+    if program and args.command in NO_MPI:
+        # Modules the checks import import mpi4py.MPI, which initializes MPI on import: a singleton MPI's start-up
+        # (about a second here) that these commands never use.
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
     try:
-        return args.func(args)
+        code = args.func(args)
+        if program and args.command in QUICK_EXIT:
+            _quick_exit(code)
+        return code
     except BrokenPipeError:  # `mpirl info ... | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:  # Ctrl-C before a job started (launch's checks, validate, info): no traceback
         print("mpirl: interrupted", file=sys.stderr, flush=True)
         return 128 + 2
+    finally:
+        phases.mark("exit")
 
 
 if __name__ == "__main__":

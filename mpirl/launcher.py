@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from mpirl import phases
 from mpirl.config import ConfigError
 
 GRACE_SECONDS = 120.0  # default wait for the clean stop (a checkpoint, replay snapshots) before killing
@@ -67,6 +68,11 @@ def find_mpiexec(explicit: str | None = None) -> str:
 def launch_env(mpiexec: str) -> tuple[list[str], dict]:
     """The flags and environment every local mpiexec of ours needs (Open MPI: oversubscribe, root)."""
     env = dict(os.environ)
+    # Every rank sets torch's threads itself (agent.torch_threads; one on actors and workers). Left unset, the
+    # OpenMP runtime torch loads starts a pool of one thread per core in every rank as it is imported, and those
+    # threads spin: 0.81 CPU-s for `import torch` here against 0.67 with one (mpirl bench startup). A choice of
+    # yours stands.
+    env.setdefault("OMP_NUM_THREADS", "1")
     flags: list[str] = []
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
     if "Open MPI" in version or "OpenRTE" in version:
@@ -75,6 +81,9 @@ def launch_env(mpiexec: str) -> tuple[list[str], dict]:
         # One node: windows (the gradient family's shared counter) in shared memory. The UCX one-sided component
         # finds no device on a laptop and says so on every window it is asked about; a user's choice stands.
         env.setdefault("OMPI_MCA_osc", "^ucx")
+        # libfabric's transport (the ofi BTL) probes its providers for about a second in every rank's MPI_Init
+        # and carries nothing between the ranks of one node: shared memory does (mpirl bench startup).
+        env.setdefault("OMPI_MCA_btl", "^ofi")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return flags, env
@@ -136,8 +145,10 @@ def supervise(cmd: list[str], env: dict | None, grace: float = GRACE_SECONDS, *,
     try:
         with own_session_dir(env) as job_env:
             proc = subprocess.Popen(cmd, env=job_env, start_new_session=True, preexec_fn=_parent_death_signal())
+            phases.mark("mpiexec started")
             try:
                 _stop_on_request(proc, requests, grace, kill_after)
+                phases.mark("mpiexec ended")
             finally:
                 kill_job(proc)  # whatever of the job is left (nothing, unless it was killed or this raised)
         code = proc.returncode

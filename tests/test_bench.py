@@ -252,3 +252,54 @@ def test_learner_bench_times_our_train_step_and_the_bare_one_on_the_same_batch()
     assert [r.name.split(",")[1].strip() for r in rows[:2]] == ["cartpole", "breakout"]
     for r in rows:
         assert all(v > 0 for vs in r.values.values() for v in vs) and np.isfinite(r.ratio)
+
+
+def test_learner_bench_on_cuda_without_a_gpu_is_exit_2_naming_the_device(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = run_cli("bench", "learner", "--device", "cuda", "--out", str(tmp_path / "b.h5"))
+    assert proc.returncode == 2 and proc.stderr.startswith("mpirl: error: --device: 'cuda' but torch sees no CUDA"), (
+        proc.stderr)
+    proc = run_cli("bench", "replay", "--device", "cpu", "--out", str(tmp_path / "b.h5"))
+    assert proc.returncode == 2 and "--device: only `mpirl bench learner` takes a device" in proc.stderr
+    assert not any(tmp_path.iterdir())
+    from mpirl.bench import learner
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        learner.run(reps=1, seconds=0.01, device="cuda")
+
+
+@pytest.mark.mpi
+def test_startup_bench_breaks_a_launch_into_its_phases_against_the_floor():
+    """One launch of the a3c job and one of the floor: every phase of the breakdown was seen (the marks of the
+    launcher and of every rank made it), each a duration of its own, and the row holds both sides."""
+    from mpirl.bench import startup
+    rows = startup.run(reps=1, jobs=[("a3c_cartpole.toml", 5, "torch", "", 3.0)])
+    (row,) = rows
+    assert row.at_most == 3.0 and set(row.values) == {"ours", "job wall (not counted)", row.reference}
+    assert all(v[0] > 0 for v in row.values.values()) and np.isfinite(row.ratio)
+    assert startup.floor_once(2, "", "torch") > 0  # rank 0 alone imports torch, as the Ape-X job's does
+
+
+def test_a_launch_is_broken_into_phases_from_its_marks(tmp_path):
+    """The breakdown from the marks a launch leaves: the launcher's, the first and the last rank to get there."""
+    from mpirl import phases
+    from mpirl.bench import startup
+    lines = [(0.0, 10, "-", "process"), (0.5, 10, "-", "mpiexec started"), (0.6, 11, "0", "process"),
+             (0.7, 12, "1", "process"), (1.0, 11, "0", "imported"), (1.1, 12, "1", "imported"),
+             (1.2, 11, "0", "MPI initialized"), (1.3, 12, "1", "MPI initialized"), (2.0, 11, "0", "imported roles"),
+             (2.5, 12, "1", "imported roles"), (2.6, 11, "0", "checked"), (2.6, 12, "1", "checked"),
+             (2.7, 11, "0", "wired"), (2.8, 12, "1", "wired"), (3.0, 12, "1", "first env step"),
+             (5.0, 12, "1", "role ended"), (5.2, 11, "0", "role ended"), (5.3, 11, "0", "all ended"),
+             (5.3, 12, "1", "all ended"), (5.4, 11, "0", "run file finished"), (5.5, 12, "1", "exit"),
+             (5.6, 11, "0", "exit"), (5.8, 10, "-", "mpiexec ended")]
+    path = tmp_path / "marks.txt"
+    path.write_text("".join(f"{t} {pid} {rank} 0.0 {phase}\n" for t, pid, rank, phase in lines))
+    parts = startup.breakdown(phases.read(path), 10, 6.0)
+    assert parts["launcher: Python, reading the job"] == pytest.approx(0.5)
+    assert parts["mpiexec starts the ranks"] == pytest.approx(0.2)  # to the last rank's start
+    assert parts["ranks: imports"] == pytest.approx(1.2)
+    assert parts["ranks: wired -> first env step"] == pytest.approx(0.2)  # the first rank to step
+    assert parts["rank 0: run file finished, summary printed"] == pytest.approx(0.2)
+    assert parts["ranks' MPI_Finalize and exits, mpiexec's end"] == pytest.approx(0.2)
+    assert parts["launcher: its own end"] == pytest.approx(0.2)

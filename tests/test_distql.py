@@ -395,6 +395,7 @@ BAD = [
 ]
 
 
+@pytest.mark.mpi  # launch leaves the environment and the table to the job (rank 0 checks them)
 @pytest.mark.parametrize("extra, message", BAD, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(BAD)])
 def test_bad_input_is_exit_2_naming_the_key(tmp_path, extra, message):
     proc = run_cli("launch", TAXI, "--set", f"run.out_dir={tmp_path}", *extra)

@@ -79,7 +79,7 @@ def test_ranks_that_fit_alone_but_not_together_are_refused_by_launch_and_inside_
     assert run_cli("validate", CARTPOLE, *sets).returncode == 0
     launch = run_cli("launch", CARTPOLE, *sets)
     assert launch.returncode == 2 and len(error_lines(launch)) == 1, launch.stdout + launch.stderr
-    assert "on this node (all ranks)" in error_lines(launch)[0]
+    assert " on node " in error_lines(launch)[0]  # the node's ranks together, checked inside the job
     job = run_mpi(5, tmp_path, "topology.buffers=2", f"replay.capacity={capacity}", timeout=180)
     assert job.proc.returncode == 2, job.output
     lines = error_lines(job.proc)
@@ -110,11 +110,12 @@ def test_the_same_refusal_through_every_launch_path(tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "norun"]  # no run directory anywhere
 
 
+@pytest.mark.mpi  # launch leaves these checks to the job (rank 0, mpirl/roles/launched.py)
 @pytest.mark.parametrize("args, start", [
     (("-n", "2"), "mpirl: error: world size: the job needs 1 learner + 1 buffer(s)"),
-    (("--set", "agent.device=cuda"), "mpirl: error: agent.device: 'cuda' but this node has no usable CUDA"),
+    (("--set", "agent.device=cuda"), "mpirl: error: agent.device: 'cuda' but the learner's node"),
 ])
-def test_launch_refuses_before_mpiexec_starts_so_one_line_is_all(tmp_path, args, start):
+def test_launch_refuses_before_any_rank_starts_work_so_one_line_is_all(tmp_path, args, start):
     if "agent.device=cuda" in args:
         import torch
         if torch.cuda.is_available():
@@ -128,6 +129,7 @@ def test_launch_refuses_before_mpiexec_starts_so_one_line_is_all(tmp_path, args,
 PREDATOR_PREY = str(JOBS / "predator_prey_qmix.toml")
 
 
+@pytest.mark.mpi  # launch: the job checks itself (rank 0)
 @pytest.mark.parametrize("job, n, sets, key", [
     (CARTPOLE, 4, ("agent.hidden=[200000, 200000]",), "agent.hidden"),
     (PREDATOR_PREY, 5, ("qmix.rnn_hidden=65536",), "qmix.rnn_hidden"),
@@ -150,6 +152,7 @@ def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tm
 MINATAR = str(JOBS / "minatar_breakout.toml")
 
 
+@pytest.mark.mpi  # launch: the job checks itself (rank 0)
 @pytest.mark.parametrize("sets, start", [
     (("agent.network=nature",), "mpirl: error: agent.network: 'MinAtar/Breakout-v1' observes (4, 10, 10) bool: "
                                 "the nature network needs images of 36x36 or more"),
@@ -185,6 +188,7 @@ IMPALA = str(JOBS / "impala_cartpole.toml")
 A3C = str(JOBS / "a3c_cartpole.toml")
 
 
+@pytest.mark.mpi  # launch: the job checks itself (a world too large for the node: the launcher, before it starts)
 @pytest.mark.parametrize("job, sets, commands, key, fix", [
     (IMPALA, ("topology.actors=1000000",), ("validate", "launch"), "topology.actors",
      "lower topology.actors (now 1,000,000: a world of 1,000,002 ranks)"),
@@ -219,6 +223,7 @@ def test_a_nodes_check_counts_what_the_jobs_own_ranks_already_hold():
     assert memory.held_bytes() > 10 * 2**20  # this process: Python, numpy, torch's imports
 
 
+@pytest.mark.mpi
 def test_a_rollout_of_more_games_than_steps_is_named_by_its_games(tmp_path):
     """Four workers whose rollouts fit one by one but not together (launch checks them together), each of 4,096
     games and fewer steps: env.envs_per_actor is named, with a3c.unroll beside it."""

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from mpi4py import MPI
+if TYPE_CHECKING:  # imported where communicators are built: importing mpi4py.MPI initializes MPI
+    from mpi4py import MPI
 
 def spread(hosts: list[str], servers: list[int], clients: list[int], node_local: bool = True) -> dict[int, int]:
     """Client world rank -> server world rank, deterministic from the host list alone.
@@ -248,6 +249,7 @@ class Topology:
 def build(world: MPI.Comm, layout: Layout, node_local: bool = True) -> Topology:
     """Split ``world`` into one communicator per link of ``layout`` (collective over ``world``): a hub and the
     members that joined it, the hub rank 0, the members in world-rank order."""
+    from mpi4py import MPI
     if layout.size != world.size:
         raise ValueError(f"the layout has {layout.size} ranks and the world {world.size}")
     hosts = world.allgather(MPI.Get_processor_name())

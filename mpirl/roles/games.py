@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpirl import phases
 from mpirl.config import JobConfig
 from mpirl.envs.vector import AtariVector, GymVector, make_vector
 from mpirl.roles.steps import Outcome, count_failure
@@ -35,7 +36,7 @@ class VectorGames:
         self.n = cfg.env.envs_per_actor
         self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in step_spec(spaces).items()}
         self.envs: GymVector | AtariVector | None = None  # built by start()
-        self.env_errors = self.failing = 0
+        self.env_errors = self.failing = self.steps = 0
 
     def start(self) -> Outcome:
         """Build and reset the games (a rebuilt set gets a seed of its own)."""
@@ -53,6 +54,9 @@ class VectorGames:
         except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
             return self.recover(err)
         self.failing = 0
+        if not self.steps:
+            phases.mark("first env step")
+        self.steps += 1
         o = self.out
         o["taken"][:], o["reward"][:] = taken, step.reward
         o["terminated"][:], o["truncated"][:] = step.terminated, step.truncated

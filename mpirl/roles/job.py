@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import os
+import pickle
 import platform
 import socket
 import subprocess
@@ -23,13 +24,14 @@ import numpy as np
 from mpi4py import MPI
 
 import mpirl
+from mpirl import phases
 from mpirl.contract import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
 from mpirl.roles.checkpoint import Resume, plan_resume
-from mpirl.roles import memory
+from mpirl.roles import launched, memory
 from mpirl.roles.checks import check_job
 from mpirl.roles.context import RoleContext
 from mpirl.roles.preemption import PREEMPTED, Preemption
@@ -140,17 +142,30 @@ def _agree_on_local_checks(world: MPI.Comm, cfg: JobConfig, est: memory.Estimate
 
 
 def _on_rank0(world: MPI.Comm, make):
-    """``make()`` on rank 0; every rank gets its value or raises the same ConfigError."""
+    """``make()`` on rank 0; every rank gets its value or raises the same ConfigError. The others wait for it
+    asleep between tests (rank 0's checks take a second: a blocking broadcast would spin their cores meanwhile)."""
     result = None
     if world.rank == 0:
         try:
             result = make()
         except ConfigError as err:
             result = err
-    result = world.bcast(result)
+    result = _bcast_asleep(world, result)
     if isinstance(result, ConfigError):
         raise result
     return result
+
+
+def _bcast_asleep(world: MPI.Comm, obj):
+    """``world.bcast(obj)`` from rank 0, waited for with back-off: the size, then the pickled bytes."""
+    data = pickle.dumps(obj) if world.rank == 0 else b""
+    size = np.array([len(data)], np.int64)
+    req = world.Ibcast(size, root=0)
+    wait_until(req.Test, first=1e-3, longest=20e-3)
+    buf = np.frombuffer(data, np.uint8).copy() if world.rank == 0 else np.empty(int(size[0]), np.uint8)
+    req = world.Ibcast(buf, root=0)
+    wait_until(req.Test, first=1e-3, longest=20e-3)
+    return obj if world.rank == 0 else pickle.loads(buf.tobytes())
 
 
 def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
@@ -164,18 +179,25 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
 
 
 def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet: bool = False,
-            resume: str = "") -> int:
+            resume: str = "", early: list[int] | None = None) -> int:
     """Run the job on this rank (every rank calls it); ``algo``: the job's algorithm module
-    (``mpirl.algos.<name>.algorithm``); ``resume``: a run directory, ``auto`` or ''."""
+    (``mpirl.algos.<name>.algorithm``); ``resume``: a run directory, ``auto`` or ''; ``early``: stop signals this
+    rank got while it started (the job then stops at once, the clean way)."""
     world = MPI.COMM_WORLD
-    checked = check_job(cfg, algo, world.size, job_path)
+    phases.mark("imported roles")
+    # Rank 0 checks the job (or finds why not); every rank takes its result: checked once, on one rank.
+    checked = _on_rank0(world, lambda: check_job(cfg, algo, world.size, job_path))
+    phases.mark("checked")
     _agree_on_local_checks(world, cfg, checked.memory, algo.layout(cfg, world.size).role_of(world.rank))
+    phases.mark("node checked")
     plan: Resume | None = _on_rank0(world, lambda: plan_resume(cfg, world.size, resume)) if resume else None
     # A resumed run's clock continues from its checkpoint: metric times stay one axis, without the gap.
     t0 = world.bcast(time.time() - (plan.job_time if plan else 0.0))
     run_dir = Path(plan.run_dir) if plan else _shared_run_dir(world, cfg)
     topo = algo.build_topology(world, cfg)
     if world.rank == 0:
+        if launched.command():  # the job passed its checks: the launcher's command, as its first line
+            print(f"mpirl: {launched.command()}", flush=True)
         if plan:
             (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
             mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(),
@@ -191,12 +213,15 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
         print(f"mpirl: run directory {run_dir}", flush=True)
         print(f"mpirl: ranks: {algo.role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
     preempt = Preemption(world)
+    if early and not preempt.signum:
+        preempt.signum = early[0]
     ctx = RoleContext(cfg=cfg, topo=topo, run_dir=run_dir, spaces=checked.spaces, spec=checked.spec,
                       n_params=checked.n_params, t0=t0, preempt=preempt, resume=plan)
     role = algo.ROLES[topo.role]
     # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
     pids = world.gather((socket.gethostname(), os.getpid()))
     heart = Heartbeat(run_dir, pids) if pids is not None else None  # gathered on rank 0
+    phases.mark("wired")
     try:
         stop_reason = role(ctx)
     except BaseException as err:  # the caller aborts the job; the run must not look alive or finished
@@ -204,6 +229,7 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
         if isinstance(err, ConfigError):  # found by one rank mid-run: the others cannot know, so abort
             raise RuntimeError(str(err)) from err
         raise
+    phases.mark("role ended")
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()
     wait_until(barrier.Test, first=1e-3, longest=20e-3)
@@ -211,13 +237,16 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
     preempted = world.bcast((stop_reason or "").startswith(PREEMPTED) if world.rank == 0 else None)
     peak = world.gather(_peak_rss_bytes())
     topo.free()
+    phases.mark("all ended")
     if heart is not None:  # rank 0
         heart.stop()
         status = "preempted" if preempted else "completed"
         finish_run_file(run_dir, status, stop_reason=stop_reason or "",
                         wall_seconds=time.time() - t0, peak_rss_bytes=peak)
+        phases.mark("run file finished")
         if not quiet:
             print(algo.summary(run_dir), flush=True)
+            phases.mark("summary printed")
         if preempted:
             print(f"mpirl: {stop_reason}; checkpoint written. Continue with: "
                   f"mpirl launch {job_path} --resume {run_dir}", flush=True)

@@ -23,7 +23,7 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/gpu_check.sh [--rehearse]" >&2; exit 2 ;;
 esac
-TESTS_S=${GPU_CHECK_TESTS_S:-300}  # seconds for the cuda tests, then the bench's
+TESTS_S=${GPU_CHECK_TESTS_S:-300}  # seconds for the cuda tests, then the bench's (0: no bench)
 BENCH_S=${GPU_CHECK_BENCH_S:-100}
 
 PY=${GPU_CHECK_PYTHON:-python3}  # here: the project's venv; there: the machine's python3
@@ -86,6 +86,10 @@ tests_rc=$?
 echo "gpu_check: cuda tests exit $tests_rc after $(( $(date +%s) - start )) s"
 
 # 3. The learner bench on the GPU: ours against a bare PyTorch step, same network, batch and device.
+if [ "$BENCH_S" = 0 ]; then
+  echo "gpu_check: no learner bench (GPU_CHECK_BENCH_S=0)"
+  exit "$tests_rc"
+fi
 start=$(date +%s)
 timeout -k 10 "$BENCH_S" "$PY" -m mpirl bench learner --device "$DEVICE" --reps 5 --out "$OUT/bench_learner.h5"
 bench_rc=$?

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping
 if TYPE_CHECKING:  # imported where communicators are built: importing mpi4py.MPI initializes MPI
     from mpi4py import MPI
 
+
 def spread(hosts: list[str], servers: list[int], clients: list[int], node_local: bool = True) -> dict[int, int]:
     """Client world rank -> server world rank, deterministic from the host list alone.
 

@@ -217,10 +217,27 @@ def test_a_refusal_names_the_setting_whose_change_shrinks_the_need_most(tmp_path
     assert not any(tmp_path.iterdir())
 
 
-def test_a_nodes_check_counts_what_the_jobs_own_ranks_already_hold():
+def test_a_nodes_check_counts_what_the_jobs_own_ranks_already_hold(monkeypatch):
     """Inside the job each node is checked after its ranks started: the memory they hold by then (their imports)
-    is theirs, so a job that launch let through is not refused by its own ranks' footprint."""
+    is theirs, so a job is not refused by its own ranks' footprint, and is refused when it does not fit even so."""
+    from mpirl.roles import job
+
+    class OneRank:  # a world of one rank: what the check asks of its communicator
+        rank = 0
+
+        def allgather(self, x):
+            return [x]
+
     assert memory.held_bytes() > 10 * 2**20  # this process: Python, numpy, torch's imports
+    cfg, _ = config.load(JOBS / "cartpole.toml")
+    est = memory.Estimate({"learner": 2 * 2**30}, {"learner": 1})
+    need = memory.LIBRARIES + 2 * 2**30
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - 2**30)  # 1 GiB short on what the node has free
+    monkeypatch.setattr(memory, "held_bytes", lambda: 2**30 + 2**20)  # ... which the rank holds already
+    job._agree_on_local_checks(OneRank(), cfg, est, "learner")
+    monkeypatch.setattr(memory, "held_bytes", lambda: 2**29)
+    with pytest.raises(config.ConfigError, match="the job needs about"):
+        job._agree_on_local_checks(OneRank(), cfg, est, "learner")
 
 
 @pytest.mark.mpi

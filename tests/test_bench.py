@@ -289,7 +289,7 @@ def test_a_launch_is_broken_into_phases_from_its_marks(tmp_path):
              (0.7, 12, "1", "process"), (1.0, 11, "0", "imported"), (1.1, 12, "1", "imported"),
              (1.2, 11, "0", "MPI initialized"), (1.3, 12, "1", "MPI initialized"), (2.0, 11, "0", "imported roles"),
              (2.5, 12, "1", "imported roles"), (2.6, 11, "0", "checked"), (2.6, 12, "1", "checked"),
-             (2.7, 11, "0", "wired"), (2.8, 12, "1", "wired"), (3.0, 12, "1", "first env step"),
+             (2.7, 11, "0", "wired"), (2.8, 12, "1", "wired"), (3.0, 12, "1", "games started"),
              (5.0, 12, "1", "role ended"), (5.2, 11, "0", "role ended"), (5.3, 11, "0", "all ended"),
              (5.3, 12, "1", "all ended"), (5.4, 11, "0", "run file finished"), (5.5, 12, "1", "exit"),
              (5.6, 11, "0", "exit"), (5.8, 10, "-", "mpiexec ended")]
@@ -299,7 +299,7 @@ def test_a_launch_is_broken_into_phases_from_its_marks(tmp_path):
     assert parts["launcher: Python, reading the job"] == pytest.approx(0.5)
     assert parts["mpiexec starts the ranks"] == pytest.approx(0.2)  # to the last rank's start
     assert parts["ranks: imports"] == pytest.approx(1.2)
-    assert parts["ranks: wired -> first env step"] == pytest.approx(0.2)  # the first rank to step
+    assert parts["ranks: wired -> the first rank's games reset"] == pytest.approx(0.2)  # the first rank to reset
     assert parts["rank 0: run file finished, summary printed"] == pytest.approx(0.2)
     assert parts["ranks' MPI_Finalize and exits, mpiexec's end"] == pytest.approx(0.2)
     assert parts["launcher: its own end"] == pytest.approx(0.2)

@@ -6,7 +6,6 @@ cleanly with a checkpoint, and its resumed run completes with metrics that
 continue without a duplicated or missing train step.
 """
 
-import os
 import signal
 
 import h5py
@@ -17,7 +16,7 @@ import torch
 from mpirl.config import load
 from mpirl.roles import checkpoint
 
-from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, wait_for_train_steps
+from conftest import JOBS, finish, run_cli, run_mpi, start_mpi, wait_for_train_steps
 
 CARTPOLE = JOBS / "cartpole.toml"
 
@@ -122,16 +121,14 @@ def _budget(sets, steps: int) -> tuple:
     return (*[s for s in sets if not s.startswith("run.train_steps=")], f"run.train_steps={steps}")
 
 
-def _preempt(tmp_path, signum, rank=None, sets=LONG):
-    """Start the long job, signal it once it has trained a while; returns its exit code and output. Its budget is
-    one it never reaches, however fast this machine trains: the signal ends it (a resume may change the budget)."""
+def _preempt(tmp_path, signum, sets=LONG):
+    """Start the long job, signal its mpiexec once it has trained a while (Open MPI forwards SIGUSR1 to every
+    rank; one rank alone: tests/test_signals.py); returns its exit code and output. Its budget is one it never
+    reaches, however fast this machine trains: the signal ends it (a resume may change the budget)."""
     out = tmp_path / "runs"
     with start_mpi(4, out, *_budget(sets, 100_000)) as job:
         wait_for_train_steps(job, out, 700)
-        if rank is None:
-            job.proc.send_signal(signum)  # mpiexec forwards SIGUSR1 to every rank
-        else:
-            os.kill(ranks_of(job.pid)[rank], signum)
+        job.proc.send_signal(signum)
         code, text = finish(job, 180)
     return code, text, out
 

@@ -51,7 +51,7 @@ STEPS = [
     ("ranks: rank 0's checks, handed on", ("last", "imported roles"), ("last", "checked")),
     ("ranks: node checks, run directory, communicators", ("last", "checked"), ("last", "wired")),
     ("-- the job (its wall includes what follows up to the run file) --", None, None),
-    ("ranks: wired -> first env step", ("last", "wired"), ("first", "first env step")),
+    ("ranks: wired -> the first rank's games reset", ("last", "wired"), ("first", "games started")),
     ("stop: the last rank's role ends", ("first", "role ended"), ("last", "role ended")),
     ("stop: barrier, notices, communicators freed", ("last", "role ended"), ("last", "all ended")),
     ("rank 0: run file finished, summary printed", ("rank 0", "run file finished"), ("rank 0", "exit")),

@@ -36,12 +36,13 @@ class VectorGames:
         self.n = cfg.env.envs_per_actor
         self.out = {name: np.zeros((self.n, *shape), dtype) for name, (shape, dtype) in step_spec(spaces).items()}
         self.envs: GymVector | AtariVector | None = None  # built by start()
-        self.env_errors = self.failing = self.steps = 0
+        self.env_errors = self.failing = 0
 
     def start(self) -> Outcome:
         """Build and reset the games (a rebuilt set gets a seed of its own)."""
         self.envs = envs = make_vector(self.cfg.env, seed=self.seed + 7919 * self.env_errors)
         self.out["obs"][:] = envs.reset()
+        phases.mark("games started")  # off the step loop: the bench's "first step" is the first reset
         return Outcome(self.out, fresh=True)
 
     def step(self, actions: np.ndarray) -> Outcome:
@@ -54,9 +55,6 @@ class VectorGames:
         except Exception as err:  # noqa: BLE001 - whatever a game raises, the actor rebuilds it and goes on
             return self.recover(err)
         self.failing = 0
-        if not self.steps:
-            phases.mark("first env step")
-        self.steps += 1
         o = self.out
         o["taken"][:], o["reward"][:] = taken, step.reward
         o["terminated"][:], o["truncated"][:] = step.terminated, step.truncated

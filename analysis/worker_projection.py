@@ -56,7 +56,7 @@ def main() -> None:
     import torch
 
     from mpirl.algos.qmix.playing import Deciding, Games, step_spec
-    from mpirl.roles.steps import Outcome
+    from mpirl.envs.outcomes import Outcome
     torch.set_num_threads(1)
     cfg, _ = config.load(JOB, [f"env.envs_per_actor={args.games}", "qmix.epsilon_start=0.05"])
     ch = algorithm("qmix").check(cfg, 5, str(JOB))

@@ -21,7 +21,7 @@ from mpirl import config, phases
 from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
 
 if TYPE_CHECKING:
-    from mpirl.contract import Info
+    from mpirl.job.contract import Info
 
 EXIT_BAD_INPUT = 2
 
@@ -74,7 +74,7 @@ def _ranks(args, cfg: config.JobConfig) -> int:
 
 
 def cmd_run(args) -> int:
-    # A stop signal from now on is noted for the job (roles/preemption.py takes it over once the job runs): one
+    # A stop signal from now on is noted for the job (job/preemption.py takes it over once the job runs): one
     # that came while the rank still imported would otherwise end it unhandled, mid-start.
     early: list[int] = []
     for s in (signal.SIGTERM, signal.SIGUSR1):
@@ -83,7 +83,7 @@ def cmd_run(args) -> int:
     from mpi4py import MPI  # initializes MPI: only the run command needs it
     phases.mark("MPI initialized")
 
-    from mpirl.roles.job import run_job
+    from mpirl.job.wiring import run_job
     world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
         imports_done()
         return run_job(cfg, algo, text, args.job, quiet=args.quiet, resume=args.resume or "", early=early)
     except config.ConfigError as err:
-        from mpirl.roles import launched
+        from mpirl.job import launched
         if world.rank == 0 and not launched.refuse(str(err)):
             return _fail(str(err))
         return 0 if launched.under_launcher() else EXIT_BAD_INPUT  # launched: the launcher says it, exits 2
@@ -106,11 +106,11 @@ def cmd_run(args) -> int:
 
 def cmd_launch(args) -> int:
     """The job file and the command line are checked here; the rest of the checks are the job's own (rank 0's,
-    handed on to every rank: :mod:`mpirl.roles.launched`), whose refusal the launcher prints as its own. A world
+    handed on to every rank: :mod:`mpirl.job.launched`), whose refusal the launcher prints as its own. A world
     whose bare processes alone would not fit this node is checked whole before any rank starts."""
     import tempfile
 
-    from mpirl.roles import launched, memory
+    from mpirl.job import launched, memory
     try:
         cfg, _ = _load(args)
         n = _ranks(args, cfg)
@@ -119,10 +119,10 @@ def cmd_launch(args) -> int:
                                      f"got {args.grace}")
         avail = memory.available_bytes()
         if avail is not None and n * memory.PROCESS + memory.LIBRARIES > avail:  # starting them could harm the node
-            from mpirl.roles.checks import check_local_job
+            from mpirl.job.checks import check_local_job
             check_local_job(cfg, _algorithm(cfg), n, args.job)
         if args.resume:  # a run that cannot be resumed is refused here, before any rank starts
-            from mpirl.roles.checkpoint import plan_resume
+            from mpirl.job.checkpoint import plan_resume
             plan_resume(cfg, n, args.resume)
         cmd, env = launch_command(find_mpiexec(args.mpiexec), n, args.job, args.set or [], args.mpiexec_args,
                                   args.resume or "")
@@ -143,19 +143,19 @@ def cmd_launch(args) -> int:
 def cmd_validate(args) -> int:
     try:
         cfg, _ = _load(args)
-        from mpirl.roles.checks import check_job
+        from mpirl.job.checks import check_job
         n = _ranks(args, cfg)
         algo = _algorithm(cfg)
         checked = check_job(cfg, algo, n, args.job)
         est = checked.memory
         plan = None
         if args.resume:
-            from mpirl.roles.checkpoint import plan_resume
+            from mpirl.job.checkpoint import plan_resume
             plan = plan_resume(cfg, n, args.resume)
     except config.ConfigError as err:
         return _fail(str(err))
     print(f"ok: {args.job} on {n} ranks: {algo.describe(cfg, n, checked)}")
-    from mpirl.roles import memory
+    from mpirl.job import memory
     avail = memory.available_bytes()
     print(f"ok: memory about {est.total() / 2**30:.1f} GiB for all ranks on one node ({est.text()}, "
           f"{memory.LIBRARIES / 2**20:.0f} MiB of shared libraries); "

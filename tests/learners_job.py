@@ -5,7 +5,7 @@ steps and weights before the losses, and two optimizers' gradients).
 
 Every rank makes the same stream of prioritized batches (fixed seed: observations, actions, rewards, discounts,
 sampling probabilities); learner k trains rows [lo_k, hi_k) of each (:func:`mpirl.replay.quotas.learner_quotas`'s
-cut) with :class:`mpirl.roles.learner_peers.LearnerPeers` on ``COMM_WORLD``, its importance weights normalised by
+cut) with :class:`mpirl.actor_learner.learner_peers.LearnerPeers` on ``COMM_WORLD``, its importance weights normalised by
 the smallest probability over the learners (the control exchange's gather), as Ape-X's learner does. Rank 0 also
 trains a reference learner alone on each whole batch. Out: every rank's final parameters' CRC and its |TD| of its
 rows at the last step; rank 0 adds the largest difference between its parameters and the reference's, and between
@@ -27,7 +27,7 @@ from mpi4py import MPI
 from mpirl.agents.dqn import DQNLearner
 from mpirl.replay.quotas import learner_quotas
 from mpirl.replay.shard import importance_weights
-from mpirl.roles.learner_peers import LearnerPeers, smallest
+from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 
 OBS, ACTIONS = 4, 2
 AGENT = SimpleNamespace(hidden=[32, 32], network="mlp", lr=1e-3, adam_eps=1.5e-4, grad_clip=10.0, target_update=5,

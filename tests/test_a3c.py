@@ -15,7 +15,7 @@ import pytest
 from mpirl import config
 from mpirl.algos.a3c import messages as msg
 from mpirl.algos.a3c.rules import Rounds, accept, preempted, quorum_of
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, wait_for
 

@@ -1,6 +1,6 @@
 """Ape-X's acting, one implementation in two places (SEED RL's layout): an inference worker's decisions for several
 actors, in forward passes over changing groups of them, record exactly the n-step transitions, priorities and
-episodes each actor records on its own with the same games and decisions (:class:`mpirl.roles.actor.Acting`)."""
+episodes each actor records on its own with the same games and decisions (:class:`mpirl.actor_learner.actor.Acting`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mpirl import config
 from mpirl.agents.dqn import env_epsilons
 from mpirl.algos import algorithm
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
-from mpirl.roles.actor import Acting
+from mpirl.actor_learner.actor import Acting
 
 from conftest import JOBS, run_cli, run_mpi
 

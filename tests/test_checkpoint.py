@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mpirl.config import load
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import JOBS, finish, run_cli, run_mpi, start_mpi, wait_for_train_steps
 

@@ -84,7 +84,7 @@ def test_world_size_message_gives_the_command_that_works():
 @pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.toml")))
 def test_every_shipped_job_validates(job):
     from mpirl import algos
-    from mpirl.roles.checks import check_job
+    from mpirl.job.checks import check_job
     cfg, _ = config.load(JOBS / job)
     n = cfg.world_size
     if cfg.env.id.startswith("ALE/"):
@@ -140,7 +140,7 @@ def test_a_key_that_moved_to_its_algorithms_section_is_refused_saying_where(tmp_
 
 
 def test_a_checkpoint_that_names_a_moved_key_by_its_old_name_still_resumes():
-    from mpirl.roles.checkpoint import identity, mismatch
+    from mpirl.job.checkpoint import identity, mismatch
     cfg, _ = config.load(JOBS / "cartpole.toml")
     now = identity(cfg, 4)
     old_name = {new: old for old, new in config.MOVED.items()}

@@ -10,7 +10,7 @@ import torch
 
 from mpirl.agents.dqn import DQNLearner
 from mpirl.config import AgentConfig
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import finish, ranks_of, run_mpi, start_mpi, train_steps, wait_for
 

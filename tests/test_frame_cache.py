@@ -13,7 +13,7 @@ from mpirl.comm.messages import sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, settle_slots
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard
-from mpirl.roles.shard_links import batch_fields
+from mpirl.actor_learner.shard_links import batch_fields
 
 FRAME = (6, 6)
 SPEC = {"obs": ((4, *FRAME), np.uint8), "next_obs": ((4, *FRAME), np.uint8), "action": ((), np.int64),

@@ -20,8 +20,8 @@ from mpirl.replay.frame_stream import FrameStream, FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard
-from mpirl.roles.actor import Acting
-from mpirl.roles.experience import ExperiencePacker, store_experience
+from mpirl.actor_learner.actor import Acting
+from mpirl.actor_learner.experience import ExperiencePacker, store_experience
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 SPEC = transition_spec((4, 84, 84), np.uint8)
@@ -296,7 +296,7 @@ def test_an_inference_worker_streams_the_frames_of_the_actors_it_serves():
 
 def test_shares_of_several_buffers_join_into_one_batch_of_the_right_stacks():
     """R buffers, each a reply with its own frames: joined, every index points past the shares before it."""
-    from mpirl.roles.shard_links import joined
+    from mpirl.actor_learner.shard_links import joined
     rng = np.random.default_rng(2)
     views, want = [], []
     for rows, nframes in ((3, 5), (4, 2), (2, 6)):

@@ -17,7 +17,7 @@ from mpirl import config
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import create_run_file
 from mpirl.metrics.summary import summarize
-from mpirl.roles.checkpoint import plan_resume
+from mpirl.job.checkpoint import plan_resume
 
 from conftest import JOBS, ROOT
 

@@ -16,10 +16,10 @@ from mpirl.agents.actor_critic import trajectory_spec
 from mpirl.algos.impala.flow import Windows, queue_budget, queue_slots, window
 from mpirl.algos.impala.serving import version_of, with_version
 from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
-from mpirl.roles.steps import Outcome
+from mpirl.envs.outcomes import Outcome
 
 from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, train_steps, wait_for
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 JOB = JOBS / "impala_cartpole.toml"
 

@@ -1,4 +1,4 @@
-"""A launched job's refusal goes to its launcher (mpirl/roles/launched.py), and the phase marks (mpirl/phases.py)."""
+"""A launched job's refusal goes to its launcher (mpirl/job/launched.py), and the phase marks (mpirl/phases.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mpirl.roles import launched
+from mpirl.job import launched
 
 from conftest import ROOT, mpi_command, mpi_env, run_cli
 

@@ -22,7 +22,7 @@ import pytest
 
 from mpirl.bench.run_mpi import RunningJob
 from mpirl.launcher import SESSION_BASE, launch_env
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import JOBS, ROOT, finish, mpi_env, mpiexec, processes_mentioning, ranks_of, wait_for_train_steps
 

@@ -15,7 +15,7 @@ import pytest
 from mpirl import config
 from mpirl.comm.topology import Layout, Link, plan
 from mpirl.replay.quotas import even_quotas, learner_quotas
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import (JOBS, ROOT, finish, ranks_of, run_cli, run_mpi, run_mpi_script, start_mpi,
                       wait_for_train_steps)

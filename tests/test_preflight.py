@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mpirl import config
-from mpirl.roles import memory
+from mpirl.job import memory
 from mpirl.algos.apex import memory as apex_memory
 
 from conftest import JOBS, run_cli, run_mpi
@@ -110,7 +110,7 @@ def test_the_same_refusal_through_every_launch_path(tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "norun"]  # no run directory anywhere
 
 
-@pytest.mark.mpi  # launch leaves these checks to the job (rank 0, mpirl/roles/launched.py)
+@pytest.mark.mpi  # launch leaves these checks to the job (rank 0, mpirl/job/launched.py)
 @pytest.mark.parametrize("args, start", [
     (("-n", "2"), "mpirl: error: world size: the job needs 1 learner + 1 buffer(s)"),
     (("--set", "agent.device=cuda"), "mpirl: error: agent.device: 'cuda' but the learner's node"),
@@ -220,7 +220,7 @@ def test_a_refusal_names_the_setting_whose_change_shrinks_the_need_most(tmp_path
 def test_a_nodes_check_counts_what_the_jobs_own_ranks_already_hold(monkeypatch):
     """Inside the job each node is checked after its ranks started: the memory they hold by then (their imports)
     is theirs, so a job is not refused by its own ranks' footprint, and is refused when it does not fit even so."""
-    from mpirl.roles import job
+    from mpirl.job import wiring as job
 
     class OneRank:  # a world of one rank: what the check asks of its communicator
         rank = 0

@@ -132,7 +132,7 @@ def test_a_preempted_qmix_job_resumes_with_its_replay(tmp_path):
     import signal
 
     from conftest import finish, start_mpi, wait_for_train_steps
-    from mpirl.roles import checkpoint
+    from mpirl.job import checkpoint
 
     out = tmp_path / "runs"
     # A budget the first run never reaches: it ends by the signal, however fast this machine trains.
@@ -260,7 +260,7 @@ def test_a_killed_worker_ends_the_job_and_resume_continues(tmp_path):
 
     from conftest import finish, ranks_of, start_mpi, wait_for_train_steps
 
-    from mpirl.roles import checkpoint
+    from mpirl.job import checkpoint
 
     out = tmp_path / "runs"
     sets = (*SHORT[1:], "checkpoint.every_steps=20", "log.flush_seconds=0.2", "topology.workers=1")

@@ -28,12 +28,12 @@ def drain(deciding, into: list) -> None:
 
 def test_a_worker_records_what_each_actor_records_alone():
     from mpirl.algos.qmix.playing import Deciding, Games
-    from mpirl.roles.actor import Acting
+    from mpirl.actor_learner.actor import Acting
     cfg, ch = job()
     seeds = [11, 22, 33]
     params = np.random.default_rng(0).standard_normal(ch.n_params).astype(np.float32) * 0.3
 
-    # Each actor alone: its games and the decisions for it, as the actor loop (mpirl.roles.actor) holds them.
+    # Each actor alone: its games and the decisions for it, as the actor loop (mpirl.actor_learner.actor) holds them.
     alone = [Acting(Games(cfg, ch.spaces, s, label=f"actor {a}"), Deciding(cfg, ch.spaces, ch.spec, [s]))
              for a, s in enumerate(seeds)]
     for p in alone:

@@ -34,7 +34,9 @@ def test_every_algorithm_offers_the_interface(name):
 
 
 def test_the_shared_wiring_never_names_an_algorithm():
-    for path in sorted((PKG / "roles").glob("*.py")):
+    paths = sorted([*(PKG / "job").glob("*.py"), *(PKG / "actor_learner").glob("*.py")])
+    assert len(paths) > 20
+    for path in paths:
         text = path.read_text()
         for name in config.ALGORITHMS:
             assert not re.search(rf"\b{name}\b", text), f"{path.name} names the algorithm {name!r}"
@@ -43,8 +45,8 @@ def test_the_shared_wiring_never_names_an_algorithm():
 
 
 def test_the_shared_wiring_imports_no_algorithm_and_no_torch():
-    code = ("import sys; import mpirl.config, mpirl.algos, mpirl.roles.job, mpirl.roles.checks, "
-            "mpirl.roles.checkpoint, mpirl.metrics.summary, mpirl.cli; "
+    code = ("import sys; import mpirl.config, mpirl.algos, mpirl.job.wiring, mpirl.job.checks, "
+            "mpirl.job.checkpoint, mpirl.metrics.summary, mpirl.cli; "
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'pettingzoo', 'mpirl.algos.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

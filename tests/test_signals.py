@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 from conftest import JOBS, finish, ranks_of, run_mpi, start_mpi, wait_for
 from mpirl.bench.run_mpi import train_steps

@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 import slurm_cluster
 from conftest import ROOT

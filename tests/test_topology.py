@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from mpirl.comm.topology import Layout, Link, Topology, plan
-from mpirl.roles.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, layout
+from mpirl.actor_learner.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, layout
 
 
 def star(hosts, buffers, workers=0, on_learner=False, node_local=True, learners=1) -> Topology:
@@ -69,7 +69,7 @@ def test_a_layout_that_is_not_one_role_per_rank_is_refused(ranks, links, message
 
 
 def test_two_learners_come_first_and_the_rest_shifts_by_one():
-    from mpirl.roles.replay_layout import rank_files, role_map
+    from mpirl.actor_learner.replay_layout import rank_files, role_map
     hosts = ["a"] * 7  # learners 0-1, buffers 2-3, actors 4..6
     topo = star(hosts, 2, learners=2)
     assert topo.layout.ranks[LEARNER] == (0, 1) and topo.buffers == [2, 3]

@@ -140,7 +140,7 @@ def _not_finite(t: torch.Tensor) -> int:
 
 
 class GradientPeers(Protocol):
-    """The learners a train step shares its batch with (:class:`mpirl.roles.learner_peers.LearnerPeers`)."""
+    """The learners a train step shares its batch with (:class:`mpirl.actor_learner.learner_peers.LearnerPeers`)."""
 
     total: int  # rows of the whole batch
 

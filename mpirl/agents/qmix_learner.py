@@ -145,7 +145,7 @@ class QMixLearner:
         ``central_loss``, ``w_mean_raw``, ``f_mean``, ``grad_norm`` (QMIX's, before clipping),
         ``skipped`` and ``episode_weights`` (float64 ``[B]``): each episode's mean raw MAC-PO weight over
         its steps, or with ``loss_weights="none"`` its mean |TD| (so a weighted sampler still has a score).
-        With ``peers`` (:class:`mpirl.roles.learner_peers.LearnerPeers`) the batch is this learner's part of the
+        With ``peers`` (:class:`mpirl.actor_learner.learner_peers.LearnerPeers`) the batch is this learner's part of the
         learners' batch: the step every learner takes is the one a single learner takes on the whole batch.
         A batch whose loss or gradient is not finite is skipped: no step, ``skipped_batches`` + 1,
         ``skipped=True``, ``reason`` says what was not finite (``self.fault`` too) and

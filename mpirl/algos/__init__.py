@@ -9,20 +9,20 @@ A folder holds:
   is refused, naming the key (every algorithm reads ``log`` and run's name, seed and out_dir);
   ``check(cfg)``, its cross-field checks (no MPI, no torch); ``world_size(cfg)``, the ranks a job needs by
   default.
-* ``algorithm.py`` — :class:`~mpirl.contract.Algorithm`: ``check(cfg, world_size, job_path) -> Checked``
+* ``algorithm.py`` — :class:`~mpirl.job.contract.Algorithm`: ``check(cfg, world_size, job_path) -> Checked``
   (world size, environment, network, memory; no MPI), ``layout(cfg, world_size)`` (roles, ranks and links as
   data), ``build_topology(world, cfg)``, ``ROLES`` (role name -> loop taking a
-  :class:`~mpirl.roles.context.RoleContext` and returning the stop reason), ``rank_files(topo)`` (the
+  :class:`~mpirl.job.context.RoleContext` and returning the stop reason), ``rank_files(topo)`` (the
   per-rank HDF5 files ``run.h5`` links), ``role_map(topo)``, ``describe(cfg, world_size, checked)``
   (``validate``'s line), ``summary(run_dir)``.
-* ``info.py`` — :class:`~mpirl.contract.Info`: ``summarize(run_dir)``, ``format_summary(summary)`` for
+* ``info.py`` — :class:`~mpirl.job.contract.Info`: ``summarize(run_dir)``, ``format_summary(summary)`` for
   ``mpirl info`` and ``frame(summary)`` for ``mpirl watch`` (no torch).
 * its role loops and message layouts.
 
-The contract is typed (:mod:`mpirl.contract`) and checked by mypy in the test suite through ``REGISTRY``
+The contract is typed (:mod:`mpirl.job.contract`) and checked by mypy in the test suite through ``REGISTRY``
 below: adding an algorithm is adding its folder and its line there.
 
-:mod:`mpirl.roles.job` wires any of them and never names one. Imports are lazy: a folder's
+:mod:`mpirl.job.wiring` wires any of them and never names one. Imports are lazy: a folder's
 ``__init__`` imports nothing, so a tabular job never imports torch.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, cast
 
-from mpirl.contract import Algorithm, Info
+from mpirl.job.contract import Algorithm, Info
 from mpirl.config import ALGORITHMS
 
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the contract, held by mypy (tests/test_types.py): each fold
     from mpirl.algos.distql import algorithm as distql, info as distql_info, settings as distql_settings
     from mpirl.algos.impala import algorithm as impala, info as impala_info, settings as impala_settings
     from mpirl.algos.qmix import algorithm as qmix, info as qmix_info, settings as qmix_settings
-    from mpirl.contract import Settings
+    from mpirl.job.contract import Settings
 
     # A module that lacks a member of the contract, or has one with another type, fails here.
     class _Folder:

@@ -2,7 +2,7 @@
 
     mpirl bench actor [--reps 5]
 
-The loop is the actor's own (:class:`mpirl.roles.actor.Acting` over Ape-X's games and decisions): epsilon-greedy
+The loop is the actor's own (:class:`mpirl.actor_learner.actor.Acting` over Ape-X's games and decisions): epsilon-greedy
 actions from the local network, n-step transitions, initial priorities from the
 local network for every batch, one torch thread. An actor rank (``mpiexec -n 2``,
 rank 1) runs it in alternating halves of each repetition: without MPI (batches
@@ -24,7 +24,7 @@ from mpirl.config import JobConfig
 from mpirl.envs.vector import vector_spaces
 from mpirl.algos.apex.algorithm import Spaces
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
-from mpirl.roles.actor import Acting
+from mpirl.actor_learner.actor import Acting
 
 ENVS = [("CartPole-v1", 1), ("ALE/Breakout-v5", 4)]
 

@@ -35,7 +35,7 @@ from mpirl.bench.replay import INSERT, Ours, Stream
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.comm.messages import dump_layout, sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, cache_slots, settle_slots
-from mpirl.roles.shard_links import batch_fields, joined
+from mpirl.actor_learner.shard_links import batch_fields, joined
 
 SHAPES = (("Breakout small", 32_768, 64, 4.0, 128), ("paper shape", 65_536, 512, 4.0, 128))
 CACHE, PLAIN, BASELINE = "proposed + frame cache", "proposed", "baseline"

@@ -3,7 +3,7 @@
     mpirl bench learner [--reps 5] [--device all|cpu|cuda]
 
 *Ours* is the Ape-X learner's code from a batch as the buffers send it to the
-update: the reply's views joined into a batch (:func:`mpirl.roles.shard_links.joined`),
+update: the reply's views joined into a batch (:func:`mpirl.actor_learner.shard_links.joined`),
 importance weights, :func:`mpirl.agents.dqn.to_tensors` (with frames once: the
 stacks rebuilt by one gather on the device), the double-DQN step of
 :class:`mpirl.agents.dqn.DQNLearner`, and the bookkeeping of
@@ -32,8 +32,8 @@ from mpirl.bench.report import MIN_REPS, Row
 from mpirl.config import JobConfig
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import importance_weights
-from mpirl.roles.batch_sources import Batch
-from mpirl.roles.shard_links import Counters, joined
+from mpirl.actor_learner.batch_sources import Batch
+from mpirl.actor_learner.shard_links import Counters, joined
 
 SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]
 BATCH = 64

@@ -5,7 +5,7 @@
 
 Each rank builds the Ape-X learner of the Nature CNN (4x84x84 uint8 frames, 4 actions) and trains its part of a
 batch of ``batch`` random transitions (:func:`mpirl.replay.quotas.learner_quotas`) with
-:class:`mpirl.roles.learner_peers.LearnerPeers` on ``COMM_WORLD``: the control gather, the loss over its rows, the
+:class:`mpirl.actor_learner.learner_peers.LearnerPeers` on ``COMM_WORLD``: the control gather, the loss over its rows, the
 gradient sum, the clipped Adam step, every rank on identical inputs. With K = 1 the same step with no peers (the
 one-learner path). Train steps/s of the slowest rank, per repetition, from a barrier; one thread per rank.
 """
@@ -23,7 +23,7 @@ from mpirl.agents.dqn import DQNLearner
 from mpirl.bench.mpi_entry import main as entry
 from mpirl.replay.quotas import learner_quotas
 from mpirl.replay.shard import importance_weights
-from mpirl.roles.learner_peers import LearnerPeers, smallest
+from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 
 AGENT = SimpleNamespace(hidden=[512], network="nature", lr=1e-4, adam_eps=1.5e-4, grad_clip=40.0, target_update=2500,
                         precision="fp32", gamma=0.99)

@@ -128,7 +128,7 @@ def actor(comm, env_id: str, envs: int, seconds: float, reps: int) -> dict:
     priorities are computed.
     """
     from mpirl.bench.actor import acting_for, receive_until_final
-    from mpirl.roles.experience import ExperienceSender
+    from mpirl.actor_learner.experience import ExperienceSender
     if comm.rank == 0:
         return {"received": receive_until_final(comm, env_id, envs)}
     acting, cfg, spec = acting_for(env_id, envs)

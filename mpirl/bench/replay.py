@@ -44,7 +44,7 @@ from mpirl.comm.messages import experience_layout, sample_layout
 from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import PrioritizedShard, importance_weights
-from mpirl.roles.experience import store_experience
+from mpirl.actor_learner.experience import store_experience
 
 INSERT, BATCH, N_STEP, GAMES = 64, 512, 3, 4
 ATARI, CARTPOLE = ((4, 84, 84), np.uint8), ((4,), np.float32)

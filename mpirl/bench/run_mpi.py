@@ -15,7 +15,7 @@ from typing import Callable
 
 from mpirl.launcher import find_mpiexec, kill_job, launch_command, launch_env, own_session_dir
 
-EXIT_STOPPED = 75  # a job stopped by SIGUSR1: checkpointed, every rank ended cleanly (mpirl.roles.job)
+EXIT_STOPPED = 75  # a job stopped by SIGUSR1: checkpointed, every rank ended cleanly (mpirl.job.wiring)
 
 
 def mpiexec_json(what: str, opts: dict, timeout: float, n: int = 2, module: str = "mpirl.bench.ranks") -> dict:

@@ -10,7 +10,7 @@ collect from the same number of games G (= actors x ``env.envs_per_actor``), one
 repetition:
 
 * **single process**: one Python process plays the G games with one network, no MPI: an actor's
-  games and decisions (:class:`~mpirl.roles.actor.Acting`; DMCAF's single-process sampler), with Ape-X's
+  games and decisions (:class:`~mpirl.actor_learner.actor.Acting`; DMCAF's single-process sampler), with Ape-X's
   initial priorities;
 * **actors infer**: an MPI job, learner + buffer + A actors, each actor with its own network
   (``topology.workers = 0``, the layout before inference workers);
@@ -92,7 +92,7 @@ def single_process(case: Case, games: int, seconds: float, seed: int = 1, extra:
     import torch
     torch.set_num_threads(1)
     cfg, checked = _checked(case.algorithm, case.job, games, extra)
-    from mpirl.roles.actor import Acting
+    from mpirl.actor_learner.actor import Acting
     if case.algorithm == "qmix":
         from mpirl.algos.qmix.playing import Deciding, Games
         acting = Acting(Games(cfg, checked.spaces, seed, "bench"), Deciding(cfg, checked.spaces, checked.spec, [seed]))

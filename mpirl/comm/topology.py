@@ -1,13 +1,13 @@
 """Who is who in the job, and the communicators between them, made from the algorithm's declared layout.
 
-An algorithm declares its :class:`Layout` as data (its ``layout(cfg, world_size)``, :mod:`mpirl.contract`): each role's world ranks and the
+An algorithm declares its :class:`Layout` as data (its ``layout(cfg, world_size)``, :mod:`mpirl.job.contract`): each role's world ranks and the
 links between roles (``Link("experience", "actor", "buffer")``). Each link is a set of star groups: the ranks
 of its hub side are the hubs, every rank of the other side joins one hub (spread evenly, node-local first,
 deterministic from the host list) and ``COMM_WORLD`` is split once per link, the hub rank 0 of its group.
 Two links between the same two roles group the same ranks the same way (an experience link and the parameter
 broadcast back along it), each on its own communicator.
 
-The learner-buffer-actor layout of the replay algorithms (:mod:`mpirl.roles.replay_layout`) reads its groups
+The learner-buffer-actor layout of the replay algorithms (:mod:`mpirl.actor_learner.replay_layout`) reads its groups
 under the names it has always had:
 
 * ``group``/``group_params``: a buffer and its senders (buffer is rank 0 there); experiences travel on
@@ -156,7 +156,7 @@ class Topology:
         link = self.layout.link(kind)
         return self.groups.get(link, {}) if link else {}
 
-    # The learner-buffer-actor layout's names (mpirl.roles.replay_layout; shared by the replay algorithms).
+    # The learner-buffer-actor layout's names (mpirl.actor_learner.replay_layout; shared by the replay algorithms).
 
     @cached_property
     def buffer_of(self) -> dict[int, int]:

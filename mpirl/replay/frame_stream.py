@@ -15,7 +15,7 @@ sender's frames from its ``oldest`` on. A window holds one reference to each of 
 Frames leave the window when ``oldest`` passes them, and the pool frees them when no slot refers to
 them any more. Nothing compares frame bytes or fingerprints on either side.
 
-Pure numpy: the messages themselves are built in :mod:`mpirl.roles.experience`.
+Pure numpy: the messages themselves are built in :mod:`mpirl.actor_learner.experience`.
 """
 
 from __future__ import annotations

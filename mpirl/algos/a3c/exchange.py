@@ -26,7 +26,7 @@ from mpirl.algos.a3c.updates import UpdateLog
 from mpirl.comm.collectives import Collectives
 from mpirl.comm.counter import SharedCounter, finished_in_round
 from mpirl.comm.hub import ask
-from mpirl.roles.preemption import PREEMPTED
+from mpirl.job.preemption import PREEMPTED
 
 
 class Outcome(NamedTuple):

@@ -15,8 +15,8 @@ from collections import deque
 
 import numpy as np
 
-from mpirl.roles import checkpoint as ckpt
-from mpirl.roles.preemption import PREEMPTED, signal_name
+from mpirl.job import checkpoint as ckpt
+from mpirl.job.preemption import PREEMPTED, signal_name
 
 
 class Progress:

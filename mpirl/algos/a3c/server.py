@@ -30,7 +30,7 @@ from mpirl.algos.a3c.rules import Rounds, accept
 from mpirl.algos.a3c.updates import UpdateLog
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
-from mpirl.roles.preemption import PREEMPTED
+from mpirl.job.preemption import PREEMPTED
 
 
 def run_server(ctx) -> str:

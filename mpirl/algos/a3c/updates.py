@@ -14,7 +14,7 @@ import numpy as np
 
 from mpirl.algos.a3c.messages import STATS
 from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.roles.test_play import TEST_COLUMNS, play_test
+from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
 UPDATES = {"time": F8, "version": I8, "worker": np.int32, "gradients": I8, "staleness": F8, "applied": np.bool_,

@@ -25,7 +25,7 @@ from mpirl.algos.a3c.exchange import exchange_for
 from mpirl.algos.a3c.settings import min_steps
 from mpirl.envs.delay import Delay
 from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.roles.games import VectorGames
+from mpirl.envs.games import VectorGames
 
 F8, I8 = np.float64, np.int64
 ROLLOUTS = {"time": F8, "rollout": I8, "steps": I8, "preempted": np.bool_, "env_steps": I8, "version": I8,
@@ -35,7 +35,7 @@ UNITS = {"time": "s", "compute_s": "s", "wait_s": "s"}
 
 
 class Games:
-    """The worker's games (the shared single-agent :class:`~mpirl.roles.games.VectorGames`: forced FIRE after a
+    """The worker's games (the shared single-agent :class:`~mpirl.envs.games.VectorGames`: forced FIRE after a
     lost life, a lost life cutting the return where ``env.terminal_on_life_loss`` says so, the games rebuilt when
     one raises) and its episodes' bookkeeping."""
 

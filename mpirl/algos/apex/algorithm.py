@@ -12,12 +12,12 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.apex import memory
-from mpirl.contract import RoleLoop
+from mpirl.job.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.envs.factory import env_spaces
-from mpirl.roles.checks import Checked
-from mpirl.roles.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
+from mpirl.job.checks import Checked
+from mpirl.actor_learner.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
                                       role_map)
 
 

@@ -1,11 +1,11 @@
-"""The Ape-X buffer: the shared buffer loop (:mod:`mpirl.roles.replay_buffer`) over a prioritized shard of
+"""The Ape-X buffer: the shared buffer loop (:mod:`mpirl.actor_learner.replay_buffer`) over a prioritized shard of
 n-step transitions (what its shard server serves from; a relay's memory is the loop's own)."""
 
 from __future__ import annotations
 
 from mpirl.replay.shard import PrioritizedShard
-from mpirl.roles.context import RoleContext
-from mpirl.roles.replay_buffer import Buffer
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.replay_buffer import Buffer
 
 
 class PrioritizedBuffer(Buffer):

@@ -1,5 +1,5 @@
 """The Ape-X learner: dueling double DQN on prioritized n-step batches, over the one learner loop
-(:mod:`mpirl.roles.learner`): its agent, its train step with importance weights, its checkpoint state, its
+(:mod:`mpirl.actor_learner.learner`): its agent, its train step with importance weights, its checkpoint state, its
 tables, and the local prioritized replay the learner keeps when the buffers dump to it.
 """
 
@@ -12,12 +12,12 @@ import numpy as np
 from mpirl.agents.dqn import DQNLearner, divergence, pick_device
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
-from mpirl.roles.context import RoleContext
-from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import learner_loop
-from mpirl.roles.learner_algorithm import LearnerAlgorithm
-from mpirl.roles.learner_peers import smallest
-from mpirl.roles.shard_links import Counters
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.batch_sources import Batch
+from mpirl.actor_learner.learner import learner_loop
+from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
+from mpirl.actor_learner.learner_peers import smallest
+from mpirl.actor_learner.shard_links import Counters
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "p_s", "p_t", "td_abs")

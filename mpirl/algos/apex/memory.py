@@ -1,6 +1,6 @@
 """Ape-X's memory estimate per rank: the replay memories from the record spec and capacity (frames stored once:
 about one 84x84 frame a slot), the message buffers from their layouts, the learner's networks, optimizer state and
-activations from the network itself (see :mod:`mpirl.roles.memory` for the constants and the check)."""
+activations from the network itself (see :mod:`mpirl.job.memory` for the constants and the check)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from mpirl.replay.frame_cache import cache_slots
 from mpirl.replay.frame_stream import window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota
-from mpirl.roles.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
-from mpirl.roles.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, sender_count, star_estimate
+from mpirl.job.memory import ATARI, NUMBA, PROCESS, SLOT_INDEX, TRAINING, FRAMES_PER_SLOT, Estimate
+from mpirl.actor_learner.replay_layout import ACTOR, BUFFER, LEARNER, WORKER, sender_count, star_estimate
 
 
 def _slot_bytes(spec: dict, dedup: bool) -> float:

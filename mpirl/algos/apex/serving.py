@@ -1,13 +1,13 @@
 """Ape-X's acting, in two halves that need no MPI: the games (:class:`ApexGames`) and the decisions
-(:class:`ApexDeciding`); what Ape-X gives the actor loop (:mod:`mpirl.roles.actor`), an inference worker
-(:mod:`mpirl.roles.worker`) and the actors it serves (:mod:`mpirl.roles.env_actor`): SEED RL's layout.
+(:class:`ApexDeciding`); what Ape-X gives the actor loop (:mod:`mpirl.actor_learner.actor`), an inference worker
+(:mod:`mpirl.actor_learner.worker`) and the actors it serves (:mod:`mpirl.actor_learner.env_actor`): SEED RL's layout.
 
 The games are the vector env, the forced actions such as FIRE after a life loss and the rebuild after a
 failure; per step they give what the last actions led to: the action actually taken, the reward,
 terminated / truncated / life lost, the final observation of an episode that ended and the observation to
 act on now. The decisions hold the network, each actor's Ape-X epsilons (one per game, by the actor's index
 among all actors) and random stream, the n-step windows, the staging, and compute the initial priorities.
-An actor without a worker holds both for itself (:class:`mpirl.roles.actor.Acting`); with inference workers
+An actor without a worker holds both for itself (:class:`mpirl.actor_learner.actor.Acting`); with inference workers
 (``topology.workers``) the actor keeps only its games and its worker decides for several actors, so an actor
 and a worker record the same transitions from the same games.
 """
@@ -26,11 +26,11 @@ from mpirl.replay.frame_stream import FrameStream
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
-from mpirl.roles.actor import insert_budget
-from mpirl.roles.context import RoleContext
-from mpirl.roles.experience import Staging, oldest_frame
-from mpirl.roles.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
-from mpirl.roles.steps import Outcome
+from mpirl.actor_learner.actor import insert_budget
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.experience import Staging, oldest_frame
+from mpirl.envs.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
+from mpirl.envs.outcomes import Outcome
 
 ApexGames = VectorGames  # an Ape-X actor's games: the shared vector games
 

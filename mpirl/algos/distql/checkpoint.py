@@ -11,7 +11,7 @@ counts, the counters and the generators' states written, the file synced and ren
 is one round; in ``async`` mode the fast workers wait, at most, for the slowest to reach its next exchange.
 
 Layout: root attributes ``identity``, ``job_time``, ``train_steps`` (the merges), ``step_name`` (the header every
-checkpoint has, :func:`mpirl.roles.checkpoint.header`) and the server's counters; ``server/`` the table (``q``,
+checkpoint has, :func:`mpirl.job.checkpoint.header`) and the server's counters; ``server/`` the table (``q``,
 ``eta``, ``seen``, ``merges``) and the returns of the stop condition's window; ``workers/<rank>/`` each worker's
 seen pairs (``idx``, ``q``, ``eta``), its generator (``rng``) and counters in attributes.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from mpirl.algos.distql.messages import State
 from mpirl.atomic import commit
 from mpirl.metrics.run_file import plain
-from mpirl.roles import checkpoint
+from mpirl.job import checkpoint
 
 PENDING = "ckpt-cut.h5.tmp"  # the cut being taken; a killed job leaves it, and nothing reads it
 

@@ -35,8 +35,8 @@ from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
 from mpirl.envs.discrete import make_tabular_env
 from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.roles.checkpoint import identity
-from mpirl.roles.preemption import PREEMPTED, signal_name
+from mpirl.job.checkpoint import identity
+from mpirl.job.preemption import PREEMPTED, signal_name
 
 MERGES = {"time": np.float64, "worker": np.int32, "round": np.int64, "pairs_in": np.int64, "new_pairs": np.int64,
           "reply_pairs": np.int64, "bytes_in": np.int64, "bytes_out": np.int64, "merge_s": np.float64}

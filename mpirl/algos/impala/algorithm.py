@@ -16,15 +16,15 @@ import numpy as np
 
 from mpirl.algos.impala.flow import queue_slots
 from mpirl.comm.messages import experience_layout, request_layout, sample_layout
-from mpirl.contract import RoleLoop
+from mpirl.job.contract import RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
-from mpirl.roles import memory
-from mpirl.roles.checks import Checked
-from mpirl.roles.policy_checks import actor_critic_params, actor_critic_spaces
+from mpirl.job import memory
+from mpirl.job.checks import Checked
+from mpirl.agents.policy_checks import actor_critic_params, actor_critic_spaces
 from mpirl.comm.topology import Layout, Link, Topology, build
-from mpirl.roles import replay_layout
-from mpirl.roles.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, lazy_roles, sender_count,
+from mpirl.actor_learner import replay_layout
+from mpirl.actor_learner.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, lazy_roles, sender_count,
                                       star_estimate)
 
 
@@ -69,7 +69,7 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     if t.served:
         import math
         from mpirl.comm.messages import step_layout
-        from mpirl.roles.games import step_spec
+        from mpirl.envs.games import step_spec
         served = math.ceil(n_act / max(t.worker_ranks, 1))
         step = step_layout(step_spec(_Obs(spec["obs"][0][1:], spec["obs"][1])), E).max_nbytes
         # A worker: the network, its send ring, its actors' trajectories being recorded and staged, their messages.
@@ -92,7 +92,7 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
 
 
 class _Obs:
-    """The spaces :func:`~mpirl.roles.games.step_spec` reads."""
+    """The spaces :func:`~mpirl.envs.games.step_spec` reads."""
 
     def __init__(self, obs_shape, obs_dtype):
         self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
@@ -135,7 +135,7 @@ ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
 
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:
-    """The replay algorithms' layout (:mod:`mpirl.roles.replay_layout`), or with ``topology.buffers = 0`` the
+    """The replay algorithms' layout (:mod:`mpirl.actor_learner.replay_layout`), or with ``topology.buffers = 0`` the
     learner and its actors alone: experience straight into the learner, parameters straight to the actors. Under
     ``impala.exchange = "async"`` the senders' parameters go to each on its own (``Link.each``): a broadcast would
     move at the pace of the slowest actor, and IMPALA's actors run at their own."""

@@ -1,4 +1,4 @@
-"""The IMPALA buffer: the shared buffer loop (:mod:`mpirl.roles.replay_buffer`) over a trajectory queue.
+"""The IMPALA buffer: the shared buffer loop (:mod:`mpirl.actor_learner.replay_buffer`) over a trajectory queue.
 
 Receiving the actors' messages, relaying parameters and writing the group's metrics are the replay buffers';
 what differs is what the learner is served from (:class:`QueueServer`): each request takes the oldest
@@ -17,8 +17,8 @@ from mpirl.comm.credit import CreditGrants
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import sample_layout
 from mpirl.replay.trajectory_queue import TrajectoryQueue
-from mpirl.roles.context import RoleContext
-from mpirl.roles.replay_buffer import Buffer
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.replay_buffer import Buffer
 
 
 class QueueCredit:

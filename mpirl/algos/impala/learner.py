@@ -1,5 +1,5 @@
 """The IMPALA learner: an actor-critic trained with V-trace on batches of trajectories, over the one learner loop
-(:mod:`mpirl.roles.learner`) and its remote source: each buffer's queue serves its share of every batch, oldest
+(:mod:`mpirl.actor_learner.learner`) and its remote source: each buffer's queue serves its share of every batch, oldest
 trajectories first, each once.
 
 Every ``impala.test_episodes`` episodes played by the learner with its policy (sampled, as the actors act), every
@@ -21,12 +21,12 @@ from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
 from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.batch_sources import Batch, BatchSource
-from mpirl.roles.context import RoleContext
-from mpirl.roles.learner import Learner
-from mpirl.roles.learner_algorithm import LearnerAlgorithm
-from mpirl.roles.shard_links import Counters
-from mpirl.roles.test_play import TEST_COLUMNS, play_test
+from mpirl.actor_learner.batch_sources import Batch, BatchSource
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.learner import Learner
+from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
+from mpirl.actor_learner.shard_links import Counters
+from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")

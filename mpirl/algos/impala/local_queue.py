@@ -17,10 +17,10 @@ import numpy as np
 from mpirl.algos.impala.buffer import QueueBuffer
 from mpirl.comm.backoff import Backoff
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.batch_sources import Batch
+from mpirl.actor_learner.batch_sources import Batch
 
 if TYPE_CHECKING:
-    from mpirl.roles.learner import Learner
+    from mpirl.actor_learner.learner import Learner
 
 
 class LocalLinks:

@@ -1,5 +1,5 @@
-"""IMPALA's acting: the shared vector games (:mod:`mpirl.roles.games`) and the decisions (:class:`ImpalaDeciding`),
-what IMPALA gives the actor loop (:mod:`mpirl.roles.actor`).
+"""IMPALA's acting: the shared vector games (:mod:`mpirl.envs.games`) and the decisions (:class:`ImpalaDeciding`),
+what IMPALA gives the actor loop (:mod:`mpirl.actor_learner.actor`).
 
 The decisions sample each game's action from the actor's copy of the policy, and record each game's trajectory:
 ``impala.unroll`` steps with the behaviour policy's log-probability of the action actually taken, rewards,
@@ -22,10 +22,10 @@ from mpirl.agents.actor_critic import ActorCriticPolicy
 from mpirl.algos.impala.flow import SenderWindow, queue_budget
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
-from mpirl.roles.context import RoleContext
-from mpirl.roles.experience import Staging
-from mpirl.roles.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
-from mpirl.roles.steps import Outcome
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.experience import Staging
+from mpirl.envs.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
+from mpirl.envs.outcomes import Outcome
 
 
 def with_version(flat: np.ndarray, version: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Receiving actors' messages, serving the learner's requests (applying the weights a request carries
 before sampling), relaying parameters and writing the group's metrics are the same as Ape-X's
-(:mod:`mpirl.roles.replay_buffer`); what differs is the memory: an episode shard with a uniform or an
+(:mod:`mpirl.actor_learner.replay_buffer`); what differs is the memory: an episode shard with a uniform or an
 AccMER sampler (:class:`~mpirl.replay.episode_shard.EpisodeShard`). The baseline placement relays
 whole episodes as Ape-X's relays transitions.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.replay.quotas import max_quota
-from mpirl.roles.context import RoleContext
-from mpirl.roles.replay_buffer import Buffer
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.replay_buffer import Buffer
 
 
 class EpisodeBuffer(Buffer):

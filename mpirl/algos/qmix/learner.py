@@ -1,5 +1,5 @@
 """The QMIX learner: the one learner loop (requests, replies, parameter broadcasts, checkpoints, stop
-conditions; :mod:`mpirl.roles.learner`) over batches of whole episodes.
+conditions; :mod:`mpirl.actor_learner.learner`) over batches of whole episodes.
 
 From remote shards, each buffer samples its share of episodes (uniform, or AccMER's reuse set plus
 uniform picks) and the next request carries the sampled episodes' new weights. From a local memory, the
@@ -26,11 +26,11 @@ from mpirl.agents.qmix_policy import QMixPolicy
 from mpirl.algos.qmix.envs import make
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard
-from mpirl.roles.context import RoleContext
-from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import learner_loop
-from mpirl.roles.learner_algorithm import LearnerAlgorithm
-from mpirl.roles.shard_links import Counters
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.batch_sources import Batch
+from mpirl.actor_learner.learner import learner_loop
+from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
+from mpirl.actor_learner.shard_links import Counters
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")

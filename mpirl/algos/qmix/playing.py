@@ -1,6 +1,6 @@
 """QMIX's acting, in two halves that need no MPI: the games (:class:`Games`) and the decisions (:class:`Deciding`).
 
-An actor without a worker holds both (:class:`mpirl.roles.actor.Acting`). With inference workers (``topology.workers``)
+An actor without a worker holds both (:class:`mpirl.actor_learner.actor.Acting`). With inference workers (``topology.workers``)
 the actor keeps only its :class:`Games` and sends each step's :class:`Outcome` to its worker, whose
 :class:`Deciding` holds the agent network, each game's GRU state and episode being recorded, and the
 staging of finished episodes for every actor it serves. The split is the same in both cases, so an
@@ -21,9 +21,9 @@ from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule, explore
 from mpirl.algos.qmix.envs import make
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
-from mpirl.roles.actor import insert_budget
-from mpirl.roles.experience import Staging
-from mpirl.roles.steps import Outcome, count_failure
+from mpirl.actor_learner.actor import insert_budget
+from mpirl.actor_learner.experience import Staging
+from mpirl.envs.outcomes import Outcome, count_failure
 
 def step_spec(spaces) -> dict:
     """One game's row of an actor's step message: what its last actions led to and what to act on now.

@@ -1,11 +1,11 @@
-"""What QMIX gives the actor loop (:mod:`mpirl.roles.actor`), an inference worker (:mod:`mpirl.roles.worker`)
-and the actors it serves (:mod:`mpirl.roles.env_actor`): the step message's rows, the actions' shape, an
+"""What QMIX gives the actor loop (:mod:`mpirl.actor_learner.actor`), an inference worker (:mod:`mpirl.actor_learner.worker`)
+and the actors it serves (:mod:`mpirl.actor_learner.env_actor`): the step message's rows, the actions' shape, an
 actor's games and the decisions for one actor or a worker's several (:mod:`mpirl.algos.qmix.playing`)."""
 
 from __future__ import annotations
 
 from mpirl.algos.qmix.playing import Deciding, Games, step_spec  # noqa: F401 - the interface
-from mpirl.roles.context import RoleContext
+from mpirl.job.context import RoleContext
 
 
 def action_shape(spaces) -> tuple:

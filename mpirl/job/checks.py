@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpirl.config import ConfigError, JobConfig
-from mpirl.roles import memory
+from mpirl.job import memory
 
 if TYPE_CHECKING:
-    from mpirl.contract import Algorithm
+    from mpirl.job.contract import Algorithm
 
 
 class Checked(NamedTuple):

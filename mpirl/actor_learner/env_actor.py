@@ -1,4 +1,4 @@
-"""An actor served by an inference worker (:mod:`mpirl.roles.worker`): it steps its games and nothing else.
+"""An actor served by an inference worker (:mod:`mpirl.actor_learner.worker`): it steps its games and nothing else.
 
 Per step it packs the outcome of its last actions into a step message (``Isend`` from a ring of two),
 waits with back-off polling for the worker's answer, and plays the actions it gets. The answer that
@@ -15,7 +15,7 @@ from types import ModuleType
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
 from mpirl.comm.pools import RecvPool, SendRing
-from mpirl.roles.context import RoleContext
+from mpirl.job.context import RoleContext
 
 
 def run_env_actor(ctx: RoleContext, serving: ModuleType) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from mpirl.contract import RoleLoop, lazy_loop
+from mpirl.job.contract import RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
-from mpirl.roles.memory import WORLD_SIZE, Estimate
+from mpirl.job.memory import WORLD_SIZE, Estimate
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -68,7 +68,7 @@ def layout(cfg: JobConfig, world_size: int) -> Layout:
 def star_estimate(cfg: JobConfig, world_size: int, learner: float, buffer: float, actor: float, worker: float,
                   slot: float, network_bytes: int, reserved: int = 0, network_key: str = "agent.hidden",
                   cache_bytes: int = 0, parts: dict | None = None) -> Estimate:
-    """An :class:`~mpirl.roles.memory.Estimate` of this layout from one rank of each role; ``parts``: what sizes
+    """An :class:`~mpirl.job.memory.Estimate` of this layout from one rank of each role; ``parts``: what sizes
     each role's rank (:attr:`Estimate.parts`; a sender's count is :func:`sender_count`'s key)."""
     t = cfg.topology
     return Estimate({LEARNER: int(learner), BUFFER: int(buffer), WORKER: int(worker), ACTOR: int(actor)},
@@ -118,8 +118,8 @@ def lazy_roles(package: str) -> dict[str, RoleLoop]:
     ``serving`` module (its games and decisions); each module is imported when its rank starts (a rank imports
     only its own loop).
 
-    The actors run :mod:`mpirl.roles.actor` over the package's ``serving`` module; with inference workers
-    (``topology.workers``) the workers run :mod:`mpirl.roles.worker` and the actors :mod:`mpirl.roles.env_actor`,
+    The actors run :mod:`mpirl.actor_learner.actor` over the package's ``serving`` module; with inference workers
+    (``topology.workers``) the workers run :mod:`mpirl.actor_learner.worker` and the actors :mod:`mpirl.actor_learner.env_actor`,
     over the same module."""
     def loop(module: str, func: str) -> RoleLoop:
         return lazy_loop(f"{package}.{module}", func)
@@ -127,7 +127,7 @@ def lazy_roles(package: str) -> dict[str, RoleLoop]:
     def served(module: str, func: str):
         def run(ctx):
             serving = importlib.import_module(f"{package}.serving")
-            return getattr(importlib.import_module(f"mpirl.roles.{module}"), func)(ctx, serving)
+            return getattr(importlib.import_module(f"mpirl.actor_learner.{module}"), func)(ctx, serving)
         return run
 
     local_actor, env_actor = served("actor", "run_actor"), served("env_actor", "run_env_actor")

@@ -1,5 +1,5 @@
 """The learner loop of K data-parallel learners (``topology.learners``; Gorila's several learners), over the one
-learner loop (:mod:`mpirl.roles.learner`) and the agreement of :mod:`mpirl.roles.learner_peers`.
+learner loop (:mod:`mpirl.actor_learner.learner`) and the agreement of :mod:`mpirl.actor_learner.learner_peers`.
 
 Each turn: this learner's part of the next batch, the control gather (the first learner's stop and checkpoint, the
 parts' statistics, a parameter CRC now and then), the train step whose gradients are summed over the learners, the
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 
-from mpirl.roles import checkpoint
-from mpirl.roles.batch_sources import Batch
-from mpirl.roles.learner import Learner
-from mpirl.roles.learner_peers import CHECK_EVERY, LearnerPeers
-from mpirl.roles.shard_links import ShardLinks
+from mpirl.job import checkpoint
+from mpirl.actor_learner.batch_sources import Batch
+from mpirl.actor_learner.learner import Learner
+from mpirl.actor_learner.learner_peers import CHECK_EVERY, LearnerPeers
+from mpirl.actor_learner.shard_links import ShardLinks
 
 
 class DataParallelLearner(Learner):

@@ -14,8 +14,8 @@ from mpirl.comm.topology import Topology
 from mpirl.config import JobConfig
 
 if TYPE_CHECKING:
-    from mpirl.roles.checkpoint import Resume
-    from mpirl.roles.preemption import Preemption
+    from mpirl.job.checkpoint import Resume
+    from mpirl.job.preemption import Preemption
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RoleContext:
     spec: dict  # the record spec: the replay's fields and the experience messages' rows
     n_params: int  # length of the flat parameter vector every broadcast carries
     t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
-    preempt: "Preemption"  # signals -> a clean stop (see roles/preemption.py)
+    preempt: "Preemption"  # signals -> a clean stop (see job/preemption.py)
     resume: "Resume | None" = None  # set when continuing a run from a checkpoint
     serving: ModuleType | None = None  # the algorithm's serving module, when this learner serves actors (AW)
 

@@ -11,7 +11,7 @@ An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (r
 * ``info.py`` — :class:`Info`: ``mpirl info``'s summary and ``mpirl watch``'s frame, from the HDF5 files alone.
 
 It sits beside the config layer, not in ``mpirl/algos/``: the shared layers import it and no module of an algorithm
-folder. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.roles.job`, :mod:`mpirl.cli`) never
+folder. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.job.wiring`, :mod:`mpirl.cli`) never
 asks whether an algorithm has something, and never names one.
 """
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
     from mpirl.comm.topology import Topology
     from mpirl.config import JobConfig
-    from mpirl.roles.checks import Checked
-    from mpirl.roles.context import RoleContext
+    from mpirl.job.checks import Checked
+    from mpirl.job.context import RoleContext
 
 RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
 
@@ -45,7 +45,7 @@ class Settings(Protocol):
     """``mpirl/algos/<name>/settings.py``."""
     @property
     def SECTIONS(self) -> Mapping[str, type]:
-        """The job-file sections it owns: ``{"qmix": QmixConfig}``."""
+        """The job-file sections it owns: ``{"<name>": ItsConfig}``."""
 
     @property
     def USES(self) -> Mapping[str, tuple[str, ...]]:
@@ -53,7 +53,7 @@ class Settings(Protocol):
 
     @property
     def MOVED(self) -> Mapping[str, str]:
-        """Keys of the shared sections that moved into its own (``"agent.n_step": "apex.n_step"``): a job that
+        """Keys of the shared sections that moved into its own (``"agent.n_step": "<name>.n_step"``): a job that
         sets an old one is refused, saying where it went."""
 
     def check(self, cfg: JobConfig) -> None:

@@ -3,16 +3,16 @@
     batch = source.next_batch() -> values = algo.train(batch) -> source.give_back(batch, values)
     -> publish / checkpoint when due -> a metrics row
 
-The algorithm (:class:`~mpirl.roles.learner_algorithm.LearnerAlgorithm`) owns its networks, optimizer and metric
+The algorithm (:class:`~mpirl.actor_learner.learner_algorithm.LearnerAlgorithm`) owns its networks, optimizer and metric
 columns; the loop owns its counters (versions, episodes, returns, env steps, skipped batches, clocks, bytes) and
 saves them in the checkpoint next to the algorithm's state. The sources (remote shards, a local memory) are in
-:mod:`mpirl.roles.batch_sources`.
+:mod:`mpirl.actor_learner.batch_sources`.
 
 Every ``n_update`` batches the parameters go out in a versioned broadcast; the last broadcast carries the stop flag.
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
-:class:`~mpirl.roles.worker.Worker` and interleaves: it answers its actors' requests before each train step and
+:class:`~mpirl.actor_learner.worker.Worker` and interleaves: it answers its actors' requests before each train step and
 while it waits for replies or dumps, loads each version it publishes, and tells the actors to stop at the end.
-K data-parallel learners (``topology.learners``) run :class:`mpirl.roles.data_parallel.DataParallelLearner`, this
+K data-parallel learners (``topology.learners``) run :class:`mpirl.actor_learner.data_parallel.DataParallelLearner`, this
 loop with the learners' agreement each step (:func:`learner_loop` picks).
 """
 
@@ -32,14 +32,14 @@ from mpirl.comm.backoff import Backoff
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import param_channel
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles import checkpoint
-from mpirl.roles.context import Interval, RoleContext
-from mpirl.roles.preemption import PREEMPTED, signal_name
-from mpirl.roles.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards
-from mpirl.roles.learner_algorithm import LearnerAlgorithm
-from mpirl.roles.learner_peers import LearnerPeers
-from mpirl.roles.shard_links import Counters
-from mpirl.roles.worker import Worker
+from mpirl.job import checkpoint
+from mpirl.job.context import Interval, RoleContext
+from mpirl.job.preemption import PREEMPTED, signal_name
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards
+from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
+from mpirl.actor_learner.learner_peers import LearnerPeers
+from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.worker import Worker
 
 F8, I8 = np.float64, np.int64
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
@@ -67,7 +67,7 @@ class Clock:
 class Learner:
     """The loop: see the module's docstring."""
 
-    peers: LearnerPeers | None = None  # the other data-parallel learners (mpirl.roles.data_parallel)
+    peers: LearnerPeers | None = None  # the other data-parallel learners (mpirl.actor_learner.data_parallel)
     lead = True  # this learner publishes, decides the stop, writes learner.h5 and the checkpoints
 
     def __init__(self, ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
@@ -330,8 +330,8 @@ class Learner:
 def learner_loop(ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
                                                        LearnerAlgorithm]) -> Learner:
     """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` the data-parallel learners'
-    (:class:`mpirl.roles.data_parallel.DataParallelLearner`)."""
+    (:class:`mpirl.actor_learner.data_parallel.DataParallelLearner`)."""
     if ctx.topo.comm("gradients") is None:
         return Learner(ctx, algorithm)
-    from mpirl.roles.data_parallel import DataParallelLearner
+    from mpirl.actor_learner.data_parallel import DataParallelLearner
     return DataParallelLearner(ctx, algorithm)

@@ -5,7 +5,7 @@ the next ones (``TAG_ACTIONS``). The worker keeps one receive posted per actor a
 that is in with one batched forward pass, once ``topology.worker_batch`` requests are waiting, or the
 oldest has waited ``topology.worker_deadline_us``, or every actor is waiting, whichever comes first.
 Toward its buffer it is what an actor is without workers, with the actor loop's line to the buffer
-(:class:`~mpirl.roles.actor.Shipping`): it records the episodes (or transitions), sends them with the
+(:class:`~mpirl.actor_learner.actor.Shipping`): it records the episodes (or transitions), sends them with the
 experience layout, receives the versioned parameter broadcast, keeps within the insert budget (over it,
 it holds its answers back and the actors wait), and its last message says goodbye. The stop in the
 broadcast reaches each actor in the answer to its next request.
@@ -35,9 +35,9 @@ from mpirl.comm.messages import TAG_ACTIONS, TAG_STEP, actions_layout, step_layo
 from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.actor import Shipping
-from mpirl.roles.context import Interval, RoleContext
-from mpirl.roles.steps import Outcome
+from mpirl.actor_learner.actor import Shipping
+from mpirl.job.context import Interval, RoleContext
+from mpirl.envs.outcomes import Outcome
 
 F8, I8 = np.float64, np.int64
 

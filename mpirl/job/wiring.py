@@ -25,16 +25,16 @@ from mpi4py import MPI
 
 import mpirl
 from mpirl import phases
-from mpirl.contract import Algorithm
+from mpirl.job.contract import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
-from mpirl.roles.checkpoint import Resume, plan_resume
-from mpirl.roles import launched, memory
-from mpirl.roles.checks import check_job
-from mpirl.roles.context import RoleContext
-from mpirl.roles.preemption import PREEMPTED, Preemption
+from mpirl.job.checkpoint import Resume, plan_resume
+from mpirl.job import launched, memory
+from mpirl.job.checks import check_job
+from mpirl.job.context import RoleContext
+from mpirl.job.preemption import PREEMPTED, Preemption
 
 
 EXIT_PREEMPTED = 75  # a preempted job: checkpointed, resume it (sysexits' EX_TEMPFAIL)

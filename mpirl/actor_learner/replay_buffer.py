@@ -3,9 +3,9 @@
 The loop never names an algorithm: its replay memory comes from :meth:`Buffer.make_shard`, which each
 algorithm's buffer provides (Ape-X: a prioritized shard of transitions; QMIX: an episode shard).
 
-What it serves the learner from is the placement's server (:mod:`mpirl.roles.buffer_servers`): a
-:class:`~mpirl.roles.buffer_servers.ShardServer` (the replay memory lives here; requests bring priorities
-back and get sampled batches) or a :class:`~mpirl.roles.buffer_servers.Relay` (the latest experiences
+What it serves the learner from is the placement's server (:mod:`mpirl.actor_learner.buffer_servers`): a
+:class:`~mpirl.actor_learner.buffer_servers.ShardServer` (the replay memory lives here; requests bring priorities
+back and get sampled batches) or a :class:`~mpirl.actor_learner.buffer_servers.Relay` (the latest experiences
 with their actors' priorities, shipped whole to the learner's own memory). Either way the loop relays
 every parameter broadcast from the learner to the actors, and writes the group's metrics (buffer
 counters, episodes, actor stats) to HDF5.
@@ -31,10 +31,10 @@ from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.memory import ReplayMemory
 from mpirl.replay import snapshot
-from mpirl.roles.buffer_servers import Relay, ShardServer
-from mpirl.roles.checkpoint import CKPT_DIR
-from mpirl.roles.context import Interval, RoleContext
-from mpirl.roles.experience import store_experience
+from mpirl.actor_learner.buffer_servers import Relay, ShardServer
+from mpirl.job.checkpoint import CKPT_DIR
+from mpirl.job.context import Interval, RoleContext
+from mpirl.actor_learner.experience import store_experience
 
 F8, I8 = np.float64, np.int64
 
@@ -112,7 +112,7 @@ class Buffer:
         return self.cfg.comm.send_batch
 
     def make_server(self, share: int):
-        """What the learner is served from: the placement's server (:mod:`mpirl.roles.buffer_servers`), unless the
+        """What the learner is served from: the placement's server (:mod:`mpirl.actor_learner.buffer_servers`), unless the
         algorithm's buffer has its own (a trajectory queue)."""
         return (ShardServer if self.cfg.replay.architecture == "proposed" else Relay)(self, share)
 

@@ -1,6 +1,6 @@
-"""What an algorithm gives the learner loop (:mod:`mpirl.roles.learner`): its agent (networks and optimizer on a
+"""What an algorithm gives the learner loop (:mod:`mpirl.actor_learner.learner`): its agent (networks and optimizer on a
 device), its train step, its metric columns and tables, its checkpoint state, where its batches come from, and
-what several data-parallel learners share (:mod:`mpirl.roles.data_parallel`).
+what several data-parallel learners share (:mod:`mpirl.actor_learner.data_parallel`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from mpirl.metrics.writer import MetricsFile
-from mpirl.roles.batch_sources import Batch, BatchSource, LocalReplay
-from mpirl.roles.context import RoleContext
-from mpirl.roles.learner_peers import LearnerPeers
-from mpirl.roles.shard_links import Counters
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.learner_peers import LearnerPeers
+from mpirl.actor_learner.shard_links import Counters
 
 if TYPE_CHECKING:
-    from mpirl.roles.learner import Learner
+    from mpirl.actor_learner.learner import Learner
 
 
 class Agent(Protocol):

@@ -1,7 +1,7 @@
 """The learner's lines to the buffers and what their replies tell it: env steps, shard sizes, insertion rates,
 episodes, and the samples trained on per shard (the ``shards`` table).
 
-Both replay sources of :mod:`mpirl.roles.learner` talk to the buffers through this: the remote shards with
+Both replay sources of :mod:`mpirl.actor_learner.learner` talk to the buffers through this: the remote shards with
 ``prefetch + 1`` sample requests in flight per buffer, the local memory with one dump request at a time.
 """
 
@@ -21,7 +21,7 @@ from mpirl.comm.messages import BYE, request_layout
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.frame_cache import FrameCache
 from mpirl.replay.quotas import RateMeter, even_quotas, learner_quotas
-from mpirl.roles.context import RoleContext
+from mpirl.job.context import RoleContext
 
 F8, I8 = np.float64, np.int64
 

@@ -1,5 +1,5 @@
 """A test round: games played with a policy network (actions sampled, as the actors act), stepped together, on the
-shared single-agent games (:class:`~mpirl.roles.games.VectorGames`: forced FIRE, rebuilt when a game raises)."""
+shared single-agent games (:class:`~mpirl.envs.games.VectorGames`: forced FIRE, rebuilt when a game raises)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from mpirl.roles.games import VectorGames
+from mpirl.envs.games import VectorGames
 
 F8, I8 = np.float64, np.int64
 # A test round's row (the learner's or the server's ``test`` table): when, after how much training, what it played.

@@ -1,4 +1,4 @@
-"""Where the learner loop's batches come from, and where their new values go (:mod:`mpirl.roles.learner`).
+"""Where the learner loop's batches come from, and where their new values go (:mod:`mpirl.actor_learner.learner`).
 
 * :class:`RemoteShards`: batches come from the buffers. ``prefetch`` requests per buffer stay in flight while a
   batch trains; each new request carries the values (priorities, weights) of the batch just trained. With R
@@ -24,10 +24,10 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.frame_cache import FrameCache, cache_slots
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.quotas import max_quota, rate_quotas
-from mpirl.roles.shard_links import ShardLinks, joined
+from mpirl.actor_learner.shard_links import ShardLinks, joined
 
 if TYPE_CHECKING:
-    from mpirl.roles.learner import Learner
+    from mpirl.actor_learner.learner import Learner
 
 
 @dataclass
@@ -61,7 +61,7 @@ class LocalReplay(Protocol):
 
 
 class Links(Protocol):
-    """What the loop asks of a source's lines to where its experience waits (:class:`~mpirl.roles.shard_links.
+    """What the loop asks of a source's lines to where its experience waits (:class:`~mpirl.actor_learner.shard_links.
     ShardLinks` for the buffers; a source of an algorithm's own may have others)."""
 
     def resumed(self, actor_steps: dict[int, int]) -> None:

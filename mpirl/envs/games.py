@@ -14,7 +14,7 @@ import numpy as np
 from mpirl import phases
 from mpirl.config import JobConfig
 from mpirl.envs.vector import AtariVector, GymVector, make_vector
-from mpirl.roles.steps import Outcome, count_failure
+from mpirl.envs.outcomes import Outcome, count_failure
 
 
 def step_spec(spaces) -> dict:

@@ -3,7 +3,7 @@
 ``mpirl launch`` reads the job file and the command line itself (bad fields, ``-n``, ``--resume``: refused
 before anything starts), then starts ``mpiexec`` and leaves the rest of the checks to the job, as under a plain
 ``mpiexec`` or ``srun``: rank 0 checks the job once (the environment, the network's size, each role's memory)
-and every other rank takes its result (:func:`mpirl.roles.job.run_job`), and the ranks of each node check their
+and every other rank takes its result (:func:`mpirl.job.wiring.run_job`), and the ranks of each node check their
 memory together. The launcher would only repeat those checks, with torch imported for them, on cores the ranks'
 own imports already fill (``mpirl bench startup``).
 

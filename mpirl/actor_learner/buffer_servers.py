@@ -1,7 +1,7 @@
 """What a buffer rank serves its learner from, one class per placement of the replay memory (an algorithm's buffer
 may bring its own server, such as a trajectory queue: ``Buffer.make_server``).
 
-Both take the experiences the buffer loop (:mod:`mpirl.roles.replay_buffer`) receives into ``memory``
+Both take the experiences the buffer loop (:mod:`mpirl.actor_learner.replay_buffer`) receives into ``memory``
 and answer the learner through the ``reply`` layout, over a ring of ``depth`` send buffers:
 
 * :class:`ShardServer` keeps the replay memory here (the algorithm's, from ``Buffer.make_shard``): a
@@ -23,7 +23,7 @@ from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
 from mpirl.replay.ring import RingStore
 
 if TYPE_CHECKING:
-    from mpirl.roles.replay_buffer import Buffer
+    from mpirl.actor_learner.replay_buffer import Buffer
 
 
 class ShardServer:

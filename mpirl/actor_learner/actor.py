@@ -1,10 +1,10 @@
 """The actor loop of the replay-based algorithms: play the games, ship what the decisions staged.
 
 An actor is two parts its algorithm's ``serving`` module provides, the same two an inference worker
-(:mod:`mpirl.roles.worker`) and the actors it serves (:mod:`mpirl.roles.env_actor`) split between them:
+(:mod:`mpirl.actor_learner.worker`) and the actors it serves (:mod:`mpirl.actor_learner.env_actor`) split between them:
 
 * the games (``serving.games(ctx, label)``): the environments, stepped with the actions they are given;
-  ``start()``/``step(actions)`` return an :class:`~mpirl.roles.steps.Outcome`, a failing game is rebuilt;
+  ``start()``/``step(actions)`` return an :class:`~mpirl.envs.outcomes.Outcome`, a failing game is rebuilt;
 * the decisions (``serving.deciding(ctx, actors)``): the network, exploration, and what the outcomes make
   (n-step transitions, whole episodes) staged for the buffer: ``observe``, ``decide``, ``take``/``drop``,
   ``staging``, ``episodes``, ``env_steps``, ``epsilon``, ``policy.load_flat``, ``frames``/``framed``
@@ -30,8 +30,8 @@ from mpirl.comm.messages import EPISODE_SLOTS
 from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
-from mpirl.roles.context import RoleContext
-from mpirl.roles.experience import ExperienceSender
+from mpirl.job.context import RoleContext
+from mpirl.actor_learner.experience import ExperienceSender
 
 
 class Acting:

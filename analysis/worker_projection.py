@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from mpirl import config
-from mpirl.algos import algorithm
+from mpirl.registry import algorithm
 from mpirl.comm.messages import actions_layout, step_layout
 
 ROOT = Path(__file__).resolve().parent.parent

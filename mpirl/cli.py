@@ -59,8 +59,8 @@ def _load(args) -> tuple[config.JobConfig, str]:
 
 def _algorithm(cfg: config.JobConfig):
     """The job's algorithm module (``mpirl/algos/<agent.algorithm>/algorithm.py``)."""
-    from mpirl import algos
-    return algos.algorithm(cfg.agent.algorithm)
+    from mpirl import registry
+    return registry.algorithm(cfg.agent.algorithm)
 
 
 def _ranks(args, cfg: config.JobConfig) -> int:
@@ -170,10 +170,10 @@ def cmd_validate(args) -> int:
 def _run_info(run_dir: Path) -> Info:
     """The info module of the run's algorithm (``agent.algorithm`` in run.h5's job; a run without it ran the
     setting's default, as a job without it does)."""
-    from mpirl import algos
+    from mpirl import registry
     from mpirl.metrics.run_file import read_algorithm
     name = read_algorithm(run_dir)
-    return algos.info(name if name in config.ALGORITHMS else config.AgentConfig().algorithm)
+    return registry.info(name if name in config.ALGORITHMS else config.AgentConfig().algorithm)
 
 
 def _summary(run_dir: Path) -> str:

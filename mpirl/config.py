@@ -17,7 +17,7 @@ import typing
 from dataclasses import field
 from pathlib import Path
 
-from mpirl.domain import problem
+from mpirl.domain import ConfigError, problem  # noqa: F401 - ConfigError: the config layer's error
 from mpirl.sections import (ALGORITHMS, AgentConfig, CheckpointConfig, CommConfig, EnvConfig,  # noqa: F401
                             LinkConfig, LogConfig, PredatorPreyConfig, ReplayConfig, RunConfig, TopologyConfig)
 
@@ -25,17 +25,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A bad job: ``key`` names the offending field, ``str(err)`` says the fix."""
-
-    def __init__(self, key: str, message: str):
-        self.key, self.message = key, message
-        super().__init__(f"{key}: {message}" if key else message)
-
-    def __reduce__(self):  # survives pickling, e.g. a broadcast from rank 0 to every rank
-        return type(self), (self.key, self.message)
 
 
 class _Job:

@@ -16,6 +16,17 @@ from dataclasses import dataclass, field
 INT_MAX = 2**63 - 1  # what HDF5 attributes, numpy and torch take for an int
 
 
+class ConfigError(ValueError):
+    """A bad job: ``key`` names the offending field, ``str(err)`` says the fix."""
+
+    def __init__(self, key: str, message: str):
+        self.key, self.message = key, message
+        super().__init__(f"{key}: {message}" if key else message)
+
+    def __reduce__(self):  # survives pickling, e.g. a broadcast from rank 0 to every rank
+        return type(self), (self.key, self.message)
+
+
 @dataclass(frozen=True)
 class Domain:
     """Allowed values. Bounds: ``ge``/``gt``/``le``/``lt``; ``nan``: a float may be nan (meaning "off");

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from mpirl.domain import ConfigError
+
 # The keys of the shared sections these algorithms read besides their own USES: stop conditions, the layout,
 # checkpoints.
 USES = {
@@ -25,7 +27,6 @@ def world_size(cfg) -> int:
 def check(cfg) -> None:
     """The checks every replay-based algorithm's job needs: a stop condition, and a learner-buffer-actor layout
     that can work (called from their settings' ``check``)."""
-    from mpirl.config import ConfigError
     check_learners(cfg)
 
     def _need(ok, key: str, message: str) -> None:
@@ -71,7 +72,6 @@ def check_learners(cfg) -> None:
     """``topology.learners = K > 1`` (data-parallel learners; Ape-X and QMIX read the key, the others refuse it as
     one they do not read). Each learner draws its 1/K of every batch, so K <= batch size; what is not built with
     K > 1 says so."""
-    from mpirl.config import ConfigError
     t, rp = cfg.topology, cfg.replay
     if t.learners == 1:
         return
@@ -94,7 +94,6 @@ def check_learners(cfg) -> None:
 def check_world_size(cfg, size: int, job_path: str = "JOB.toml") -> None:
     """The MPI world must hold the learner, every buffer, every worker, and the job's actors (at least one per
     worker, or per buffer without workers)."""
-    from mpirl.config import ConfigError
     t = cfg.topology
     fixed = t.learners + t.buffers + t.worker_ranks
     roles = (f"{learners(t)}{' (the worker)' if t.on_learner else ''} + {t.buffers} buffer(s)"

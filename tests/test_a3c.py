@@ -100,7 +100,7 @@ def test_a_message_and_a_reply_round_trip():
 
 # ---------------------------------------------------------------- bad input
 def _refusal(n: int, *sets: str) -> config.ConfigError:
-    from mpirl.algos import algorithm
+    from mpirl.registry import algorithm
     with pytest.raises(config.ConfigError) as err:
         cfg = load(*sets)
         algorithm("a3c").check(cfg, n, str(JOB))

@@ -10,7 +10,7 @@ import pytest
 
 from mpirl import config
 from mpirl.agents.dqn import env_epsilons
-from mpirl.algos import algorithm
+from mpirl.registry import algorithm
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
 from mpirl.actor_learner.actor import Acting
 

@@ -83,13 +83,13 @@ def test_world_size_message_gives_the_command_that_works():
 
 @pytest.mark.parametrize("job", sorted(p.name for p in JOBS.glob("*.toml")))
 def test_every_shipped_job_validates(job):
-    from mpirl import algos
+    from mpirl import registry
     from mpirl.job.checks import check_job
     cfg, _ = config.load(JOBS / job)
     n = cfg.world_size
     if cfg.env.id.startswith("ALE/"):
         import ale_py  # noqa: F401  (in the test extra: a missing one fails)
-    spaces = check_job(cfg, algos.algorithm(cfg.agent.algorithm), n, str(JOBS / job)).spaces
+    spaces = check_job(cfg, registry.algorithm(cfg.agent.algorithm), n, str(JOBS / job)).spaces
     if cfg.agent.algorithm != "apex":
         return
     obs_shape, obs_dtype, n_actions = spaces

@@ -9,7 +9,8 @@ import pytest
 
 from mpirl.config import ConfigError, EnvConfig
 from mpirl.envs.factory import env_spaces
-from mpirl.envs.vector import AtariVector, GymVector, StepResult, ale_game, make_vector, vector_spaces
+from mpirl.envs.atari import ale_game
+from mpirl.envs.vector import AtariVector, GymVector, StepResult, make_vector, vector_spaces
 
 
 

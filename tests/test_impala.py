@@ -265,7 +265,7 @@ def test_the_version_rides_the_broadcast_exactly_past_float32s_integers():
 def _refusal(n: int, *sets: str) -> config.ConfigError:
     """The ConfigError the job with ``sets`` gets on ``n`` ranks: from loading it, or from IMPALA's checks (what
     ``mpirl validate`` and every rank run before the first message)."""
-    from mpirl.algos import algorithm
+    from mpirl.registry import algorithm
     with pytest.raises(config.ConfigError) as err:
         cfg = load(*sets)
         algorithm("impala").check(cfg, n, str(JOB))

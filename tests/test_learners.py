@@ -191,7 +191,7 @@ def test_validate_counts_each_learner_s_memory():
 
 # ---------------------------------------------------------------- refusals
 def _refusal(n: int, *sets: str, job=JOB) -> config.ConfigError:
-    from mpirl.algos import algorithm
+    from mpirl.registry import algorithm
     with pytest.raises(config.ConfigError) as err:
         cfg, _ = config.load(job, list(sets))
         algorithm(cfg.agent.algorithm).check(cfg, n, str(job))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mpirl import config
-from mpirl.algos import algorithm
+from mpirl.registry import algorithm
 
 from conftest import JOBS
 

@@ -75,3 +75,120 @@ def test_no_algorithm_imports_another_algorithm_s_folder():
         for path in sorted((PKG / "algos" / name).glob("*.py")):
             for other in others:
                 assert f"mpirl.algos.{other}" not in path.read_text(), f"algos/{name}/{path.name} imports algos/{other}"
+
+
+# The package's layers, lowest first (DESIGN.md, "Layers"): a module imports modules of its own layer and of the
+# layers below, never one above. Patterns are module names; ``*`` stands for one name.
+LAYERS = (
+    ("config", ("mpirl", "mpirl.domain", "mpirl.sections", "mpirl.config", "mpirl.replay_job", "mpirl.atomic",
+                "mpirl.phases", "mpirl.algos", "mpirl.algos.*", "mpirl.algos.*.settings")),
+    ("metrics", ("mpirl.metrics", "mpirl.metrics.*")),
+    ("pure computation", ("mpirl.replay", "mpirl.replay.*", "mpirl.agents", "mpirl.agents.*", "mpirl.envs",
+                          "mpirl.envs.*")),
+    ("comm", ("mpirl.comm", "mpirl.comm.*")),
+    ("job", ("mpirl.job", "mpirl.job.*", "mpirl.launcher")),
+    ("actor_learner", ("mpirl.actor_learner", "mpirl.actor_learner.*")),
+    ("algos", ("mpirl.algos.*.*",)),
+    ("registry", ("mpirl.registry",)),
+    ("bench", ("mpirl.bench", "mpirl.bench.*", "mpirl.bench.*.*")),
+    ("cli", ("mpirl.cli", "mpirl.__main__")),
+)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PKG.rglob("*.py"):
+        parts = path.relative_to(PKG.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its file: at the top, inside functions, under
+    ``if TYPE_CHECKING:`` (``from a import b`` counts ``a.b`` when that is a module, else ``a``)."""
+    import ast
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _layer(name: str) -> int:
+    best = None
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if re.fullmatch(pattern.replace(".", r"\.").replace("*", r"[^.]+"), name):
+                # the most specific pattern wins ("mpirl.algos.*.settings" over "mpirl.algos.*.*")
+                key = (pattern.count(".") - pattern.count("*") * 0.5, index)
+                best = key if best is None or key[0] > best[0] else best
+    assert best is not None, f"{name} is in no layer of LAYERS: add it"
+    return best[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_module_imports_a_module_of_a_higher_layer():
+    upward = [f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+              for a, targets in sorted(_graph().items()) for b in sorted(targets) if _layer(b) > _layer(a)]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not cycles, "modules that import each other (directly or through others):\n" + "\n".join(
+        " ⇄ ".join(c) for c in cycles)
+
+
+def test_the_import_checks_see_an_import_in_any_place():
+    """The two tests above read every kind of import: a cycle through a function-level or a type-only import
+    is still caught."""
+    graph = _graph()
+    assert "mpirl.job.contract" in graph["mpirl.job.checks"]  # at the top
+    assert "mpirl.job.checkpoint" in graph["mpirl.job.context"]  # under TYPE_CHECKING
+    assert "mpirl.registry" in graph["mpirl.cli"]  # inside a function
+    assert _layer("mpirl.algos.apex.settings") == 0 and _layer("mpirl.algos.apex.learner") == 6

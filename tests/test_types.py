@@ -1,5 +1,5 @@
 """The algorithm contract is checked, not hoped for: mypy holds every folder of mpirl/algos/ (through the registry
-in mpirl/algos/__init__.py) and the shared roles to the types of mpirl/contract.py."""
+in mpirl/registry.py) and the shared loops to the types of mpirl/job/contract.py."""
 
 from __future__ import annotations
 

@@ -13,17 +13,28 @@ and answer the learner through the ``reply`` layout, over a ring of ``depth`` se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import numpy as np
 
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import dump_layout, sample_layout
 from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
+from mpirl.config import JobConfig
+from mpirl.replay.memory import ReplayMemory
 from mpirl.replay.ring import RingStore
 
-if TYPE_CHECKING:
-    from mpirl.actor_learner.replay_buffer import Buffer
+
+class Buffer(Protocol):
+    """What a server reads of the buffer rank it serves from (:class:`mpirl.actor_learner.replay_buffer.Buffer`)."""
+    cfg: JobConfig
+    spec: dict  # the record spec: field -> (shape, dtype)
+    framed: dict  # the fields whose frames are stored once (empty without frame deduplication)
+    min_fill: int  # records this shard holds before it serves a batch
+    stream_frames: int  # frames the actors' streams may still refer to (ring room kept for them)
+
+    def make_shard(self) -> ReplayMemory:
+        """The algorithm's replay memory for this shard."""
 
 
 class ShardServer:

@@ -67,7 +67,7 @@ def _cores_note(ranks: int) -> str:
 def job_config():
     """The job's config and its checked spaces and parameter count."""
     from mpirl import config
-    from mpirl.algos import algorithm
+    from mpirl.registry import algorithm
     cfg, _ = config.load(JOB, [])
     return cfg, algorithm("a3c").check(cfg, cfg.world_size, str(JOB))
 
@@ -205,7 +205,7 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
     communicator (the gradient, loss and a flag per learner summed: a ring's ``2 (K - 1) / K x 4 (n_params + 1 +
     K)`` per learner, and the control gather's 32 B per learner)."""
     from mpirl.config import load
-    from mpirl.algos import algorithm
+    from mpirl.registry import algorithm
     cfg, _ = load(APEX_JOB, [])
     n_params = algorithm("apex").check(cfg, cfg.world_size, str(APEX_JOB)).n_params
     rates: dict[int, list[float]] = {}

@@ -71,7 +71,7 @@ COLLECT = ("run.train_steps=0", "run.env_steps=0", "replay.samples_per_insert=0"
 
 def _checked(algorithm: str, job: Path, games: int, extra: tuple = ()):
     from mpirl import config
-    from mpirl.algos import algorithm as algo
+    from mpirl.registry import algorithm as algo
     cfg, _ = config.load(job, [*extra, f"env.envs_per_actor={games}"])
     return cfg, algo(algorithm).check(cfg, cfg.world_size, str(job))
 

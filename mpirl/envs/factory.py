@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config import ConfigError, EnvConfig
+from mpirl.envs.atari import ale_spaces, is_ale_id
 from mpirl.envs.images import channels_first_shape, channels_last
 
 MINATAR_PREFIX = "MinAtar/"
@@ -77,12 +78,10 @@ def spaces_of(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, 
 def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
     """(observation shape, observation dtype, number of actions); validates the env for DQN.
 
-    ``"ALE/..."`` ids are Atari games run by ``mpirl.envs.vector.AtariVector``: delegated there.
+    ``"ALE/..."`` ids are Atari games, run as one vector (``mpirl.envs.vector.AtariVector``): ale-py answers.
     """
-    if cfg.id.startswith("ALE/"):
-        from mpirl.envs.vector import vector_spaces  # vector.py imports this module
-
-        return vector_spaces(cfg)
+    if is_ale_id(cfg.id):
+        return ale_spaces(cfg)
     env = make_env(cfg)
     try:
         return spaces_of(env, cfg)

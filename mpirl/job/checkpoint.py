@@ -29,7 +29,7 @@ import numpy as np
 from mpirl.atomic import write_atomically
 from mpirl.config import MOVED, ConfigError, JobConfig
 from mpirl.metrics import heartbeat
-from mpirl.metrics.run_file import load_run, plain, read_status
+from mpirl.metrics.run_file import RUN_FILE, load_run, plain
 
 CKPT_DIR = "checkpoints"
 NAME = re.compile(r"^ckpt-(\d{10})\.(pt|h5)$")
@@ -129,14 +129,18 @@ class Resume:
         return f"{Path(self.checkpoint).name} ({self.step_name} {self.train_steps})"
 
 
-def _last_at_or_before(table: dict, column: str, t: float, where=None):
-    if not table or column not in table:
-        return None
-    keep = table["time"] <= t
-    if where is not None:
-        keep &= where
-    idx = np.flatnonzero(keep)
-    return table[column][idx[-1]] if len(idx) else None
+def _actor_steps(run: dict, t: float) -> dict[int, int]:
+    """Each actor's env steps at job time ``t``: the last row of its ``actors`` table at or before ``t``."""
+    steps = {}
+    for entry in run["files"].values():
+        table = entry["tables"].get("actors", {})
+        if "actor" not in table:
+            continue
+        for actor in np.unique(table["actor"]):
+            idx = np.flatnonzero((table["time"] <= t) & (table["actor"] == actor))
+            if len(idx):
+                steps[int(actor)] = int(table["env_steps"][idx[-1]])
+    return steps
 
 
 def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
@@ -152,10 +156,10 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
             return None
     else:
         run_dir = Path(target)
-        if not (run_dir / "run.h5").is_file():
+        if not (run_dir / RUN_FILE).is_file():
             raise ConfigError("--resume", f"{target}: no run.h5 there; pass a run directory such as "
                               f"{cfg.run.out_dir}/{cfg.run.name}-20260101-120000, or 'auto'")
-        if _live(run_dir):
+        if _live(run_dir, load_run(run_dir, files=False)["run"]["attrs"]):
             raise ConfigError("--resume", f"{target} is still running (its heartbeat is fresh); stop it first "
                               "(Ctrl-C on mpirl launch, or kill -USR1 its mpiexec), or wait until it ends")
     found = checkpoints(run_dir)
@@ -177,23 +181,17 @@ def plan_resume(cfg: JobConfig, world_size: int, target: str) -> Resume | None:
         raise ConfigError("--resume", f"{found[-1]} belongs to another job: {why}; resume with the job and world "
                           f"size that wrote it (only {', '.join(MAY_CHANGE)}, log.* and checkpoint.* may change)")
     t = float(state["job_time"])
-    actor_steps = {}
-    for name, entry in load_run(run_dir)["files"].items():
-        actors = entry["tables"].get("actors", {})
-        for actor in np.unique(actors.get("actor", np.zeros(0, np.int64))):
-            steps = _last_at_or_before(actors, "env_steps", t, actors["actor"] == actor)
-            if steps is not None:
-                actor_steps[int(actor)] = int(steps)
-    restart = int(read_status(run_dir).get("restarts", 0)) + 1
-    return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart, actor_steps,
-                  state["step_name"])
+    run = load_run(run_dir)  # run.h5 and the rank files, read once
+    restart = int(run["run"]["attrs"].get("restarts", 0)) + 1
+    return Resume(str(Path(run_dir).resolve()), str(found[-1]), t, int(state["train_steps"]), restart,
+                  _actor_steps(run, t), state["step_name"])
 
 
-def _live(run_dir: Path) -> bool:
-    """run.h5 says running and the heartbeat agrees."""
+def _live(run_dir: Path, attrs: dict) -> bool:
+    """run.h5's attributes ``attrs`` say running and the heartbeat agrees."""
     try:
-        return read_status(run_dir).get("status") == "running" and heartbeat.verdict(run_dir)[0] is True
-    except (OSError, FileNotFoundError):
+        return attrs.get("status") == "running" and heartbeat.verdict(run_dir)[0] is True
+    except OSError:
         return False
 
 
@@ -205,18 +203,16 @@ def _newest_unfinished(cfg: JobConfig) -> Path | None:
     slurm_job = os.environ.get("SLURM_JOB_ID", "")
     for run_dir in out.glob(f"{cfg.run.name}-*"):
         found = checkpoints(run_dir)
-        if not found or not (run_dir / "run.h5").is_file():
+        if not found or not (run_dir / RUN_FILE).is_file():
             continue
-        try:
-            with h5py.File(run_dir / "run.h5", "r", locking=False) as f:
-                status = plain(f.attrs.get("status", ""))
-                name = plain(f["job"].attrs.get("run.name", ""))
-                job_id = str(plain(f["provenance"].attrs.get("slurm_job_id", "")))
-        except (OSError, KeyError):
+        run = load_run(run_dir, files=False)["run"]
+        if run["note"] != "ok":  # unreadable
             continue
+        status, name = run["attrs"].get("status", ""), run["job"].get("run.name", "")
+        job_id = str(run["provenance"].get("slurm_job_id", ""))
         if status == "completed" or name != cfg.run.name:  # "cartpole-*" also matches "cartpole-baseline-s1-*"
             continue
-        if status == "running" and heartbeat.verdict(run_dir)[0] is True:  # alive: another job is writing it
+        if _live(run_dir, run["attrs"]):  # alive: another job is writing it
             continue
         same_job = bool(slurm_job) and job_id == slurm_job
         candidates.append((same_job, found[-1].stat().st_mtime, run_dir))

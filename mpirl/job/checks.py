@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpirl.config import ConfigError, JobConfig
 from mpirl.job import memory
-
-if TYPE_CHECKING:
-    from mpirl.job.contract import Algorithm
-
-
-class Checked(NamedTuple):
-    """What an algorithm's checks found: the env's spaces (the algorithm's own record of them), the record spec
-    its replay and messages use, the length of the parameter vector every broadcast carries, and each rank's
-    memory estimate."""
-    spaces: Any
-    spec: dict
-    n_params: int
-    memory: memory.Estimate
+from mpirl.job.contract import Algorithm, Checked
 
 
 def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -> Checked:

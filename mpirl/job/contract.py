@@ -1,7 +1,7 @@
 """The algorithm contract: what a folder of :mod:`mpirl.algos` provides, as types a checker holds it to.
 
 An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (run by the test suite,
-``tests/test_types.py``) checks every folder against them through :mod:`mpirl.algos`' registry:
+``tests/test_types.py``) checks every folder against them through :mod:`mpirl.registry`:
 
 * ``settings.py`` — :class:`Settings`: the sections it owns, the shared keys it reads, its cross-field checks and
   its default world size (standard library and :mod:`mpirl.domain` only: the config layer imports it).
@@ -10,25 +10,35 @@ An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (r
   communicators, its role loops, its rank files, its validate line and its end-of-job summary.
 * ``info.py`` — :class:`Info`: ``mpirl info``'s summary and ``mpirl watch``'s frame, from the HDF5 files alone.
 
-It sits beside the config layer, not in ``mpirl/algos/``: the shared layers import it and no module of an algorithm
-folder. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.job.wiring`, :mod:`mpirl.cli`) never
+It sits with the generic job (:mod:`mpirl.job`), below the algorithms: the shared layers and every algorithm import it,
+and it imports no algorithm. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.job.wiring`, :mod:`mpirl.cli`) never
 asks whether an algorithm has something, and never names one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 from mpirl.comm.topology import Layout, Link, LinkKind  # noqa: F401 - the layout's data, part of the contract
+from mpirl.job.memory import Estimate
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from mpirl.comm.topology import Topology
     from mpirl.config import JobConfig
-    from mpirl.job.checks import Checked
     from mpirl.job.context import RoleContext
+
+class Checked(NamedTuple):
+    """What an algorithm's checks found: the env's spaces (the algorithm's own record of them), the record spec
+    its replay and messages use, the length of the parameter vector every broadcast carries, and each rank's
+    memory estimate."""
+    spaces: Any
+    spec: dict
+    n_params: int
+    memory: Estimate
+
 
 RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
 

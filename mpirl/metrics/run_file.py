@@ -201,11 +201,12 @@ def read_table(group: h5py.Group) -> dict[str, np.ndarray]:
     return {k: v[:n] for k, v in cols.items()}
 
 
-def load_run(run_dir: Path) -> dict[str, Any]:
+def load_run(run_dir: Path, files: bool = True) -> dict[str, Any]:
     """Everything in a run directory as arrays: ``{"run": {...}, "files": {name: {...}}}``.
 
-    ``files[name]`` = ``{"note", "attrs", "tables": {table: {column: array}}}`` for
-    the learner and every buffer (from run.h5's links and from the file names present).
+    ``run`` = ``{"note", "attrs", "job", "provenance", "links"}`` from run.h5; ``files[name]`` =
+    ``{"note", "attrs", "tables": {table: {column: array}}}`` for the learner and every buffer (from run.h5's
+    links and from the file names present), or nothing with ``files=False`` (run.h5 alone).
     """
     run_dir = Path(run_dir)
     run = {"note": "", "attrs": {}, "job": {}, "provenance": {}, "links": {}}
@@ -220,11 +221,13 @@ def load_run(run_dir: Path) -> dict[str, Any]:
                 link = f.get(name, getlink=True)
                 if isinstance(link, h5py.ExternalLink):
                     run["links"][name] = link.filename
+    if not files:
+        return {"run": run, "files": {}}
     paths = {n: run_dir / fn for n, fn in run["links"].items()}
     for p in sorted(run_dir.glob("*.h5")):
         if RANK_FILE.match(p.name):
             paths.setdefault(p.stem, p)
-    files = {}
+    loaded = {}
     for name, path in sorted(paths.items()):
         entry = {"note": "", "attrs": {}, "tables": {}}
         rf, entry["note"] = open_h5(path)
@@ -240,5 +243,5 @@ def load_run(run_dir: Path) -> dict[str, Any]:
                             entry["note"] = f"table {key} unreadable ({e})"
                 except (OSError, KeyError, ValueError, RuntimeError) as e:
                     entry["note"] = f"unreadable while being written ({e}); try again"
-        files[name] = entry
-    return {"run": run, "files": files}
+        loaded[name] = entry
+    return {"run": run, "files": loaded}

@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from mpirl.metrics import heartbeat
+from mpirl.metrics.formatting import fmt, fmt_bytes
 from mpirl.metrics.run_file import RUN_FILE, load_run, plain
 
 NAN = float("nan")
@@ -251,34 +252,16 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _f(x: Any, spec: str = ",.0f", unit: str = "") -> str:
-    """Format a number; '-' for None/NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:{spec}}{unit}" if isinstance(x, (int, float)) else str(x)
-
-
-def _bytes(x: Any) -> str:
-    if x is None or not math.isfinite(x):
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(x) < 1024 or unit == "GiB":
-            return f"{x:,.0f} {unit}" if unit == "B" else f"{x:,.1f} {unit}"
-        x /= 1024
-
-
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as aligned plain text (about 30-50 lines)."""
     st = s["status"] + (f" ({s['stop_reason']})" if s.get("stop_reason") else "")
-    wall = (_f(s["wall_seconds"], ",.1f", " s") if s.get("wall_seconds") is not None
-            else f"{_f(s['elapsed_seconds'], ',.1f', ' s')} so far (last row)")
+    wall = (fmt(s["wall_seconds"], ",.1f", " s") if s.get("wall_seconds") is not None
+            else f"{fmt(s['elapsed_seconds'], ',.1f', ' s')} so far (last row)")
     r = s["roles"]
     out = [f"run           {s.get('name') or '-'}   ({s['run_dir']})",
            f"status        {st}",
            f"time          {s.get('start_time') or '-'} -> {s.get('end_time') or '-'}   wall {wall}",
-           f"world         {_f(s.get('world_size'))} ranks: {r['learner']} learner{'s' if r['learner'] > 1 else ''}"
+           f"world         {fmt(s.get('world_size'))} ranks: {r['learner']} learner{'s' if r['learner'] > 1 else ''}"
            + (" (the actors' worker)" if r.get("worker_on_learner") else "") + f", {r['buffers']} buffer(s), "
            + (f"{r['workers']} worker(s), " if r.get("workers") and not r.get("worker_on_learner") else "")
            + f"{r['actors']} actors   architecture {s.get('architecture') or '-'}",
@@ -289,51 +272,51 @@ def format_summary(s: dict[str, Any]) -> str:
     if L is None:
         out.append("learner       no rows yet")
     else:
-        out += [f"learner       {L['rows']} rows, {_f(L['time_s'], ',.1f', ' s')}",
-                f"  train steps         {_f(L['train_steps']):>14}   {_f(L['train_steps_per_s'], ',.2f')} /s"
-                f" (recent {_f(L['train_steps_per_s_recent'], ',.2f')} /s)",
-                f"  env steps           {_f(L['env_steps']):>14}   episodes {_f(L['episodes'])}",
-                f"  loss (last 10%)     {_f(L['loss'], '.4g'):>14}"
-                + ("" if _f(L['td_abs']) == "-" else f"   |TD| {_f(L['td_abs'], '.4g')}"),
-                *([] if _f(L['p_s']) == _f(L['p_t']) == "-" else  # an algorithm without priorities: no line
-                  [f"  p_s / p_t (last 10%){_f(L['p_s'], '.4g'):>14} / {_f(L['p_t'], '.4g')}"]),
-                f"  compute / comm      {_f(100 * L['compute_fraction'], '.1f', ' %'):>14} / "
-                f"{_f(100 * L['comm_fraction'], '.1f', ' %')}   "
-                f"({_f(L['compute_s'], ',.1f', ' s')} / {_f(L['comm_s'], ',.1f', ' s')})",
-                f"  bytes in / sample   {_bytes(L['bytes_per_sample']):>14}   total {_bytes(L['bytes_in'])}",
-                f"  return (last 20)    {_f(L['return_mean20'], ',.2f'):>14}   "
-                f"param version {_f(L['param_version'])}"]
+        out += [f"learner       {L['rows']} rows, {fmt(L['time_s'], ',.1f', ' s')}",
+                f"  train steps         {fmt(L['train_steps']):>14}   {fmt(L['train_steps_per_s'], ',.2f')} /s"
+                f" (recent {fmt(L['train_steps_per_s_recent'], ',.2f')} /s)",
+                f"  env steps           {fmt(L['env_steps']):>14}   episodes {fmt(L['episodes'])}",
+                f"  loss (last 10%)     {fmt(L['loss'], '.4g'):>14}"
+                + ("" if fmt(L['td_abs']) == "-" else f"   |TD| {fmt(L['td_abs'], '.4g')}"),
+                *([] if fmt(L['p_s']) == fmt(L['p_t']) == "-" else  # an algorithm without priorities: no line
+                  [f"  p_s / p_t (last 10%){fmt(L['p_s'], '.4g'):>14} / {fmt(L['p_t'], '.4g')}"]),
+                f"  compute / comm      {fmt(100 * L['compute_fraction'], '.1f', ' %'):>14} / "
+                f"{fmt(100 * L['comm_fraction'], '.1f', ' %')}   "
+                f"({fmt(L['compute_s'], ',.1f', ' s')} / {fmt(L['comm_s'], ',.1f', ' s')})",
+                f"  bytes in / sample   {fmt_bytes(L['bytes_per_sample']):>14}   total {fmt_bytes(L['bytes_in'])}",
+                f"  return (last 20)    {fmt(L['return_mean20'], ',.2f'):>14}   "
+                f"param version {fmt(L['param_version'])}"]
     out += ["", f"buffers       {'exp in':>12} {'exp/s':>10} {'fill / capacity':>22} "
                 f"{'stale':>8} {'alpha':>7} {'KB/slot':>8}"]
     for b in s["buffers"]:
-        fill = f"{_f(b['fill'])}/{_f(b['capacity'])} ({_f(100 * b['fill_fraction'], '.0f', '%')})"
-        out.append(f"  {b['name']:<11} {_f(b['experiences_in']):>12} "
-                   f"{_f(b['experiences_in_per_s'], ',.1f'):>10} {fill:>22} "
-                   f"{_f(b['stale_updates']):>8} {_f(b['alpha'], '.2f'):>7} "
-                   f"{_f(b['bytes_per_slot'] / 1e3 if b['bytes_per_slot'] else None, ',.1f'):>8}")
+        fill = f"{fmt(b['fill'])}/{fmt(b['capacity'])} ({fmt(100 * b['fill_fraction'], '.0f', '%')})"
+        out.append(f"  {b['name']:<11} {fmt(b['experiences_in']):>12} "
+                   f"{fmt(b['experiences_in_per_s'], ',.1f'):>10} {fill:>22} "
+                   f"{fmt(b['stale_updates']):>8} {fmt(b['alpha'], '.2f'):>7} "
+                   f"{fmt(b['bytes_per_slot'] / 1e3 if b['bytes_per_slot'] else None, ',.1f'):>8}")
     e = s["episodes"]
-    out += ["", f"episodes      {e['count']} over all buffers   mean length {_f(e['mean_length'], ',.1f')}",
-            f"  return        first 20 {_f(e['first20_mean'], ',.2f')}   last 20 "
-            f"{_f(e['last20_mean'], ',.2f')}   best {_f(e['best'], ',.2f')}"]
+    out += ["", f"episodes      {e['count']} over all buffers   mean length {fmt(e['mean_length'], ',.1f')}",
+            f"  return        first 20 {fmt(e['first20_mean'], ',.2f')}   last 20 "
+            f"{fmt(e['last20_mean'], ',.2f')}   best {fmt(e['best'], ',.2f')}"]
     c = e["curve"]
     if c["t_mid"]:
-        out += [f"  curve ({len(c['t_mid'])} bins of {_f(c['bin_seconds'], ',.1f', ' s')})",
-                "    t [s]  " + "".join(f"{_f(x, ',.0f'):>9}" for x in c["t_mid"]),
-                "    return " + "".join(f"{_f(x, ',.1f'):>9}" for x in c["mean_return"])]
+        out += [f"  curve ({len(c['t_mid'])} bins of {fmt(c['bin_seconds'], ',.1f', ' s')})",
+                "    t [s]  " + "".join(f"{fmt(x, ',.0f'):>9}" for x in c["t_mid"]),
+                "    return " + "".join(f"{fmt(x, ',.1f'):>9}" for x in c["mean_return"])]
     out += ["", f"actors        {'buffer':<10} {'epsilon':>8} {'env steps':>12} {'steps/s':>9} {'held back s':>12}"
             f" {'episodes':>9} {'return last 20':>15} {'best 20':>8}"]
-    out += [f"  {a['actor']:<11} {a['buffer']:<10} {_f(a['epsilon'], '.4f'):>8} "
-            f"{_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
-            f"{_f(a.get('throttled_s'), ',.1f'):>12} {_f(a.get('episodes')):>9} "
-            f"{_f(a.get('last20_mean'), ',.1f'):>15} {_f(a.get('best20_mean'), ',.1f'):>8}" for a in s["actors"]]
+    out += [f"  {a['actor']:<11} {a['buffer']:<10} {fmt(a['epsilon'], '.4f'):>8} "
+            f"{fmt(a['env_steps']):>12} {fmt(a['env_steps_per_s'], ',.1f'):>9} "
+            f"{fmt(a.get('throttled_s'), ',.1f'):>12} {fmt(a.get('episodes')):>9} "
+            f"{fmt(a.get('last20_mean'), ',.1f'):>15} {fmt(a.get('best20_mean'), ',.1f'):>8}" for a in s["actors"]]
     for w in s.get("workers", []):
-        out += ["", f"{w['name']:<13} steps served {_f(w['steps_served'])}   forward passes {_f(w['passes'])}   "
-                    f"requests per pass {_f(w['batch_mean'], ',.2f')} (max {_f(w['batch_max'])})",
-                f"  request latency p50 / p95  {_f(w['latency_p50_ms'], ',.2f')} / {_f(w['latency_p95_ms'], ',.2f')} ms"
-                f"   inference {_f(w['infer_s'], ',.1f', ' s')}   held back {_f(w['throttled_s'], ',.1f', ' s')}",
+        out += ["", f"{w['name']:<13} steps served {fmt(w['steps_served'])}   forward passes {fmt(w['passes'])}   "
+                    f"requests per pass {fmt(w['batch_mean'], ',.2f')} (max {fmt(w['batch_max'])})",
+                f"  request latency p50 / p95  {fmt(w['latency_p50_ms'], ',.2f')} / {fmt(w['latency_p95_ms'], ',.2f')} ms"
+                f"   inference {fmt(w['infer_s'], ',.1f', ' s')}   held back {fmt(w['throttled_s'], ',.1f', ' s')}",
                 f"  {'actor':<9} {'env steps':>12} {'steps/s':>9} {'waiting s':>10}"]
-        out += [f"  {a['actor']:<9} {_f(a['env_steps']):>12} {_f(a['env_steps_per_s'], ',.1f'):>9} "
-                f"{_f(a['wait_s'], ',.1f'):>10}" for a in w["actors"]]
+        out += [f"  {a['actor']:<9} {fmt(a['env_steps']):>12} {fmt(a['env_steps_per_s'], ',.1f'):>9} "
+                f"{fmt(a['wait_s'], ',.1f'):>10}" for a in w["actors"]]
     return "\n".join(out)
 
 

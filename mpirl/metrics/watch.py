@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from mpirl.metrics.run_file import FINAL_STATUSES
-from mpirl.metrics.summary import _f
+from mpirl.metrics.formatting import fmt
 
 
 def progress(s: dict[str, Any]) -> list[tuple[str, float, str]]:
@@ -29,13 +29,13 @@ def progress(s: dict[str, Any]) -> list[tuple[str, float, str]]:
         goal = job.get(key) or 0
         if goal:
             done = float(now or 0)
-            out.append((key.split(".")[1], min(done / goal, 1.0), f"{_f(done)} / {_f(goal)} {unit}"))
+            out.append((key.split(".")[1], min(done / goal, 1.0), f"{fmt(done)} / {fmt(goal)} {unit}"))
     target = job.get("run.target_return")
     if isinstance(target, (int, float)) and math.isfinite(target) and target:
         ret = L.get("return_mean20")
         frac = 0.0 if ret is None or not math.isfinite(ret) else max(0.0, min(ret / target, 1.0))
         window = job.get("run.return_window", 20)
-        out.append(("target_return", frac, f"mean of the last {window}: {_f(ret, ',.1f')} / {_f(target, ',.1f')}"))
+        out.append(("target_return", frac, f"mean of the last {window}: {fmt(ret, ',.1f')} / {fmt(target, ',.1f')}"))
     return out
 
 
@@ -48,7 +48,7 @@ def frame(s: dict[str, Any]) -> str:
     """One screen of the live view."""
     st = s["status"] + (f" ({s['stop_reason']})" if s.get("stop_reason") else "")
     out = [f"mpirl watch  {s.get('name') or '-'}   {s['run_dir']}",
-           f"status {st}   job time {_f(s.get('elapsed_seconds'), ',.1f', ' s')}   "
+           f"status {st}   job time {fmt(s.get('elapsed_seconds'), ',.1f', ' s')}   "
            f"{s['roles']['buffers']} buffer(s), {s['roles']['actors']} actors, {s.get('architecture') or '-'}", ""]
     for what, frac, detail in progress(s):
         out.append(f"  {what:<14} {bar(frac)}  {detail}")
@@ -57,19 +57,19 @@ def frame(s: dict[str, Any]) -> str:
     if L is None:
         out.append("learner   no rows yet")
     else:
-        out += [f"learner   {_f(L['train_steps'])} train steps, {_f(L['train_steps_per_s_recent'], ',.1f')} /s recent"
-                f"   loss {_f(L['loss'], '.4g')}   return (last 20) {_f(L['return_mean20'], ',.1f')}",
-                f"          compute {_f(100 * L['compute_fraction'], '.1f', ' %')} / comm "
-                f"{_f(100 * L['comm_fraction'], '.1f', ' %')}   env steps {_f(L['env_steps'])}"
-                f"   skipped batches {_f(L.get('skipped_batches'))}"]
+        out += [f"learner   {fmt(L['train_steps'])} train steps, {fmt(L['train_steps_per_s_recent'], ',.1f')} /s recent"
+                f"   loss {fmt(L['loss'], '.4g')}   return (last 20) {fmt(L['return_mean20'], ',.1f')}",
+                f"          compute {fmt(100 * L['compute_fraction'], '.1f', ' %')} / comm "
+                f"{fmt(100 * L['comm_fraction'], '.1f', ' %')}   env steps {fmt(L['env_steps'])}"
+                f"   skipped batches {fmt(L.get('skipped_batches'))}"]
     for b in s["buffers"]:
-        out.append(f"{b['name']:<9} fill {_f(b['fill'])}/{_f(b['capacity'])} "
-                   f"({_f(100 * b['fill_fraction'], '.0f', '%')})   {_f(b['experiences_in_per_s'], ',.0f')} exp/s"
-                   f"   alpha {_f(b['alpha'], '.2f')}   stale {_f(b['stale_updates'])}")
+        out.append(f"{b['name']:<9} fill {fmt(b['fill'])}/{fmt(b['capacity'])} "
+                   f"({fmt(100 * b['fill_fraction'], '.0f', '%')})   {fmt(b['experiences_in_per_s'], ',.0f')} exp/s"
+                   f"   alpha {fmt(b['alpha'], '.2f')}   stale {fmt(b['stale_updates'])}")
     for a in s["actors"]:
-        out.append(f"actor {a['actor']:<3} {_f(a['env_steps_per_s'], ',.0f'):>7} steps/s   env steps "
-                   f"{_f(a['env_steps'])}   eps {_f(a['epsilon'], '.3f')}   return (last 20) "
-                   f"{_f(a.get('last20_mean'), ',.1f')}   env errors {_f(a.get('env_errors'))}")
+        out.append(f"actor {a['actor']:<3} {fmt(a['env_steps_per_s'], ',.0f'):>7} steps/s   env steps "
+                   f"{fmt(a['env_steps'])}   eps {fmt(a['epsilon'], '.3f')}   return (last 20) "
+                   f"{fmt(a.get('last20_mean'), ',.1f')}   env errors {fmt(a.get('env_errors'))}")
     out += [f"note      {n}" for n in s["notes"]]
     return "\n".join(out)
 

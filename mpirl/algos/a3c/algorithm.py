@@ -15,9 +15,8 @@ from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
 from mpirl.algos.a3c.settings import has_server, updates_per_rollout
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
-from mpirl.job.contract import RoleLoop, lazy_loop
+from mpirl.job.contract import Checked, RoleLoop, lazy_loop
 from mpirl.job import memory
-from mpirl.job.checks import Checked
 from mpirl.agents.policy_checks import Spaces, actor_critic_params, actor_critic_spaces
 
 if TYPE_CHECKING:

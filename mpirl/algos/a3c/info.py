@@ -11,7 +11,7 @@ import numpy as np
 
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run
-from mpirl.metrics.summary import _f
+from mpirl.metrics.formatting import fmt
 
 NAN = float("nan")
 
@@ -87,26 +87,26 @@ def format_summary(s: dict[str, Any]) -> str:
     loss = str(job.get("a3c.loss", "-")).upper()
     out = [f"run        {s['run_dir']}",
            f"status     {st}",
-           f"wall       {_f(s.get('wall_seconds'), ',.1f', ' s')}   world {_f(s.get('world_size'))} ranks: "
+           f"wall       {fmt(s.get('wall_seconds'), ',.1f', ' s')}   world {fmt(s.get('world_size'))} ranks: "
            f"{'1 parameter server, ' if server else ''}{len(s['workers'])} worker(s)",
            f"gradients  {loss} on {job.get('env.id', '-')}, exchange {exchange}",
            f"updates    {u['version']:,} (gradients applied {u['applied']:,}, dropped {u['dropped']:,}); staleness "
-           f"mean {_f(u['staleness_mean'], '.2f')}, max {_f(u['staleness_max'], '.0f')}",
-           f"losses     loss {_f(u['loss'], '.4g')}, entropy {_f(u['entropy'], '.3f')}, gradient norm "
-           f"{_f(u['grad_norm'], '.3g')}" + (f", approx KL {_f(u['approx_kl'], '.2g')}, clipped "
-                                              f"{_f(u['clip_fraction'], '.3f')}" if loss == "PPO" else ""),
-           f"episodes   {e['count']:,}: mean return of the last {e['window']} {_f(e['last_window'], ',.1f')}, best "
-           f"{_f(e['best_window'], ',.1f')}"]
+           f"mean {fmt(u['staleness_mean'], '.2f')}, max {fmt(u['staleness_max'], '.0f')}",
+           f"losses     loss {fmt(u['loss'], '.4g')}, entropy {fmt(u['entropy'], '.3f')}, gradient norm "
+           f"{fmt(u['grad_norm'], '.3g')}" + (f", approx KL {fmt(u['approx_kl'], '.2g')}, clipped "
+                                              f"{fmt(u['clip_fraction'], '.3f')}" if loss == "PPO" else ""),
+           f"episodes   {e['count']:,}: mean return of the last {e['window']} {fmt(e['last_window'], ',.1f')}, best "
+           f"{fmt(e['best_window'], ',.1f')}"]
     if s["test"]:
         t = s["test"]
-        out.append(f"test       after {_f(t['train_steps'])} updates: return {_f(t['return_mean'], ',.1f')} ± "
-                   f"{_f(t['return_std'], ',.1f')} over {_f(t['episodes'])} episodes")
+        out.append(f"test       after {fmt(t['train_steps'])} updates: return {fmt(t['return_mean'], ',.1f')} ± "
+                   f"{fmt(t['return_std'], ',.1f')} over {fmt(t['episodes'])} episodes")
     out.append(f"  {'rank':>5} {'rollouts':>9} {'env steps':>10} {'episodes':>9} {'wait %':>7} {'preempted':>10} "
                f"{'gradients':>10} {'dropped':>8} {'last 20':>8}")
     for w in s["workers"]:
         out.append(f"  {w['rank']:>5} {w['rollouts']:>9,} {w['env_steps']:>10,} {w['episodes']:>9,} "
-                   f"{_f(100 * w['wait_share'], '.1f'):>7} {w['preempted']:>10,} {w['gradients']:>10,} "
-                   f"{w['dropped']:>8,} {_f(w['last20_return'], ',.1f'):>8}")
+                   f"{fmt(100 * w['wait_share'], '.1f'):>7} {w['preempted']:>10,} {w['gradients']:>10,} "
+                   f"{w['dropped']:>8,} {fmt(w['last20_return'], ',.1f'):>8}")
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
 

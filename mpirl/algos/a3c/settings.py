@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpirl.domain import Domain, setting
+from mpirl.domain import ConfigError, Domain, setting
 
 EXCHANGES = ("async", "sync", "allreduce")
 
@@ -92,7 +92,6 @@ def min_steps(cfg) -> int:
 
 def check(cfg) -> None:
     """The cross-field checks that need no world size (those are in algorithm.py)."""
-    from mpirl.config import ConfigError
     r, a = cfg.run, cfg.a3c
     if not (r.train_steps or r.env_steps or r.wall_seconds):
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "

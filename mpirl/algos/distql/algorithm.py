@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, NamedTuple
 from mpirl.agents.tabular import PAIR_BYTES
 from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.job.contract import RoleLoop, lazy_loop
+from mpirl.job.contract import Checked, RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.job import memory
-from mpirl.job.checks import Checked
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run
-from mpirl.metrics.summary import _bytes, _f
+from mpirl.metrics.formatting import fmt, fmt_bytes
 
 NAN = float("nan")
 
@@ -88,33 +88,33 @@ def format_summary(s: dict[str, Any]) -> str:
     m, e = s["merges"], s["episodes"]
     out = [f"run        {s['run_dir']}",
            f"status     {st}",
-           f"wall       {_f(s.get('wall_seconds'), ',.1f', ' s')}   world {_f(s.get('world_size'))} ranks: "
+           f"wall       {fmt(s.get('wall_seconds'), ',.1f', ' s')}   world {fmt(s.get('world_size'))} ranks: "
            f"1 Q-server, {len(s['workers'])} worker(s)",
            f"DistQL     {job.get('distql.variant', '-')} on {job.get('env.id', '-')}: "
-           f"{_f(srv.get('n_states'))} states x {_f(srv.get('n_actions'))} actions; "
+           f"{fmt(srv.get('n_states'))} states x {fmt(srv.get('n_actions'))} actions; "
            f"{str(job.get('distql.mode', '-')).upper()} replies, {job.get('distql.exchange', '-')} exchange every "
-           f"{_f(job.get('distql.tau'))} episode(s)",
-           f"merges     {m['count']:,}: {_f(m['pairs_in_mean'], ',.1f')} pairs in, {_f(m['reply_pairs_mean'], ',.1f')} "
-           f"pairs out a merge; {_bytes(m['bytes_per_exchange'])} an exchange ({_bytes(m['bytes_in'])} in, "
-           f"{_bytes(m['bytes_out'])} out); merging {_f(m['merge_s'], ',.3f', ' s')}",
-           f"episodes   {e['count']:,}: mean return of the first 100 {_f(e['first100_mean'], ',.1f')}, "
-           f"of the last 10 % {_f(e['last10pct_mean'], ',.1f')}"]
+           f"{fmt(job.get('distql.tau'))} episode(s)",
+           f"merges     {m['count']:,}: {fmt(m['pairs_in_mean'], ',.1f')} pairs in, {fmt(m['reply_pairs_mean'], ',.1f')} "
+           f"pairs out a merge; {fmt_bytes(m['bytes_per_exchange'])} an exchange ({fmt_bytes(m['bytes_in'])} in, "
+           f"{fmt_bytes(m['bytes_out'])} out); merging {fmt(m['merge_s'], ',.3f', ' s')}",
+           f"episodes   {e['count']:,}: mean return of the first 100 {fmt(e['first100_mean'], ',.1f')}, "
+           f"of the last 10 % {fmt(e['last10pct_mean'], ',.1f')}"]
     ev = s["eval"]
     if ev:
         capped = (f"; {int(ev['capped'])} of {int(ev['episodes'])} cut at distql.eval_max_steps "
-                  f"({_f(job.get('distql.eval_max_steps'))} steps)" if ev["capped"] else "")
-        out.append(f"greedy     server's table after {_f(ev['merges'])} merges: return {_f(ev['return_mean'], ',.1f')} "
-                   f"± {_f(ev['return_std'], ',.1f')}, length {_f(ev['length_mean'], ',.1f')}{capped}")
+                  f"({fmt(job.get('distql.eval_max_steps'))} steps)" if ev["capped"] else "")
+        out.append(f"greedy     server's table after {fmt(ev['merges'])} merges: return {fmt(ev['return_mean'], ',.1f')} "
+                   f"± {fmt(ev['return_std'], ',.1f')}, length {fmt(ev['length_mean'], ',.1f')}{capped}")
     tb = s["table"]
     if tb:
         out.append(f"table      {tb['seen']:,} of {tb['pairs']:,} pairs seen "
-                   f"({100 * tb['seen'] / max(tb['pairs'], 1):.1f} %), {_f(tb['merges_per_pair'], ',.1f')} merges each")
+                   f"({100 * tb['seen'] / max(tb['pairs'], 1):.1f} %), {fmt(tb['merges_per_pair'], ',.1f')} merges each")
     out.append(f"  {'worker':>6} {'episodes':>9} {'env steps':>10} {'compute':>9} {'wait':>8} {'wait %':>7} "
                f"{'last 100':>9} {'torch':>6}")
     for w in s["workers"]:
-        out.append(f"  {w['worker']:>6} {w['episodes']:>9,} {w['env_steps']:>10,} {_f(w['compute_s'], ',.1f', ' s'):>9} "
-                   f"{_f(w['wait_s'], ',.1f', ' s'):>8} {_f(100 * w['wait_share'], '.1f'):>7} "
-                   f"{_f(w['last100_return'], ',.1f'):>9} {'yes' if w['torch_imported'] else 'no':>6}")
+        out.append(f"  {w['worker']:>6} {w['episodes']:>9,} {w['env_steps']:>10,} {fmt(w['compute_s'], ',.1f', ' s'):>9} "
+                   f"{fmt(w['wait_s'], ',.1f', ' s'):>8} {fmt(100 * w['wait_share'], '.1f'):>7} "
+                   f"{fmt(w['last100_return'], ',.1f'):>9} {'yes' if w['torch_imported'] else 'no':>6}")
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
 

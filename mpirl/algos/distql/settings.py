@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mpirl.domain import Domain, setting
+from mpirl.domain import ConfigError, Domain, setting
 
 MAX_TABLE = 10**8  # state-action pairs a table may have (a dense f64 Q, f64 eta, bool seen: ~1.7 GB)
 
@@ -75,7 +75,6 @@ def world_size(cfg) -> int:
 
 def check(cfg) -> None:
     """DistQL's cross-field checks (no MPI, no environment)."""
-    from mpirl.config import ConfigError
     d = cfg.distql
     if len(d.bins) != 4:
         raise ConfigError("distql.bins", f"must be 4 bin counts (CartPole's position, velocity, angle, angular "

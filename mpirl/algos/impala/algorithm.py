@@ -16,11 +16,10 @@ import numpy as np
 
 from mpirl.algos.impala.flow import queue_slots
 from mpirl.comm.messages import experience_layout, request_layout, sample_layout
-from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import Checked, RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.job import memory
-from mpirl.job.checks import Checked
 from mpirl.agents.policy_checks import actor_critic_params, actor_critic_spaces
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.actor_learner import replay_layout

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 
 from mpirl.metrics import summary as shared
-from mpirl.metrics.summary import _f
+from mpirl.metrics.formatting import fmt
 from mpirl.metrics.watch import frame as star_frame
 
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "grad_norm", "lag_mean", "lag_max")
@@ -62,14 +62,14 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join([
         shared.format_summary(s), "",
         f"IMPALA (V-trace) on {job.get('env.id', '-')}, trajectories of {job.get('impala.unroll', '-')} steps",
-        f"  loss / policy / value (last 10%)  {_f(q['loss'], '.4g')} / {_f(q['policy_loss'], '.4g')} / "
-        f"{_f(q['value_loss'], '.4g')}",
-        f"  entropy / rho clipped / |grad|    {_f(q['entropy'], '.4g')} / {_f(q['rho_clipped'], '.3g')} / "
-        f"{_f(q['grad_norm'], '.4g')}",
-        f"  policy lag (versions) mean / max  {_f(q['lag_mean'], '.2f')} / {_f(q['lag_max'], '.0f')}",
-        f"  actors waiting (all, summed)      {_f(q['held_back_s'], ',.1f', ' s')}   "
+        f"  loss / policy / value (last 10%)  {fmt(q['loss'], '.4g')} / {fmt(q['policy_loss'], '.4g')} / "
+        f"{fmt(q['value_loss'], '.4g')}",
+        f"  entropy / rho clipped / |grad|    {fmt(q['entropy'], '.4g')} / {fmt(q['rho_clipped'], '.3g')} / "
+        f"{fmt(q['grad_norm'], '.4g')}",
+        f"  policy lag (versions) mean / max  {fmt(q['lag_mean'], '.2f')} / {fmt(q['lag_max'], '.0f')}",
+        f"  actors waiting (all, summed)      {fmt(q['held_back_s'], ',.1f', ' s')}   "
         f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})",
-        *([f"  replayed trajectories (all queues) {_f(q['replayed'], ',')}   (impala.replay_share "
+        *([f"  replayed trajectories (all queues) {fmt(q['replayed'], ',')}   (impala.replay_share "
            f"{job.get('impala.replay_share', '-')})"] if q["replayed"] else []),
         _test_line(q["test"])])
 
@@ -77,12 +77,12 @@ def format_summary(s: dict[str, Any]) -> str:
 def _test_line(t: dict | None) -> str:
     if not t:
         return "  test episodes                     none yet"
-    return (f"  test ({_f(t['episodes'])} episodes, train step {_f(t['train_steps'])})  return "
-            f"{_f(t['return_mean'], ',.2f')} ± {_f(t['return_std'], ',.2f')}")
+    return (f"  test ({fmt(t['episodes'])} episodes, train step {fmt(t['train_steps'])})  return "
+            f"{fmt(t['return_mean'], ',.2f')} ± {fmt(t['return_std'], ',.2f')}")
 
 
 def frame(s: dict[str, Any]) -> str:
     """``mpirl watch``: the learner-buffer-actor frame, then IMPALA's lag and entropy."""
     q = s["impala"]
-    return (star_frame(s) + f"\nIMPALA        entropy {_f(q['entropy'], '.3g')}, policy lag mean "
-            f"{_f(q['lag_mean'], '.2f')} max {_f(q['lag_max'], '.0f')}, held back {_f(q['held_back_s'], ',.1f', ' s')}")
+    return (star_frame(s) + f"\nIMPALA        entropy {fmt(q['entropy'], '.3g')}, policy lag mean "
+            f"{fmt(q['lag_mean'], '.2f')} max {fmt(q['lag_max'], '.0f')}, held back {fmt(q['held_back_s'], ',.1f', ' s')}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpirl import replay_job
-from mpirl.domain import Domain, setting
+from mpirl.domain import ConfigError, Domain, setting
 
 
 @dataclass
@@ -89,7 +89,6 @@ def fresh_batch(cfg, queues: int) -> int:
 
 def check(cfg) -> None:
     """IMPALA's cross-field checks: a stop condition, the layout, and queues that can serve a batch."""
-    from mpirl.config import ConfigError
     r, t, rp = cfg.run, cfg.topology, cfg.replay
     if not (r.train_steps or r.env_steps or r.wall_seconds):
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "

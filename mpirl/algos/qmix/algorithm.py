@@ -17,12 +17,11 @@ import numpy as np
 
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
-from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import Checked, RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.replay.quotas import max_quota
 from mpirl.job import memory
-from mpirl.job.checks import Checked
 from mpirl.actor_learner.replay_layout import (BUFFER, LEARNER, build_topology, inference, layout,  # noqa: F401
                                       lazy_roles, rank_files, role_map, sender_count, star_estimate)
 

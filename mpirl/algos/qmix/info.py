@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from mpirl.metrics import summary as shared
-from mpirl.metrics.summary import _f
+from mpirl.metrics.formatting import fmt
 from mpirl.metrics.watch import frame as star_frame
 
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")
@@ -40,18 +40,18 @@ def format_summary(s: dict[str, Any]) -> str:
     q = s["qmix"]
     out = [shared.format_summary(s), "",
            f"{variant:<13} on {job.get('env.id', '-')}",
-           f"  loss / |TD| / Q_tot (last 10%)   {_f(q['loss'], '.4g')} / {_f(q['td_abs'], '.4g')} / "
-           f"{_f(q['q_tot'], '.4g')}",
-           f"  MAC-PO w raw / f(pi) / central   {_f(q['w_mean_raw'], '.4g')} / {_f(q['f_mean'], '.4g')} / "
-           f"{_f(q['central_loss'], '.4g')}",
-           f"  sampling / training / testing    {_f(q['sample_s'], ',.1f', ' s')} / {_f(q['train_s'], ',.1f', ' s')}"
-           f" / {_f(q['test_s'], ',.1f', ' s')}   (sampling share {_f(100 * q['sampling_share'], '.1f', ' %')})"]
+           f"  loss / |TD| / Q_tot (last 10%)   {fmt(q['loss'], '.4g')} / {fmt(q['td_abs'], '.4g')} / "
+           f"{fmt(q['q_tot'], '.4g')}",
+           f"  MAC-PO w raw / f(pi) / central   {fmt(q['w_mean_raw'], '.4g')} / {fmt(q['f_mean'], '.4g')} / "
+           f"{fmt(q['central_loss'], '.4g')}",
+           f"  sampling / training / testing    {fmt(q['sample_s'], ',.1f', ' s')} / {fmt(q['train_s'], ',.1f', ' s')}"
+           f" / {fmt(q['test_s'], ',.1f', ' s')}   (sampling share {fmt(100 * q['sampling_share'], '.1f', ' %')})"]
     t = q["test"]
     if t:
-        out.append(f"  greedy test ({_f(t['episodes'])} episodes at train step {_f(t['train_steps'])}): return "
-                   f"{_f(t['return_mean'], ',.2f')} ± {_f(t['return_std'], ',.2f')}, captures "
-                   f"{_f(t['captures'], ',.2f')}, lone catches {_f(t['lone_catches'], ',.2f')}, length "
-                   f"{_f(t['length'], ',.1f')}; best round {_f(q['best_test_return'], ',.2f')} of {q['tests']}")
+        out.append(f"  greedy test ({fmt(t['episodes'])} episodes at train step {fmt(t['train_steps'])}): return "
+                   f"{fmt(t['return_mean'], ',.2f')} ± {fmt(t['return_std'], ',.2f')}, captures "
+                   f"{fmt(t['captures'], ',.2f')}, lone catches {fmt(t['lone_catches'], ',.2f')}, length "
+                   f"{fmt(t['length'], ',.1f')}; best round {fmt(q['best_test_return'], ',.2f')} of {q['tests']}")
     else:
         out.append("  greedy test   no rounds yet")
     return "\n".join(out)
@@ -60,6 +60,6 @@ def format_summary(s: dict[str, Any]) -> str:
 def frame(s: dict[str, Any]) -> str:
     """``mpirl watch``: the learner-buffer-actor frame, then QMIX's greedy tests."""
     q, t = s["qmix"], s["qmix"]["test"]
-    tests = (f"greedy test   {_f(q['tests'])} round(s), last at train step {_f(t['train_steps'])}: return "
-             f"{_f(t['return_mean'], ',.2f')}" if t else "greedy test   none yet")
+    tests = (f"greedy test   {fmt(q['tests'])} round(s), last at train step {fmt(t['train_steps'])}: return "
+             f"{fmt(t['return_mean'], ',.2f')}" if t else "greedy test   none yet")
     return star_frame(s) + "\n" + tests

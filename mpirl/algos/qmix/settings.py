@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mpirl import replay_job
 from mpirl.replay_job import world_size  # noqa: F401 - the interface: the layout's default world size
-from mpirl.domain import setting
+from mpirl.domain import ConfigError, setting
 
 
 @dataclass
@@ -55,7 +55,6 @@ MOVED = {"replay.sampler": "qmix.sampler", "replay.accmer_alpha": "qmix.accmer_a
 
 def check(cfg) -> None:
     """QMIX's cross-field checks (no MPI, no torch)."""
-    from mpirl.config import ConfigError
     replay_job.check(cfg)
     rp, q = cfg.replay, cfg.qmix
     if q.sampler == "accmer" and q.loss_weights != "macpo":

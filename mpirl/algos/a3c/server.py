@@ -120,7 +120,7 @@ def run_server(ctx) -> str:
     def check_stop() -> None:
         nonlocal stop
         if not stop:
-            stop = progress.stop_reason(ctx.preempt.requested() if ctx.preempt is not None else None)
+            stop = progress.stop_reason()
             if stop and rounds is not None:
                 answer_all(rounds.close())  # the open round's workers wait: they get the stop now
 

@@ -1,9 +1,10 @@
 """When a central loop stops, and why; when a checkpoint is due.
 
-Every central loop (the learner of the actor → buffer → learner family, the a3c server or its allreduce peers,
-the DistQL server) asks this one place, so the stop conditions of ``[run]`` (a preemption signal, train steps,
-env steps, wall time, a target mean return over the last ``run.return_window`` episodes) and the cadence of
-``[checkpoint]`` mean the same in every algorithm, and so does the stop reason a run writes.
+Every central loop (the learner of the actor → buffer → learner family, the gradient family's parameter server
+or its allreduce peers, the tabular Q-server) asks this one place, so the stop conditions of ``[run]`` (a
+preemption signal, train steps, env steps, wall time, a target mean return over the last ``run.return_window``
+episodes) and the cadence of ``[checkpoint]`` mean the same in every algorithm, and so does the stop reason a run
+writes.
 """
 
 from __future__ import annotations

@@ -205,6 +205,12 @@ class Server:
         for rows in self.tables:
             rows.write()
 
+    def flush_due(self) -> None:
+        """Append the gathered rows and flush, every ``flush_seconds``."""
+        if self.f.flush_due():
+            self.write()
+            self.f.flush()
+
     def commit(self, done: Cut) -> None:
         """Every row so far on disk, then the checkpoint ``done`` (its job time after all of them)."""
         self.write()
@@ -260,7 +266,7 @@ class Server:
         if self.cut is not None and self.cut.complete(self.hub.done):
             self.end_cut(self.cut)
             busy = True
-        _flush_due(self.f, self.tables)
+        self.flush_due()
         if arrived or busy:
             self.backoff.reset()
         else:
@@ -292,10 +298,3 @@ class Server:
 def run_server(ctx) -> str:
     return Server(ctx).run()
 
-
-def _flush_due(f: MetricsFile, tables) -> None:
-    """Append the gathered rows and flush, every ``flush_seconds``."""
-    if f.flush_due():
-        for rows in tables:
-            rows.write()
-        f.flush()

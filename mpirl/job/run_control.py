@@ -1,9 +1,10 @@
 """When a central loop stops, and why; when a checkpoint is due.
 
-Every central loop (the learner of the actor → buffer → learner family, the gradient family's server or its
-allreduce peers, the exchange family's server) asks this one place, so the stop conditions of ``[run]`` (a preemption signal, train steps,
-env steps, wall time, a target mean return over the last ``run.return_window`` episodes) and the cadence of
-``[checkpoint]`` mean the same in every algorithm, and so does the stop reason a run writes.
+Every central loop (the learner of the actor → buffer → learner family, the gradient family's parameter server
+or its allreduce peers, the tabular Q-server) asks this one place, so the stop conditions of ``[run]`` (a
+preemption signal, train steps, env steps, wall time, a target mean return over the last ``run.return_window``
+episodes) and the cadence of ``[checkpoint]`` mean the same in every algorithm, and so does the stop reason a run
+writes.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ _ASK = object()  # stop_reason's default notice: ask the job's preemption
 class RunControl:
     """The stop rule and the checkpoint cadence of one central loop.
 
-    ``whose``: what the returns counted are, when not every episode's (``" of actor 3"``), for the reason text."""
+    ``whose``: what the returns counted are, when not every episode's (``" of actor 3"``), for the reason text.
+    ``from_last``: ``checkpoint.every_steps`` counts from the last checkpoint (or from the start) rather than at its
+    multiples: for a loop whose steps advance by more than one between two asks (a multiple would go by unseen)."""
 
-    def __init__(self, ctx: RoleContext, whose: str = ""):
+    def __init__(self, ctx: RoleContext, whose: str = "", *, from_last: bool = False):
         self.run, self.every = ctx.cfg.run, ctx.cfg.checkpoint
         self.preempt, self.topo = ctx.preempt, ctx.topo
-        self.whose = whose
+        self.whose, self.from_last = whose, from_last
         self.started = self.last_save = time.perf_counter()
         self.saved_at = -1  # the steps of the last checkpoint (none yet)
 
@@ -66,13 +69,15 @@ class RunControl:
         return ""
 
     def checkpoint_due(self, steps: int) -> bool:
-        """A checkpoint is due at ``steps``: a multiple of ``checkpoint.every_steps`` not yet saved, or
-        ``checkpoint.every_seconds`` since the last one (or since the start)."""
+        """A checkpoint is due at ``steps``: a multiple of ``checkpoint.every_steps`` not yet saved (``from_last``:
+        that many steps since the last one), or ``checkpoint.every_seconds`` since the last one (or since the start)."""
         c = self.every
         if steps == self.saved_at:
             return False
-        return bool((c.every_steps and steps % c.every_steps == 0 and steps > 0)
-                    or (c.every_seconds and time.perf_counter() - self.last_save >= c.every_seconds))
+        if c.every_steps and (steps - max(self.saved_at, 0) >= c.every_steps if self.from_last
+                              else steps % c.every_steps == 0 and steps > 0):
+            return True
+        return bool(c.every_seconds and time.perf_counter() - self.last_save >= c.every_seconds)
 
     def saved(self, steps: int) -> None:
         """A checkpoint at ``steps`` was written (or resumed from)."""

@@ -199,8 +199,7 @@ class Peers:
         p, m = self.progress, self.mine
         flag, reason = 0, ""
         if self.index == 0:
-            notice = self.ctx.preempt.requested() if self.ctx.preempt is not None else None
-            reason = p.stop_reason(notice)
+            reason = p.stop_reason()
             flag = 1 if reason.startswith(PREEMPTED) else 2 if reason else 0
         k = min(len(rets), self.R)
         m[:self.FIXED] = (flag, env_steps, episodes, k)
@@ -210,7 +209,7 @@ class Peers:
             row = self.all[w]
             n = int(row[3])
             p.note(w, int(row[1]), int(row[2]), row[self.FIXED:self.FIXED + n])
-        shared = p.stop_reason(None, wall=False)
+        shared = p.stop_reason(ask=False, wall=False)
         first = int(self.all[0, 0])
         if self.index == 0:
             reason = reason if first == 1 else shared or reason

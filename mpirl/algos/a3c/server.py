@@ -33,115 +33,137 @@ from mpirl.comm.hub import Hub
 from mpirl.job.preemption import PREEMPTED
 
 
-def run_server(ctx) -> str:
-    cfg, a = ctx.cfg, ctx.cfg.a3c
-    torch.set_num_threads(cfg.agent.torch_threads)
-    comm = ctx.topo.comm("gradients")
-    workers = list(range(1, comm.size))
-    model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a, pick_device(cfg.agent.device),
-                     seed=cfg.run.seed, optimizer=True)
-    n = model.n_params
-    progress = Progress(ctx, workers)
-    if ctx.resume:
-        progress.restore(model)
-    log = UpdateLog(ctx, n, {"role": "server", "exchange": a.exchange, "workers": len(workers),
-                             "device": str(model.device)})
-    hub: Hub[None] = Hub(comm, workers, msg.GRADIENT, msg.message_nbytes(n, max_episodes(cfg)), msg.REPLY,
-                         msg.reply_nbytes(n))
-    rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None
-    total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
-    stop = ""
-    backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
+class Server:
+    """The server's loop: its model, progress, hub and log, and the stop once decided (``stop``, '' until then)."""
 
-    def answer(w: int, dropped: bool, same: np.ndarray | None = None) -> np.ndarray:
+    def __init__(self, ctx) -> None:
+        cfg, a = ctx.cfg, ctx.cfg.a3c
+        torch.set_num_threads(cfg.agent.torch_threads)
+        self.ctx, self.a = ctx, a
+        comm = ctx.topo.comm("gradients")
+        workers = list(range(1, comm.size))
+        self.model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a,
+                              pick_device(cfg.agent.device), seed=cfg.run.seed, optimizer=True)
+        self.n = n = self.model.n_params
+        self.progress = Progress(ctx, workers)
+        if ctx.resume:
+            self.progress.restore(self.model)
+        self.log = UpdateLog(ctx, n, {"role": "server", "exchange": a.exchange, "workers": len(workers),
+                                      "device": str(self.model.device)})
+        self.hub: Hub[None] = Hub(comm, workers, msg.GRADIENT, msg.message_nbytes(n, max_episodes(cfg)), msg.REPLY,
+                                  msg.reply_nbytes(n))
+        self.rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None
+        self.total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
+        self.stop = ""
+        self.backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
+
+    def answer(self, w: int, dropped: bool, same: np.ndarray | None = None) -> np.ndarray:
         """Reply to ``w`` with the current parameters: straight from the model, or copied from ``same`` (another
         reply's of this version: a round's workers cost one read of the model, on a GPU one transfer)."""
+        hub, progress = self.hub, self.progress
         out = hub.outbox(w)
-        nbytes, params = msg.pack_reply(out, progress.version, bool(stop), dropped, n, progress.env_steps[w],
-                                        progress.episodes[w])
+        nbytes, params = msg.pack_reply(out, progress.version, bool(self.stop), dropped, self.n,
+                                        progress.env_steps[w], progress.episodes[w])
         if same is None:
-            model.flat_params(out=params)
+            self.model.flat_params(out=params)
         else:
             params[:] = same
         hub.reply(w, nbytes)
-        if stop:
+        if self.stop:
             hub.finish(w)  # it sends nothing more
         return params
 
-    def answer_all(members: list[int]) -> None:
+    def answer_all(self, members: list[int]) -> None:
         same = None
         for w in members:
-            same = answer(w, False, same)
+            same = self.answer(w, False, same)
 
-    def applied(grad: np.ndarray) -> float:
-        norm = model.apply(grad)
-        progress.version += 1
+    def applied(self, grad: np.ndarray) -> float:
+        norm = self.model.apply(grad)
+        self.progress.version += 1
         return norm
 
-    def close_round() -> None:
-        assert rounds is not None
-        members = rounds.close()
+    def logged(self, worker: int, gradients: int, staleness: float, applied: bool, norm: float,
+               stats: dict) -> None:
+        """A row of ``updates``: what came from ``worker`` (-1: a synchronous round) and what was done with it."""
+        p = self.progress
+        self.log.add(version=p.version, worker=worker, gradients=gradients, staleness=staleness, applied=applied,
+                     dropped=p.dropped, env_steps=p.total_env_steps, applied_norm=norm, **stats)
+
+    def close_round(self) -> None:
+        assert self.rounds is not None
+        members = self.rounds.close()
+        total = self.total
         total[:] = 0
         stats = []
         for w in members:  # rank order: the same sum whatever order they came in
-            m = msg.unpack(hub.inbox(w), hub.nbytes_in(w))
+            m = msg.unpack(self.hub.inbox(w), self.hub.nbytes_in(w))
             total[:] += m.grad
             stats.append(m.stats)
         total[:] /= len(members)
-        norm = applied(total)
-        log.add(version=progress.version, worker=-1, gradients=len(members), staleness=0.0, applied=True,
-                dropped=progress.dropped, env_steps=progress.total_env_steps, applied_norm=norm,
-                **{k: float(np.mean([s[k] for s in stats])) for k in msg.STATS})
-        answer_all(members)
+        norm = self.applied(total)
+        self.logged(-1, len(members), 0.0, True, norm,
+                    {k: float(np.mean([s[k] for s in stats])) for k in msg.STATS})
+        self.answer_all(members)
 
-    def handle(w: int) -> None:
-        m = msg.unpack(hub.inbox(w), hub.nbytes_in(w))
+    def handle(self, w: int) -> None:
+        """The message in ``w``'s inbox: a hello, or a gradient (applied, joined to the round, or dropped)."""
+        progress, rounds = self.progress, self.rounds
+        m = msg.unpack(self.hub.inbox(w), self.hub.nbytes_in(w))
         if m.kind == msg.HELLO:
-            answer(w, False)
+            self.answer(w, False)
             return
         progress.note(w, m.env_steps, m.episodes, m.returns)
-        if stop:
-            answer(w, False)  # not applied: the job has stopped
+        if self.stop:
+            self.answer(w, False)  # not applied: the job has stopped
         elif rounds is None:
-            ok, staleness = accept(progress.version, m.version, a.max_staleness)
-            norm = applied(m.grad) if ok else float("nan")
+            ok, staleness = accept(progress.version, m.version, self.a.max_staleness)
+            norm = self.applied(m.grad) if ok else float("nan")
             progress.dropped += not ok
-            log.add(version=progress.version, worker=w, gradients=1, staleness=float(staleness), applied=ok,
-                    dropped=progress.dropped, env_steps=progress.total_env_steps, applied_norm=norm,
-                    **{k: m.stats.get(k, float("nan")) for k in msg.STATS})
-            answer(w, not ok)
+            self.logged(w, 1, float(staleness), ok, norm, {k: m.stats.get(k, float("nan")) for k in msg.STATS})
+            self.answer(w, not ok)
         elif rounds.offer(w, m.version, progress.version):
             if rounds.ready():
-                close_round()
+                self.close_round()
         else:
             progress.dropped += 1
-            answer(w, True)
+            self.answer(w, True)
 
-    def check_stop() -> None:
-        nonlocal stop
-        if not stop:
-            stop = progress.stop_reason(ctx.preempt.requested() if ctx.preempt is not None else None)
-            if stop and rounds is not None:
-                answer_all(rounds.close())  # the open round's workers wait: they get the stop now
+    def check_stop(self) -> None:
+        if not self.stop:
+            self.stop = self.progress.stop_reason()
+            if self.stop and self.rounds is not None:
+                self.answer_all(self.rounds.close())  # the open round's workers wait: they get the stop now
 
-    try:
-        while not hub.finished:
-            check_stop()
-            arrived = hub.poll()
-            for w in arrived:
-                handle(w)
-                check_stop()  # before the next: not one update past run.train_steps
-            if not stop and progress.save_due():
-                progress.save(model, ctx.topo.world.size)
-            log.flush_if_due()
-            if arrived:
-                backoff.reset()
-            else:
-                backoff.sleep()
-        hub.close()
-        progress.save(model, ctx.topo.world.size)
-        if not stop.startswith(PREEMPTED):  # a preempted job's grace time is for the checkpoint
-            log.test(model, progress.version, progress.total_env_steps)
-        return stop
-    finally:
-        log.close()
+    def step(self) -> None:
+        """One turn: the stop asked, the messages that arrived handled, a checkpoint when due, the log flushed."""
+        self.check_stop()
+        arrived = self.hub.poll()
+        for w in arrived:
+            self.handle(w)
+            self.check_stop()  # before the next: not one update past run.train_steps
+        if not self.stop and self.progress.save_due():
+            self.progress.save(self.model, self.ctx.topo.world.size)
+        self.log.flush_if_due()
+        if arrived:
+            self.backoff.reset()
+        else:
+            self.backoff.sleep()
+
+    def run(self) -> str:
+        """Until every worker has been told to stop; then the last checkpoint and, unless preempted, the test."""
+        p = self.progress
+        try:
+            while not self.hub.finished:
+                self.step()
+            self.hub.close()
+            p.save(self.model, self.ctx.topo.world.size)
+            if not self.stop.startswith(PREEMPTED):  # a preempted job's grace time is for the checkpoint
+                self.log.test(self.model, p.version, p.total_env_steps)
+            return self.stop
+        finally:
+            self.log.close()
+
+
+def run_server(ctx) -> str:
+    return Server(ctx).run()

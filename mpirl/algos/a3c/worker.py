@@ -106,96 +106,134 @@ class Games:
         self.games.close()
 
 
-def run_worker(ctx) -> str:
-    cfg, a = ctx.cfg, ctx.cfg.a3c
-    torch.set_num_threads(cfg.agent.torch_threads)
-    model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a, pick_device(cfg.agent.device),
-                     seed=cfg.run.seed, optimizer=a.exchange == "allreduce")
-    link = exchange_for(ctx, model)
-    me = link.index  # among the workers
-    delays = a.worker_delay_us
-    games = Games(ctx, 1e-6 * delays[me if len(delays) > 1 else 0])
-    rng = np.random.default_rng(ctx.seed(1))
-    E, T = cfg.env.envs_per_actor, a.unroll
-    ro = Rollout(T, E, ctx.spaces.obs_shape, ctx.spaces.obs_dtype)
-    grad = np.zeros(model.n_params, np.float32)
-    shortest = min_steps(cfg)
-    f = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5",
-                    {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange, "loss": a.loss,
-                     "n_params": model.n_params, "unroll": T, "envs": E, "device": str(model.device)},
-                    flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
-    rollouts, episodes = Rows(f.table("rollouts", ROLLOUTS, UNITS)), Rows(f.table("episodes", EPISODES, UNITS))
-    if ctx.resume:
-        for rows in (rollouts, episodes):
-            rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
-    env_steps, n_episodes = link.start()  # the parameters (and, resumed, this worker's counters) of the job
-    n_rollouts = sent = dropped = 0
-    compute_s = wait_s = 0.0
-    stop = ""
-    try:
-        while not stop:
-            if ctx.preempt is not None:
-                ctx.preempt.requested()  # a signal here: tell rank 0 (the server, or worker 0), which stops the job
-            start = time.perf_counter()
-            preempted = games.play(model, ro, rng, lambda t: t >= shortest and link.preempt(n_rollouts, t))
-            link.finished_rollout(n_rollouts)
-            n_rollouts += 1
-            env_steps += ro.steps * E
-            done = games.take()
-            n_episodes += len(done)
-            if done:
-                now = ctx.now()
-                rets, lens = np.array([d[0] for d in done]), np.array([d[1] for d in done], np.int64)
-                episodes.extend(time=np.full(len(done), now), episode=np.arange(n_episodes - len(done), n_episodes),
-                                **{"return": rets}, length=lens)
-            else:
-                rets, lens = np.zeros(0), np.zeros(0, np.int64)
-            ep_rets, ep_lens = rets, lens
-            prepared = model.prepare(ro)
-            passes = a.epochs if a.loss == "ppo" else 1
-            for _ in range(passes):
-                parts = minibatch_indices(prepared.n, a.minibatches, rng) if a.loss == "ppo" else [None]
-                for idx in parts:
-                    if link.lockstep and cfg.run.train_steps and link.version >= cfg.run.train_steps:
-                        break  # every rank at the same version: all stop updating here, none past the limit
-                    stats = model.gradient(prepared, idx, grad)
-                    if stats is None:
-                        raise RuntimeError(f"worker {me} (rank {ctx.topo.rank}): {model.fault}; the settings that "
-                                           f"feed it: agent.lr={cfg.agent.lr:g}, agent.grad_clip="
-                                           f"{cfg.agent.grad_clip:g}, agent.reward_clip={cfg.agent.reward_clip:g}")
-                    compute_s += time.perf_counter() - start
-                    start = time.perf_counter()
-                    out = link.update(grad, stats, n_rollouts, env_steps, n_episodes, rets, lens)
-                    rets, lens = rets[:0], lens[:0]  # the episodes travel once
-                    wait_s += time.perf_counter() - start
-                    start = time.perf_counter()
-                    sent += 1
-                    dropped += out.dropped
-                    if out.stop:
-                        stop = out.stop
-                        break
-                if stop:
-                    break
-            if not stop:
-                compute_s += time.perf_counter() - start
-                start = time.perf_counter()
-                stop = link.end_rollout(env_steps, n_episodes, ep_rets, ep_lens)
-                wait_s += time.perf_counter() - start
-                start = time.perf_counter()
-            compute_s += time.perf_counter() - start
-            rollouts.add(time=ctx.now(), rollout=n_rollouts, steps=ro.steps, preempted=preempted,
-                         env_steps=env_steps, version=link.version, compute_s=compute_s, wait_s=wait_s,
-                         gradients=sent, dropped=dropped, env_errors=games.env_errors)
-            if f.flush_due():
-                for rows in (rollouts, episodes):
-                    rows.write()
-                f.flush()
-        link.finish()
-        f.set_attrs(version=link.version, params_crc32=zlib.crc32(model.flat_params().tobytes()))
-        link.close()  # collective under allreduce: only on the way every rank takes (a failure aborts the job)
-        return stop
-    finally:
-        games.close()
-        for rows in (rollouts, episodes):
+class Worker:
+    """The worker's loop: its model, link (:func:`~mpirl.algos.a3c.exchange.exchange_for`), games and file, its
+    counters, and the stop once it comes (``stop``, '' until then)."""
+
+    def __init__(self, ctx) -> None:
+        cfg, a = ctx.cfg, ctx.cfg.a3c
+        torch.set_num_threads(cfg.agent.torch_threads)
+        self.ctx, self.cfg, self.a = ctx, cfg, a
+        self.model = model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a,
+                                      pick_device(cfg.agent.device), seed=cfg.run.seed,
+                                      optimizer=a.exchange == "allreduce")
+        self.link = exchange_for(ctx, model)
+        self.me = me = self.link.index  # among the workers
+        delays = a.worker_delay_us
+        self.games = Games(ctx, 1e-6 * delays[me if len(delays) > 1 else 0])
+        self.rng = np.random.default_rng(ctx.seed(1))
+        self.E, T = cfg.env.envs_per_actor, a.unroll
+        self.ro = Rollout(T, self.E, ctx.spaces.obs_shape, ctx.spaces.obs_dtype)
+        self.grad = np.zeros(model.n_params, np.float32)
+        self.shortest = min_steps(cfg)
+        self.f = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5",
+                             {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange,
+                              "loss": a.loss, "n_params": model.n_params, "unroll": T, "envs": self.E,
+                              "device": str(model.device)},
+                             flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
+        self.rollouts = Rows(self.f.table("rollouts", ROLLOUTS, UNITS))
+        self.episodes = Rows(self.f.table("episodes", EPISODES, UNITS))
+        if ctx.resume:
+            for rows in (self.rollouts, self.episodes):
+                rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
+        self.env_steps = self.n_episodes = 0  # the job's, from link.start()
+        self.n_rollouts = self.sent = self.dropped = 0
+        self.compute_s = self.wait_s = 0.0
+        self.mark = time.perf_counter()  # where the seconds counted last ended
+        self.stop = ""
+
+    def lap(self) -> float:
+        """Seconds since the last lap (or the rollout's start)."""
+        now = time.perf_counter()
+        seconds, self.mark = now - self.mark, now
+        return seconds
+
+    def step(self) -> None:
+        """One rollout: played, its episodes written, its gradients exchanged (under ``allreduce`` then the shared
+        stop decision), its row."""
+        ctx, link = self.ctx, self.link
+        if ctx.preempt is not None:
+            ctx.preempt.requested()  # a signal here: tell rank 0 (the server, or worker 0), which stops the job
+        self.mark = time.perf_counter()
+        preempted = self.games.play(self.model, self.ro, self.rng,
+                                    lambda t: t >= self.shortest and link.preempt(self.n_rollouts, t))
+        link.finished_rollout(self.n_rollouts)
+        self.n_rollouts += 1
+        self.env_steps += self.ro.steps * self.E
+        rets, lens = self.finished_episodes()
+        self.send_gradients(rets, lens)
+        if not self.stop:
+            self.compute_s += self.lap()
+            self.stop = link.end_rollout(self.env_steps, self.n_episodes, rets, lens)
+            self.wait_s += self.lap()
+        self.compute_s += self.lap()
+        self.rollouts.add(time=ctx.now(), rollout=self.n_rollouts, steps=self.ro.steps, preempted=preempted,
+                          env_steps=self.env_steps, version=link.version, compute_s=self.compute_s,
+                          wait_s=self.wait_s, gradients=self.sent, dropped=self.dropped,
+                          env_errors=self.games.env_errors)
+        if self.f.flush_due():
+            self.write()
+            self.f.flush()
+
+    def finished_episodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The episodes the rollout finished, written to ``episodes``: their returns and lengths."""
+        done = self.games.take()
+        self.n_episodes += len(done)
+        if not done:
+            return np.zeros(0), np.zeros(0, np.int64)
+        rets, lens = np.array([d[0] for d in done]), np.array([d[1] for d in done], np.int64)
+        self.episodes.extend(time=np.full(len(done), self.ctx.now()),
+                             episode=np.arange(self.n_episodes - len(done), self.n_episodes),
+                             **{"return": rets}, length=lens)
+        return rets, lens
+
+    def send_gradients(self, rets: np.ndarray, lens: np.ndarray) -> None:
+        """Each gradient the loss asks for of the rollout, sent (the episodes ``rets``, ``lens`` with the first),
+        and the parameters that come back taken; a stop that comes back ends it."""
+        cfg, a, link, model = self.cfg, self.a, self.link, self.model
+        prepared = model.prepare(self.ro)
+        passes = a.epochs if a.loss == "ppo" else 1
+        for _ in range(passes):
+            parts = minibatch_indices(prepared.n, a.minibatches, self.rng) if a.loss == "ppo" else [None]
+            for idx in parts:
+                if link.lockstep and cfg.run.train_steps and link.version >= cfg.run.train_steps:
+                    break  # every rank at the same version: all stop updating here, none past the limit
+                stats = model.gradient(prepared, idx, self.grad)
+                if stats is None:
+                    raise RuntimeError(f"worker {self.me} (rank {self.ctx.topo.rank}): {model.fault}; the settings "
+                                       f"that feed it: agent.lr={cfg.agent.lr:g}, agent.grad_clip="
+                                       f"{cfg.agent.grad_clip:g}, agent.reward_clip={cfg.agent.reward_clip:g}")
+                self.compute_s += self.lap()
+                out = link.update(self.grad, stats, self.n_rollouts, self.env_steps, self.n_episodes, rets, lens)
+                rets, lens = rets[:0], lens[:0]  # the episodes travel once
+                self.wait_s += self.lap()
+                self.sent += 1
+                self.dropped += out.dropped
+                if out.stop:
+                    self.stop = out.stop
+                    return
+
+    def write(self) -> None:
+        for rows in (self.rollouts, self.episodes):
             rows.write()
-        f.close()
+
+    def run(self) -> str:
+        """Rollouts until the stop; then the link's end and the file's last attributes."""
+        link = self.link
+        # The parameters (and, resumed, this worker's counters) of the job.
+        self.env_steps, self.n_episodes = link.start()
+        try:
+            while not self.stop:
+                self.step()
+            link.finish()
+            self.f.set_attrs(version=link.version, params_crc32=zlib.crc32(self.model.flat_params().tobytes()))
+            link.close()  # collective under allreduce: only on the way every rank takes (a failure aborts the job)
+            return self.stop
+        finally:
+            self.games.close()
+            self.write()
+            self.f.close()
+
+
+def run_worker(ctx) -> str:
+    return Worker(ctx).run()

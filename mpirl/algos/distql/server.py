@@ -21,7 +21,6 @@ finished episodes travel in their exchanges), ``eval`` rows (greedy episodes of 
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 
@@ -36,7 +35,7 @@ from mpirl.comm.hub import Hub
 from mpirl.envs.discrete import make_tabular_env
 from mpirl.metrics.writer import MetricsFile, Rows
 from mpirl.job.checkpoint import identity
-from mpirl.job.preemption import PREEMPTED, signal_name
+from mpirl.job.run_control import RunControl
 
 MERGES = {"time": np.float64, "worker": np.int32, "round": np.int64, "pairs_in": np.int64, "new_pairs": np.int64,
           "reply_pairs": np.int64, "bytes_in": np.int64, "bytes_out": np.int64, "merge_s": np.float64}
@@ -69,203 +68,233 @@ def evaluate(table: ServerTable, env, episodes: int, rng: np.random.Generator, m
             "length_mean": float(np.mean(lengths)), "episodes": episodes, "capped": capped}
 
 
-def run_server(ctx) -> str:
-    cfg, d, r = ctx.cfg, ctx.cfg.distql, ctx.cfg.run
-    comm = ctx.topo.comm("exchange")
-    workers = list(range(1, comm.size))
-    S, A = ctx.spaces.n_states, ctx.spaces.n_actions
-    table = ServerTable(S, A, d.server_eta, d.eta_decay)
-    state_in = np.empty(msg.state_nbytes(S * A), np.uint8)  # one worker's state at a time, during a cut
-    eval_env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed(2)) if d.eval_episodes else None
-    eval_rng = np.random.default_rng(ctx.seed(3))
-    f = MetricsFile(ctx.run_dir / "qserver.h5", {"role": "qserver", "rank": 0, "n_states": S, "n_actions": A,
-                                                 "workers": len(workers), "mode": d.mode, "exchange": d.exchange,
-                                                 "variant": d.variant, "tau": d.tau},
-                    flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
-    merges = Rows(f.table("merges", MERGES, UNITS))
-    episodes = Rows(f.table("episodes", EPISODES, UNITS))
-    stats = Rows(f.table("workers", WORKERS, UNITS))
-    evals = Rows(f.table("eval", EVAL, UNITS))
-    tables = (merges, episodes, stats, evals)
-    finished: set[int] = set()  # workers that said goodbye having played all their episodes (not stopped early)
-    env_steps = dict.fromkeys(workers, 0)  # each worker's, as of its last exchange
-    returns: deque = deque(maxlen=r.return_window)  # the last episodes' env returns, over all workers
-    merged = 0
-    if ctx.resume:  # the table, counters and generators of the checkpoint; rows after it describe work done again
-        saved = read_server(ctx.resume.checkpoint)
-        table.restore(saved["q"], saved["eta"], saved["seen"], saved["merges"])
-        merged, finished = saved["merged"], set(saved["finished"])
-        returns.extend(saved["returns"].tolist())
-        env_steps.update({int(w): n for w, n in saved["server"]["env_steps"].items()})
-        eval_rng.bit_generator.state = saved["server"]["eval_rng"]
-        if eval_env is not None:
-            eval_env.set_rng_state(saved["server"]["eval_env"])
-        for rows in tables:
-            rows.table.truncate(rows.table.rows_until("time", ctx.resume.job_time))
-    # One pre-posted receive per worker still playing (the finished ones of a resumed run have said goodbye); an
-    # exchange stays in its inbox until answered: while its round fills up (sync), or held during a cut.
-    hub: Hub[msg.Exchange] = Hub(comm, workers, msg.EXCHANGE, msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1),
-                                 msg.REPLY, msg.reply_nbytes(S * A), finished=finished,
-                                 mode="rounds" if d.exchange == "sync" else "arrival")
-    sizes: dict[int, int] = {}
-    cut: Cut | None = None
-    state_recv = MPI.REQUEST_NULL
-    stop_reason, stop_cut_due = "", False
-    started = last_cut = time.perf_counter()
-    status = MPI.Status()
-    backoff = Backoff(first=20e-6, longest=2e-3)
+class Server:
+    """The Q-server's loop: its table, hub and file, the workers' counters, the cut being taken (``cut``) and the
+    stop once decided (``stop_reason``, '' until then)."""
 
-    def record(w: int, ex: msg.Exchange) -> None:
-        now = ctx.now()
-        env_steps[w] = ex.env_steps
-        stats.add(time=now, worker=w, round=ex.round, episodes=ex.episodes_done, env_steps=ex.env_steps,
-                  compute_s=ex.compute_s, wait_s=ex.wait_s, torch_imported=ex.torch_imported, bye=ex.bye)
+    def __init__(self, ctx) -> None:
+        cfg, d = ctx.cfg, ctx.cfg.distql
+        self.ctx, self.cfg, self.d = ctx, cfg, d
+        self.comm = comm = ctx.topo.comm("exchange")
+        self.workers = workers = list(range(1, comm.size))
+        S, A = ctx.spaces.n_states, ctx.spaces.n_actions
+        self.table = ServerTable(S, A, d.server_eta, d.eta_decay)
+        self.state_in = np.empty(msg.state_nbytes(S * A), np.uint8)  # one worker's state at a time, during a cut
+        self.eval_env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed(2)) if d.eval_episodes else None
+        self.eval_rng = np.random.default_rng(ctx.seed(3))
+        self.f = f = MetricsFile(ctx.run_dir / "qserver.h5",
+                                 {"role": "qserver", "rank": 0, "n_states": S, "n_actions": A,
+                                  "workers": len(workers), "mode": d.mode, "exchange": d.exchange,
+                                  "variant": d.variant, "tau": d.tau},
+                                 flush_seconds=cfg.log.flush_seconds, resume=bool(ctx.resume))
+        self.merges = Rows(f.table("merges", MERGES, UNITS))
+        self.episodes = Rows(f.table("episodes", EPISODES, UNITS))
+        self.stats = Rows(f.table("workers", WORKERS, UNITS))
+        self.evals = Rows(f.table("eval", EVAL, UNITS))
+        self.tables = (self.merges, self.episodes, self.stats, self.evals)
+        # The workers that said goodbye having played all their episodes (not stopped early).
+        self.finished: set[int] = set()
+        self.env_steps = dict.fromkeys(workers, 0)  # each worker's, as of its last exchange
+        self.returns: deque = deque(maxlen=cfg.run.return_window)  # the last episodes' env returns, over all workers
+        self.merged = 0
+        if ctx.resume:
+            self.restore()
+        # One pre-posted receive per worker still playing (the finished ones of a resumed run have said goodbye); an
+        # exchange stays in its inbox until answered: while its round fills up (sync), or held during a cut.
+        self.hub: Hub[msg.Exchange] = Hub(comm, workers, msg.EXCHANGE,
+                                          msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), msg.REPLY,
+                                          msg.reply_nbytes(S * A), finished=self.finished,
+                                          mode="rounds" if d.exchange == "sync" else "arrival")
+        self.sizes: dict[int, int] = {}
+        self.cut: Cut | None = None
+        self.state_recv = MPI.REQUEST_NULL
+        self.stop_reason, self.stop_cut_due = "", False
+        self.control = RunControl(ctx)  # its steps: the merges (a cut is named after them)
+        if ctx.resume:
+            self.control.saved(self.merged)
+        self.status = MPI.Status()
+        self.backoff = Backoff(first=20e-6, longest=2e-3)
+
+    def restore(self) -> None:
+        """The table, counters and generators of the checkpoint; rows after it describe work done again."""
+        saved = read_server(self.ctx.resume.checkpoint)
+        self.table.restore(saved["q"], saved["eta"], saved["seen"], saved["merges"])
+        self.merged, self.finished = saved["merged"], set(saved["finished"])
+        self.returns.extend(saved["returns"].tolist())
+        self.env_steps.update({int(w): n for w, n in saved["server"]["env_steps"].items()})
+        self.eval_rng.bit_generator.state = saved["server"]["eval_rng"]
+        if self.eval_env is not None:
+            self.eval_env.set_rng_state(saved["server"]["eval_env"])
+        for rows in self.tables:
+            rows.table.truncate(rows.table.rows_until("time", self.ctx.resume.job_time))
+
+    def record(self, w: int, ex: msg.Exchange) -> None:
+        """Worker ``w``'s counters and finished episodes, as its exchange ``ex`` brings them."""
+        now = self.ctx.now()
+        self.env_steps[w] = ex.env_steps
+        self.stats.add(time=now, worker=w, round=ex.round, episodes=ex.episodes_done, env_steps=ex.env_steps,
+                       compute_s=ex.compute_s, wait_s=ex.wait_s, torch_imported=ex.torch_imported, bye=ex.bye)
         if len(ex.episode):
-            returns.extend(ex.env_ret.tolist())
-            episodes.extend(time=np.full(len(ex.episode), now), worker=np.full(len(ex.episode), w),
-                            episode=ex.episode, **{"return": ex.ret}, env_return=ex.env_ret, length=ex.length,
-                            epsilon=ex.epsilon)
+            self.returns.extend(ex.env_ret.tolist())
+            self.episodes.extend(time=np.full(len(ex.episode), now), worker=np.full(len(ex.episode), w),
+                                 episode=ex.episode, **{"return": ex.ret}, env_return=ex.env_ret, length=ex.length,
+                                 epsilon=ex.epsilon)
 
-    def merge(w: int, ex: msg.Exchange) -> tuple[int, float]:
-        nonlocal merged
+    def merge(self, ex: msg.Exchange) -> tuple[int, float]:
+        """``ex``'s pairs merged into the table: the pairs new to it, the seconds taken."""
         start = time.perf_counter()
-        new = table.merge(ex.idx, ex.q, ex.eta)
-        merged += 1
+        new = self.table.merge(ex.idx, ex.q, ex.eta)
+        self.merged += 1
         return new, time.perf_counter() - start
 
-    def reply(w: int, ex: msg.Exchange, new: int, merge_s: float, full=None) -> None:
-        out = hub.outbox(w)
-        idx, q, eta = full if full is not None else (table.reply_all() if d.mode == "all"
+    def reply(self, w: int, ex: msg.Exchange, new: int, merge_s: float, full=None) -> None:
+        """Answer ``w``'s exchange ``ex`` (``full``: the whole table, read once for a round's replies)."""
+        table, cut = self.table, self.cut
+        out = self.hub.outbox(w)
+        idx, q, eta = full if full is not None else (table.reply_all() if self.d.mode == "all"
                                                      else table.reply_partial(ex.idx))
         joins = cut is not None and cut.join(w)  # this reply takes the worker into the cut
         n = msg.pack_reply(out, ex.round, cut is not None and joins and cut.stop, idx, q, eta, checkpoint=joins)
-        hub.reply(w, n)  # and the receive of the bye, or the next round
-        merges.add(time=ctx.now(), worker=w, round=ex.round, pairs_in=len(ex.idx), new_pairs=new,
-                   reply_pairs=len(idx), bytes_in=sizes[w], bytes_out=n, merge_s=merge_s)
+        self.hub.reply(w, n)  # and the receive of the bye, or the next round
+        self.merges.add(time=self.ctx.now(), worker=w, round=ex.round, pairs_in=len(ex.idx), new_pairs=new,
+                        reply_pairs=len(idx), bytes_in=self.sizes[w], bytes_out=n, merge_s=merge_s)
 
-    def evaluate_now() -> None:
-        evals.add(time=ctx.now(), merges=merged, **evaluate(table, eval_env, d.eval_episodes, eval_rng,
-                                                            d.eval_max_steps))
+    def evaluate_now(self) -> None:
+        d = self.d
+        self.evals.add(time=self.ctx.now(), merges=self.merged,
+                       **evaluate(self.table, self.eval_env, d.eval_episodes, self.eval_rng, d.eval_max_steps))
 
-    def handle(w: int) -> None:
+    def handle(self, w: int) -> None:
         """The exchange in worker ``w``'s inbox: just arrived, or released from hold after a cut."""
+        d, hub, cut = self.d, self.hub, self.cut
         ex = msg.unpack_exchange(hub.inbox(w))
         if not ex.bye and cut is not None and w in cut.members:
             hub.hold(w)  # its next round: after the cut's commit
             return
-        sizes[w] = msg.exchange_nbytes(len(ex.idx), len(ex.episode))
-        record(w, ex)
+        self.sizes[w] = msg.exchange_nbytes(len(ex.idx), len(ex.episode))
+        self.record(w, ex)
         if ex.bye:
             hub.finish(w)
             if ex.episodes_done >= d.episodes:
-                finished.add(w)
+                self.finished.add(w)
         elif d.exchange == "async":
-            reply(w, ex, *merge(w, ex))
-            if eval_env is not None and d.eval_every and merged % d.eval_every == 0:
-                evaluate_now()
+            self.reply(w, ex, *self.merge(ex))
+            if self.eval_env is not None and d.eval_every and self.merged % d.eval_every == 0:
+                self.evaluate_now()
         else:
             hub.join(w, ex)
 
-    def close_round() -> None:
+    def close_round(self) -> None:
         """sync: once every worker still playing has sent round k, merge them in rank order and answer all."""
-        exchanges = hub.round()
+        d = self.d
+        exchanges = self.hub.round()
         if exchanges is None:
             return
         rounds = {ex.round for ex in exchanges.values()}
         if len(rounds) != 1:
             raise RuntimeError(f"sync exchange with workers at rounds {sorted(rounds)}")
-        results = {w: merge(w, ex) for w, ex in exchanges.items()}  # rank order
-        full = table.reply_all() if d.mode == "all" else None
+        results = {w: self.merge(ex) for w, ex in exchanges.items()}  # rank order
+        full = self.table.reply_all() if d.mode == "all" else None
         for w, ex in exchanges.items():
-            reply(w, ex, *results[w], full=full)
-        if eval_env is not None and d.eval_every and merged // d.eval_every > (merged - len(results)) // d.eval_every:
-            evaluate_now()
+            self.reply(w, ex, *results[w], full=full)
+        after, before = self.merged, self.merged - len(results)
+        if self.eval_env is not None and d.eval_every and after // d.eval_every > before // d.eval_every:
+            self.evaluate_now()
 
-    def stop_condition() -> str:
-        notice = ctx.preempt.requested() if ctx.preempt is not None else None
-        if notice is not None:
-            rank, signum = notice
-            return f"{PREEMPTED}: {signal_name(signum)} on rank {rank} ({ctx.topo.role_of(rank)})"
-        if r.wall_seconds and time.perf_counter() - started >= r.wall_seconds:
-            return f"wall_seconds {r.wall_seconds:g} reached"
-        if r.env_steps and sum(env_steps.values()) >= r.env_steps:
-            return f"env_steps {r.env_steps} reached"
-        if not math.isnan(r.target_return) and len(returns) == returns.maxlen and np.mean(returns) >= r.target_return:
-            return f"mean return of the last {r.return_window} episodes reached {r.target_return:g}"
-        return ""
+    def write(self) -> None:
+        for rows in self.tables:
+            rows.write()
 
-    def commit(done: Cut) -> None:
+    def flush_due(self) -> None:
+        """Append the gathered rows and flush, every ``flush_seconds``."""
+        if self.f.flush_due():
+            self.write()
+            self.f.flush()
+
+    def commit(self, done: Cut) -> None:
         """Every row so far on disk, then the checkpoint ``done`` (its job time after all of them)."""
-        for rows in tables:
-            rows.write()
-        f.flush()
-        server = {"env_steps": env_steps, "eval_rng": eval_rng.bit_generator.state,
+        self.write()
+        self.f.flush()
+        eval_env = self.eval_env
+        server = {"env_steps": self.env_steps, "eval_rng": self.eval_rng.bit_generator.state,
                   "eval_env": eval_env.rng_state() if eval_env is not None else ""}
-        done.commit(table, merged, finished, ctx.now(), identity(cfg, comm.size), server, list(returns),
-                   cfg.checkpoint.keep)
+        done.commit(self.table, self.merged, self.finished, self.ctx.now(), identity(self.cfg, self.comm.size),
+                    server, list(self.returns), self.cfg.checkpoint.keep)
+        self.control.saved(self.merged)
 
-    def begin_cut(stop: bool) -> None:
-        nonlocal cut, state_recv, stop_cut_due
-        cut = Cut(ctx.run_dir, set(hub.live), stop=stop)
-        state_recv = comm.Irecv(state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
-        stop_cut_due = False
+    def begin_cut(self, stop: bool) -> None:
+        self.cut = Cut(self.ctx.run_dir, set(self.hub.live), stop=stop)
+        self.state_recv = self.comm.Irecv(self.state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
+        self.stop_cut_due = False
 
-    try:
-        while not hub.finished or cut is not None:
-            if not stop_reason:
-                stop_reason = stop_condition()
-                stop_cut_due = bool(stop_reason)
-            due = (not stop_reason and cfg.checkpoint.every_seconds
-                   and time.perf_counter() - last_cut >= cfg.checkpoint.every_seconds)
-            if cut is None and (stop_cut_due or due):
-                begin_cut(stop_cut_due)
-            busy = False
-            if cut is not None and state_recv.Test(status):
-                cut.add_state(status.Get_source(), msg.unpack_state(state_in))
-                state_recv = comm.Irecv(state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
-                busy = True
-            arrived = hub.poll()
-            for w in arrived:  # arrival order (within one test, rank order)
-                handle(w)
-            close_round()
-            if cut is not None and cut.complete(hub.done):
-                state_recv.Cancel()
-                state_recv.Wait()
-                commit(cut)
-                cut, last_cut = None, time.perf_counter()
-                if stop_cut_due:  # a stop that came during a periodic cut: its own cut, the held ones first in it
-                    begin_cut(True)
-                for w in hub.release():
-                    handle(w)
-                close_round()
-                busy = True
-            if arrived or busy:
-                backoff.reset()
-            else:
-                _flush_due(f, tables)
-                backoff.sleep()
-                continue
-            _flush_due(f, tables)
-        hub.close()
-        if eval_env is not None:
-            evaluate_now()
-        for rows in tables:
-            rows.write()
-        g = f.group("table")
-        for name, arr in (("q", table.q), ("eta", table.eta), ("seen", table.seen), ("merges", table.merges)):
-            g.create_dataset(name, data=arr, compression="gzip")
-        return stop_reason or f"{len(workers)} workers played {d.episodes} episodes each ({merged} merges)"
-    finally:
-        if cut is not None:  # a failure mid-cut: nothing that looks like a checkpoint stays
-            cut.abandon()
-        f.close()
-        if eval_env is not None:
-            eval_env.close()
+    def take_state(self) -> bool:
+        """A worker's state for the cut, if one has come (True then)."""
+        if self.cut is None or not self.state_recv.Test(self.status):
+            return False
+        self.cut.add_state(self.status.Get_source(), msg.unpack_state(self.state_in))
+        self.state_recv = self.comm.Irecv(self.state_in, source=MPI.ANY_SOURCE, tag=msg.STATE)
+        return True
+
+    def end_cut(self, done: Cut) -> None:
+        """The complete cut ``done`` committed; a stop that came during it gets a cut of its own, the held
+        exchanges first in it; the held exchanges handled."""
+        self.state_recv.Cancel()
+        self.state_recv.Wait()
+        self.commit(done)
+        self.cut = None
+        if self.stop_cut_due:
+            self.begin_cut(True)
+        for w in self.hub.release():
+            self.handle(w)
+        self.close_round()
+
+    def step(self) -> None:
+        """One turn: the stop asked, a cut begun when one is due, a worker's state taken into it, the exchanges that
+        arrived handled, the cut committed once complete, the rows flushed when due; back off when nothing came."""
+        control = self.control
+        if not self.stop_reason:
+            self.stop_reason = control.stop_reason(env_steps=sum(self.env_steps.values()), returns=self.returns)
+            self.stop_cut_due = bool(self.stop_reason)
+        due = not self.stop_reason and control.checkpoint_due(self.merged)
+        if self.cut is None and (self.stop_cut_due or due):
+            self.begin_cut(self.stop_cut_due)
+        busy = self.take_state()
+        arrived = self.hub.poll()
+        for w in arrived:  # arrival order (within one test, rank order)
+            self.handle(w)
+        self.close_round()
+        if self.cut is not None and self.cut.complete(self.hub.done):
+            self.end_cut(self.cut)
+            busy = True
+        self.flush_due()
+        if arrived or busy:
+            self.backoff.reset()
+        else:
+            self.backoff.sleep()
+
+    def run(self) -> str:
+        """Until every worker has said goodbye and no cut is open; then the last evaluation and the table."""
+        try:
+            while not self.hub.finished or self.cut is not None:
+                self.step()
+            self.hub.close()
+            if self.eval_env is not None:
+                self.evaluate_now()
+            self.write()
+            g = self.f.group("table")
+            table = self.table
+            for name, arr in (("q", table.q), ("eta", table.eta), ("seen", table.seen), ("merges", table.merges)):
+                g.create_dataset(name, data=arr, compression="gzip")
+            return self.stop_reason or (f"{len(self.workers)} workers played {self.d.episodes} episodes each "
+                                        f"({self.merged} merges)")
+        finally:
+            if self.cut is not None:  # a failure mid-cut: nothing that looks like a checkpoint stays
+                self.cut.abandon()
+            self.f.close()
+            if self.eval_env is not None:
+                self.eval_env.close()
 
 
-def _flush_due(f: MetricsFile, tables) -> None:
-    """Append the gathered rows and flush, every ``flush_seconds``."""
-    if f.flush_due():
-        for rows in tables:
-            rows.write()
-        f.flush()
+def run_server(ctx) -> str:
+    return Server(ctx).run()
+

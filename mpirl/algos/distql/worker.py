@@ -26,81 +26,123 @@ from mpirl.envs.delay import Delay
 from mpirl.envs.discrete import make_tabular_env
 
 
-def run_worker(ctx) -> str:
-    cfg, d = ctx.cfg, ctx.cfg.distql
-    comm = ctx.topo.comm("exchange")  # the server is rank 0, this worker rank = its world rank
-    me = comm.rank
-    env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
-    rng = random.Random(ctx.seed(1))
-    S, A = ctx.spaces.n_states, ctx.spaces.n_actions
-    textbook = d.variant == "textbook"
-    table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=textbook)
-    penalty = end_penalty(cfg.env.id, d.end_penalty)
-    delays = d.worker_delay_us
-    delay = Delay(1e-6 * delays[me - 1 if len(delays) > 1 else 0])
-    each_step = delay.step if delay.seconds > 0 else None  # nothing added to an undelayed step
-    out = np.empty(msg.exchange_nbytes(S * A, min(d.tau, d.episodes) + 1), np.uint8)
-    back = np.empty(msg.reply_nbytes(S * A), np.uint8)
-    state_out = None  # made at the first checkpoint
-    episodes: list[tuple] = []
-    compute_s = wait_s = 0.0
-    env_steps = rounds = played = 0
-    stop = "done"
-    if ctx.resume:
-        saved = read_worker(ctx.resume.checkpoint, me)
-        if saved is None:  # it had finished: the server knows, and nothing is sent
-            env.close()
-            return "finished before the checkpoint"
-        table.restore(saved.idx, saved.q, saved.eta)
-        rng.setstate(saved.rng)
-        env.set_rng_state(saved.env_rng)
-        played, rounds, env_steps, compute_s, wait_s = (saved.played, saved.rounds, saved.env_steps,
-                                                        saved.compute_s, saved.wait_s)
-    try:
-        for j in range(played, d.episodes):
-            start = time.perf_counter()
-            eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
-            ret, env_ret, length = play_episode(env, table, eps, rng, penalty, textbook, each_step)
-            env_steps += length
-            played += 1
-            episodes.append((j, ret, env_ret, length, eps))
-            compute_s += time.perf_counter() - start
-            if ctx.preempt is not None:
-                ctx.preempt.requested()  # a signal here: tell the server, which stops the job
-            last = j == d.episodes - 1
-            if j % d.tau and not last:
-                continue
-            start = time.perf_counter()
-            idx, q, eta = table.changed_pairs()
-            ep = list(zip(*episodes))
-            cols = [np.asarray(c) for c in ep] if ep else [np.zeros(0)] * 5  # episode, ret, env_ret, length, eps
-            n = msg.pack_exchange(out, rounds, env_steps, played, last, "torch" in sys.modules, compute_s, wait_s,
-                                  idx, q, eta, *cols)
-            episodes.clear()
-            ask(comm, 0, out[:n], back, msg.EXCHANGE, msg.REPLY)
-            reply = msg.unpack_reply(back)
-            if reply.round != rounds:
-                raise RuntimeError(f"the server answered round {reply.round}, this worker sent round {rounds}")
-            if d.mode == "all":
-                table.apply_all(reply.idx, reply.q, reply.eta)
-            else:
-                table.apply_partial(reply.idx, reply.q)
-            rounds += 1
-            wait_s += time.perf_counter() - start
-            if reply.checkpoint:  # after the reply: the table the server's cut holds, nothing changed since
-                state_out = state_out if state_out is not None else np.empty(msg.state_nbytes(S * A), np.uint8)
-                n = msg.pack_state(state_out, msg.State(played, rounds, env_steps, last, compute_s, wait_s,
-                                                        rng.getstate(), env.rng_state(), *table.seen_pairs()))
-                send = comm.Isend(state_out[:n], dest=0, tag=msg.STATE)
-                wait_until(send.Test, first=50e-6, longest=5e-3)
-            if reply.stop and not last:
-                stop = f"stopped by the server after episode {j + 1} of {d.episodes}"
-                break
+class Worker:
+    """The worker's loop: its environment, table, buffers and counters, and how it ended (``stop``)."""
+
+    def __init__(self, ctx) -> None:
+        cfg, d = ctx.cfg, ctx.cfg.distql
+        self.ctx, self.d = ctx, d
+        self.comm = ctx.topo.comm("exchange")  # the server is rank 0, this worker rank = its world rank
+        me = self.comm.rank
+        self.env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
+        self.rng = random.Random(ctx.seed(1))
+        S, A = ctx.spaces.n_states, ctx.spaces.n_actions
+        self.pairs = S * A
+        self.textbook = d.variant == "textbook"
+        self.table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=self.textbook)
+        self.penalty = end_penalty(cfg.env.id, d.end_penalty)
+        delays = d.worker_delay_us
+        delay = Delay(1e-6 * delays[me - 1 if len(delays) > 1 else 0])
+        self.each_step = delay.step if delay.seconds > 0 else None  # nothing added to an undelayed step
+        self.out = np.empty(msg.exchange_nbytes(self.pairs, min(d.tau, d.episodes) + 1), np.uint8)
+        self.back = np.empty(msg.reply_nbytes(self.pairs), np.uint8)
+        self.state_out: np.ndarray | None = None  # made at the first checkpoint
+        self.episodes: list[tuple] = []
+        self.compute_s = self.wait_s = 0.0
+        self.env_steps = self.rounds = self.played = 0
+        self.stop = "done"
+
+    def resume(self) -> bool:
+        """This worker's state at the checkpoint being resumed; False when it had finished by then."""
+        saved = read_worker(self.ctx.resume.checkpoint, self.comm.rank)
+        if saved is None:
+            return False
+        self.table.restore(saved.idx, saved.q, saved.eta)
+        self.rng.setstate(saved.rng)
+        self.env.set_rng_state(saved.env_rng)
+        self.played, self.rounds, self.env_steps, self.compute_s, self.wait_s = (
+            saved.played, saved.rounds, saved.env_steps, saved.compute_s, saved.wait_s)
+        return True
+
+    def step(self, j: int) -> bool:
+        """Episode ``j`` played, and the exchange after it when one is due; False once the server stopped the
+        worker."""
+        d = self.d
+        start = time.perf_counter()
+        eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
+        ret, env_ret, length = play_episode(self.env, self.table, eps, self.rng, self.penalty, self.textbook,
+                                            self.each_step)
+        self.env_steps += length
+        self.played += 1
+        self.episodes.append((j, ret, env_ret, length, eps))
+        self.compute_s += time.perf_counter() - start
+        if self.ctx.preempt is not None:
+            self.ctx.preempt.requested()  # a signal here: tell the server, which stops the job
+        last = j == d.episodes - 1
+        if j % d.tau and not last:
+            return True
+        reply = self.exchange(last)
+        if reply.checkpoint:  # after the reply: the table the server's cut holds, nothing changed since
+            self.send_state(last)
+        if reply.stop and not last:
+            self.stop = f"stopped by the server after episode {j + 1} of {d.episodes}"
+            return False
+        return True
+
+    def exchange(self, last: bool) -> msg.Reply:
+        """The pairs changed and the episodes finished since the last exchange, sent; the server's reply applied."""
+        start = time.perf_counter()
+        table = self.table
+        idx, q, eta = table.changed_pairs()
+        ep = list(zip(*self.episodes))
+        cols = [np.asarray(c) for c in ep] if ep else [np.zeros(0)] * 5  # episode, ret, env_ret, length, eps
+        n = msg.pack_exchange(self.out, self.rounds, self.env_steps, self.played, last, "torch" in sys.modules,
+                              self.compute_s, self.wait_s, idx, q, eta, *cols)
+        self.episodes.clear()
+        ask(self.comm, 0, self.out[:n], self.back, msg.EXCHANGE, msg.REPLY)
+        reply = msg.unpack_reply(self.back)
+        if reply.round != self.rounds:
+            raise RuntimeError(f"the server answered round {reply.round}, this worker sent round {self.rounds}")
+        if self.d.mode == "all":
+            table.apply_all(reply.idx, reply.q, reply.eta)
+        else:
+            table.apply_partial(reply.idx, reply.q)
+        self.rounds += 1
+        self.wait_s += time.perf_counter() - start
+        return reply
+
+    def send_state(self, last: bool) -> None:
+        """This worker's state (table, counters, generators) to the server's cut."""
+        if self.state_out is None:
+            self.state_out = np.empty(msg.state_nbytes(self.pairs), np.uint8)
+        n = msg.pack_state(self.state_out, msg.State(self.played, self.rounds, self.env_steps, last, self.compute_s,
+                                                     self.wait_s, self.rng.getstate(), self.env.rng_state(),
+                                                     *self.table.seen_pairs()))
+        send = self.comm.Isend(self.state_out[:n], dest=0, tag=msg.STATE)
+        wait_until(send.Test, first=50e-6, longest=5e-3)
+
+    def bye(self) -> None:
+        """The goodbye: the worker's counters and no pairs."""
         empty = np.zeros(0)
-        n = msg.pack_exchange(out, rounds, env_steps, played, True, "torch" in sys.modules, compute_s,
-                              wait_s, np.zeros(0, np.int32), empty, empty, np.zeros(0, np.int64), empty, empty,
-                              np.zeros(0, np.int64), empty, bye=True)
-        comm.Send(out[:n], dest=0, tag=msg.EXCHANGE)
-    finally:
-        env.close()
-    return stop
+        n = msg.pack_exchange(self.out, self.rounds, self.env_steps, self.played, True, "torch" in sys.modules,
+                              self.compute_s, self.wait_s, np.zeros(0, np.int32), empty, empty,
+                              np.zeros(0, np.int64), empty, empty, np.zeros(0, np.int64), empty, bye=True)
+        self.comm.Send(self.out[:n], dest=0, tag=msg.EXCHANGE)
+
+    def run(self) -> str:
+        """Episodes until its last or the server's stop (a resumed worker from the checkpoint's), then goodbye."""
+        if self.ctx.resume and not self.resume():  # it had finished: the server knows, and nothing is sent
+            self.env.close()
+            return "finished before the checkpoint"
+        try:
+            for j in range(self.played, self.d.episodes):
+                if not self.step(j):
+                    break
+            self.bye()
+        finally:
+            self.env.close()
+        return self.stop
+
+
+def run_worker(ctx) -> str:
+    return Worker(ctx).run()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -38,30 +37,11 @@ from mpirl.job.preemption import PREEMPTED, signal_name
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.learner_peers import LearnerPeers
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Clock, Counters
 from mpirl.actor_learner.worker import Worker
 
 F8, I8 = np.float64, np.int64
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
-
-
-class Clock:
-    """Seconds spent computing vs communicating (sending, receiving, waiting for messages)."""
-
-    def __init__(self):
-        self.compute = self.comm = 0.0
-
-    @contextmanager
-    def computing(self):
-        t = time.perf_counter()
-        yield
-        self.compute += time.perf_counter() - t
-
-    @contextmanager
-    def communicating(self):
-        t = time.perf_counter()
-        yield
-        self.comm += time.perf_counter() - t
 
 
 class Learner:

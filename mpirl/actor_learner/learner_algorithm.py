@@ -15,7 +15,7 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_peers import LearnerPeers
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
 
 if TYPE_CHECKING:
     from mpirl.actor_learner.learner import Learner

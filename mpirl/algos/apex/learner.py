@@ -17,7 +17,7 @@ from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.learner_peers import smallest
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "p_s", "p_t", "td_abs")

@@ -25,7 +25,7 @@ from mpirl.actor_learner.batch_sources import Batch, BatchSource
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner import Learner
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64

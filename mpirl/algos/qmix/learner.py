@@ -30,7 +30,7 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")

@@ -13,17 +13,42 @@ and answer the learner through the ``reply`` layout, over a ring of ``depth`` se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import numpy as np
 
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import dump_layout, sample_layout
+from mpirl.config import JobConfig
 from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
+from mpirl.replay.memory import ReplayMemory
 from mpirl.replay.ring import RingStore
 
-if TYPE_CHECKING:
-    from mpirl.actor_learner.replay_buffer import Buffer
+
+class ServedBuffer(Protocol):
+    """What a server reads of the buffer loop it serves for (:class:`mpirl.actor_learner.replay_buffer.Buffer`)."""
+
+    @property
+    def cfg(self) -> JobConfig: ...
+
+    @property
+    def spec(self) -> dict:
+        """The record spec."""
+
+    @property
+    def framed(self) -> dict:
+        """The frame-stack fields stored once (empty without frames once)."""
+
+    @property
+    def min_fill(self) -> int:
+        """Records the memory holds before a sample request is served."""
+
+    @property
+    def stream_frames(self) -> int:
+        """Room for frames still in the senders' windows (frames once)."""
+
+    def make_shard(self) -> ReplayMemory:
+        """The replay memory a shard server serves from."""
 
 
 class ShardServer:
@@ -31,7 +56,7 @@ class ShardServer:
 
     prioritized = True  # experiences are added with their priorities
 
-    def __init__(self, buffer: Buffer, share: int) -> None:
+    def __init__(self, buffer: ServedBuffer, share: int) -> None:
         self.memory = buffer.make_shard()
         self.ring = cast(RingStore, self.memory.store)  # where the records (and frames) are
         cache = cache_slots(buffer.cfg.replay.frame_cache, buffer.cfg.replay.capacity, buffer.framed)
@@ -81,7 +106,7 @@ class Relay:
 
     prioritized = False  # the priorities are stored as the records' ``priority`` field
 
-    def __init__(self, buffer: Buffer, share: int) -> None:
+    def __init__(self, buffer: ServedBuffer, share: int) -> None:
         rp = buffer.cfg.replay
         self.memory = RingStore({**buffer.spec, "priority": ((), np.dtype(np.float32))}, rp.capacity,
                                 dedup_frames=rp.dedup_frames, stream_frames=buffer.stream_frames)

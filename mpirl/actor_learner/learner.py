@@ -27,14 +27,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from mpirl.comm.backoff import Backoff
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import param_channel
 from mpirl.metrics.writer import MetricsFile
 from mpirl.job import checkpoint
 from mpirl.job.context import Interval, RoleContext
 from mpirl.job.preemption import PREEMPTED, signal_name
-from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards, SourceInputs
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.actor_learner.counters import Clock, Counters
@@ -69,11 +68,7 @@ class Learner:
             self.server = Worker(ctx, ctx.serving)
             torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
         self.clock = Clock()
-        # The choice of source: the algorithm's own, else batches sampled by the buffers (proposed) or a local
-        # replay they dump to (baseline).
-        proposed = cfg.replay.architecture == "proposed"
-        self.source: BatchSource = (self.algo.batch_source(self)
-                                    or (RemoteShards(self) if proposed else LocalMemory(self)))
+        self.source = self.make_source()
         # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
         self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
         self.stop_reason = ""
@@ -85,6 +80,18 @@ class Learner:
         self.last_checkpoint = time.perf_counter()
         self.checkpointed_at = self.published_at = self.algo.steps
         self.open_metrics()
+
+    def make_source(self) -> BatchSource:
+        """The algorithm's own source, else batches sampled by the buffers (proposed) or a local replay they dump to
+        (baseline); each made from what this loop hands it."""
+        algo = self.algo
+        given = SourceInputs(self.ctx, self.counters, self.clock, self.rng, algo.device, lambda: algo.steps,
+                             algo.transferred, self.pump_params, self.serve if self.server is not None else None)
+        if (own := algo.batch_source(given)) is not None:
+            return own
+        if self.cfg.replay.architecture == "proposed":
+            return RemoteShards(given)
+        return LocalMemory(given, algo.local_memory)
 
     # -- checkpoints ---------------------------------------------------------------
     def state(self) -> dict:
@@ -217,19 +224,6 @@ class Learner:
     def serve(self) -> bool:
         """With the worker on this rank: a turn of it; True when it answered a pass."""
         return self.server is not None and self.server.turn() == 0
-
-    def idle(self, seconds: float) -> None:
-        """Wait ``seconds`` (counted as communication), serving the actors meanwhile when the worker is here."""
-        with self.clock.communicating():
-            if self.server is None:
-                time.sleep(seconds)
-                return
-            end, backoff = time.perf_counter() + seconds, Backoff()
-            while time.perf_counter() < end:
-                if self.serve():
-                    backoff.reset()
-                else:
-                    backoff.sleep()
 
     def should_stop(self) -> bool:
         r, c = self.cfg.run, self.counters

@@ -6,19 +6,16 @@ what several data-parallel learners share (:mod:`mpirl.actor_learner.data_parall
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from mpirl.metrics.writer import MetricsFile
-from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay, SourceInputs
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.actor_learner.counters import Counters
-
-if TYPE_CHECKING:
-    from mpirl.actor_learner.learner import Learner
 
 
 class Agent(Protocol):
@@ -118,9 +115,9 @@ class LearnerAlgorithm(ABC):
         """The values of :meth:`columns` for a ``train`` row (means since the last row), then start over."""
 
     # -- where batches come from, and the end ------------------------------------------
-    def batch_source(self, loop: Learner) -> BatchSource | None:
-        """A source of the algorithm's own (a trajectory queue); None: the replay placement's (remote shards or a
-        local memory, by ``replay.architecture``)."""
+    def batch_source(self, given: SourceInputs) -> BatchSource | None:
+        """A source of the algorithm's own (a trajectory queue), made from what the loop hands a source; None: the
+        replay placement's (remote shards or a local memory, by ``replay.architecture``)."""
         return None
 
     def local_memory(self, capacity: int, rows: int) -> LocalReplay:

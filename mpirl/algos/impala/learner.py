@@ -21,7 +21,7 @@ from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
 from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
-from mpirl.actor_learner.batch_sources import Batch, BatchSource
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, SourceInputs
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner import Learner
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
@@ -89,11 +89,11 @@ class ImpalaTraining(LearnerAlgorithm):
     def columns(self) -> tuple[dict, dict]:
         return {k: F8 for k in (*STATS, "lag_max")}, {}
 
-    def batch_source(self, loop: Learner) -> BatchSource | None:
+    def batch_source(self, given: SourceInputs) -> BatchSource | None:
         """With ``topology.buffers = 0`` the learner's own queue; else the buffers' queues (remote shards)."""
         if self.ctx.topo.learner is None:
             from mpirl.algos.impala.local_queue import LocalQueue
-            return LocalQueue(loop)
+            return LocalQueue(given)
         return None
 
     def open_tables(self, file: MetricsFile) -> None:

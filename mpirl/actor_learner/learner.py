@@ -12,8 +12,9 @@ Every ``n_update`` batches the parameters go out in a versioned broadcast; the l
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
 :class:`~mpirl.actor_learner.worker.Worker` and interleaves: it answers its actors' requests before each train step and
 while it waits for replies or dumps, loads each version it publishes, and tells the actors to stop at the end.
-K data-parallel learners (``topology.learners``) run :class:`mpirl.actor_learner.data_parallel.DataParallelLearner`, this
-loop with the learners' agreement each step (:func:`learner_loop` picks).
+K data-parallel learners (``topology.learners``) run this same loop; at fixed points of each turn it asks its
+:class:`~mpirl.actor_learner.data_parallel.PeerAgreement` (:func:`learner_loop` picks: alone, or the learners'
+agreement each step), so every learner stops, checkpoints and trains on the same turn.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -34,9 +34,10 @@ from mpirl.job import checkpoint
 from mpirl.job.context import Interval, RoleContext
 from mpirl.job.preemption import PREEMPTED, signal_name
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards, SourceInputs
-from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.actor_learner.counters import Clock, Counters
+from mpirl.actor_learner.data_parallel import Alone, DataParallel, PeerAgreement
+from mpirl.actor_learner.learner_algorithm import AlgorithmFactory
+from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.actor_learner.worker import Worker
 
 F8, I8 = np.float64, np.int64
@@ -44,23 +45,20 @@ MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as di
 
 
 class Learner:
-    """The loop: see the module's docstring."""
+    """The loop: see the module's docstring. ``agreement``: the learners it trains with (none: alone)."""
 
-    peers: LearnerPeers | None = None  # the other data-parallel learners (mpirl.actor_learner.data_parallel)
-    lead = True  # this learner publishes, decides the stop, writes learner.h5 and the checkpoints
-
-    def __init__(self, ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
-                                                              LearnerAlgorithm]):
+    def __init__(self, ctx: RoleContext, algorithm: AlgorithmFactory, agreement: PeerAgreement | None = None):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
+        self.agreement: PeerAgreement = agreement if agreement is not None else Alone()
+        self.lead = self.agreement.lead  # this learner publishes, decides the stop, writes learner.h5 and checkpoints
         # More compute threads than cores the rank may run on only makes them wait for each other.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = min(cfg.agent.torch_threads, cores)
         torch.set_num_threads(self.threads)
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
-        self.algo = algorithm(ctx, self.rng, self.counters)
-        self.algo.peers = self.peers  # (K data-parallel learners: the first publishes, decides and checkpoints)
+        self.algo = algorithm(ctx, self.rng, self.counters, self.agreement.peers)
         self.params = (param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
                                      shaper=shaper_for(cfg.comm.link)) if self.lead else None)
         self.server = None  # the worker on this rank (AW)
@@ -111,6 +109,7 @@ class Learner:
         self.clock.compute, self.clock.comm = st["clock"]
         self.bytes_base = dict(st["link_bytes"])
         self.started = time.perf_counter() - float(st["learner_seconds"])  # run.wall_seconds counts on
+        self.agreement.restored(st, self.counters)
 
     def checkpoint(self) -> None:
         """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
@@ -123,7 +122,9 @@ class Learner:
 
     def save(self) -> None:
         """The checkpoint file (several learners: the first's, with every learner's counts)."""
-        checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
+        extra = self.agreement.checkpoint_extra(self.counters)  # (K learners: collective)
+        if self.lead:
+            checkpoint.save(self.ctx.run_dir, {**self.state(), **extra}, self.cfg.checkpoint.keep)
 
     def due_for_checkpoint(self) -> bool:
         ck = self.cfg.checkpoint
@@ -131,18 +132,16 @@ class Learner:
         return bool((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
                     or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds))
 
-    def checkpoint_due(self) -> None:
-        if self.due_for_checkpoint():
-            with self.clock.computing():
-                self.checkpoint()
+    def checkpoint_timed(self) -> None:
+        """A checkpoint in the loop, its time counted as compute."""
+        with self.clock.computing():
+            self.checkpoint()
 
     # -- metrics ---------------------------------------------------------------------
     def open_metrics(self) -> None:
         ctx, algo = self.ctx, self.algo
         name = "learner.h5" if self.lead else f"learner_{ctx.topo.rank}.h5"  # the first learner's: the shared one
-        attrs = {**algo.file_attrs(self.threads), "rank": ctx.topo.rank}
-        if self.peers is not None:
-            attrs.update(learner=self.peers.index, learners=self.peers.K)
+        attrs = {**algo.file_attrs(self.threads), "rank": ctx.topo.rank, **self.agreement.file_attrs()}
         self.file = MetricsFile(ctx.run_dir / name, flush_seconds=self.cfg.log.flush_seconds,
                                 attrs=attrs, resume=bool(ctx.resume))
         stats, timers = algo.columns()
@@ -244,10 +243,10 @@ class Learner:
         return bool(self.stop_reason)
 
     # -- the loop ----------------------------------------------------------------------
-    def train(self, batch: Batch) -> np.ndarray:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None) -> np.ndarray:
         """The algorithm's step on ``batch``; a skipped step is counted and the batch keeps its values."""
         c = self.counters
-        values = self.algo.train(batch)
+        values = self.algo.train(batch, peer_stats)
         if values is None:  # non-finite loss or gradient
             c.skipped += 1
             c.skipped_in_a_row += 1
@@ -258,23 +257,58 @@ class Learner:
         return values
 
     def run(self) -> str:
-        source = self.source
+        """Train until the stop; the stop reason."""
+        agreement = self.agreement
         self.publish()  # version 1: every actor starts from the learner's initial weights
-        source.start()
-        while not self.should_stop():
-            batch = source.next_batch()
-            if batch is None:
-                self.log()
-                source.wait()
-                continue
+        self.source.start()
+        while True:
+            batch = self.next_batch()
+            turn = agreement.before_step(batch, self.algo, self.due_for_checkpoint, self.poll_peers)
+            if turn.stop:
+                self.stop_reason = turn.reason or self.stop_reason
+                break
+            if turn.checkpoint:
+                self.checkpoint_timed()
+            assert batch is not None  # only the learner that decides comes without one, and then to stop
             with self.clock.computing():
-                values = self.train(batch)
-            source.give_back(batch, values)
+                values = self.train(batch, turn.stats)
+            self.source.give_back(batch, values)
             self.publish_due()
-            self.checkpoint_due()
+            if agreement.checkpoint_after_step(self.due_for_checkpoint):
+                self.checkpoint_timed()
             self.log()
         self.shutdown()
         return self.stop_reason
+
+    def next_batch(self) -> Batch | None:
+        """This learner's next batch (K learners: its part), waiting for it; None when the learner that decides
+        the stop (alone, or the first) is to stop."""
+        while not self.stopping():
+            batch = self.source.next_batch()
+            if batch is not None:
+                return batch
+            self.log()
+            self.source.wait()
+        return None
+
+    def stopping(self) -> bool:
+        """The stop rule, on the learner that decides; another learner tells it of a signal here."""
+        if self.lead:
+            return self.should_stop()
+        self.forward_signal()
+        return False
+
+    def forward_signal(self) -> None:
+        """A signal on this rank: tell the first learner (which stops the job)."""
+        if self.ctx.preempt is not None:
+            self.ctx.preempt.requested()
+
+    def poll_peers(self) -> None:
+        """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
+        self.pump_params()
+        self.source.links.pump()
+        if not self.lead:
+            self.forward_signal()
 
     def shutdown(self) -> None:
         """The algorithm's last words, a checkpoint, the last broadcast with the stop flag, goodbye to the buffers,
@@ -293,19 +327,14 @@ class Learner:
         if self.params is not None:
             self.params.close()
         self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes(),
-                            **self.final_attrs())
+                            **self.agreement.final_attrs(self.algo.flat_params))
         self.file.close()
 
-    def final_attrs(self) -> dict:
-        """More attributes of the file at the end (several learners: their parameters' CRC)."""
-        return {}
 
-
-def learner_loop(ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
-                                                       LearnerAlgorithm]) -> Learner:
-    """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` the data-parallel learners'
-    (:class:`mpirl.actor_learner.data_parallel.DataParallelLearner`)."""
-    if ctx.topo.comm("gradients") is None:
+def learner_loop(ctx: RoleContext, algorithm: AlgorithmFactory) -> Learner:
+    """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` this one of the data-parallel
+    learners (their agreement built here, collectively, before the algorithm)."""
+    comm = ctx.topo.comm("gradients")
+    if comm is None:
         return Learner(ctx, algorithm)
-    from mpirl.actor_learner.data_parallel import DataParallelLearner
-    return DataParallelLearner(ctx, algorithm)
+    return Learner(ctx, algorithm, DataParallel(LearnerPeers(comm, ctx.cfg.replay.batch_size)))

@@ -6,7 +6,7 @@ what several data-parallel learners share (:mod:`mpirl.actor_learner.data_parall
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -37,13 +37,18 @@ class Agent(Protocol):
 
 class LearnerAlgorithm(ABC):
     """What an algorithm gives the learner loop: its agent (networks and optimizer), its train step, its metric
-    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters)`` once the loop has
-    set the rank's torch threads; the constructor sets ``agent``."""
+    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters, peers)`` once the loop
+    has set the rank's torch threads; the constructor sets ``agent``.
+
+    ``peers``: with K data-parallel learners (``topology.learners``) the learners this one shares each batch with
+    (its train step sums the gradients over them); None alone."""
 
     agent: Agent
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
         self.ctx, self.cfg, self.rng, self.counters = ctx, ctx.cfg, rng, counters
+        self.peers = peers
 
     # -- the agent -------------------------------------------------------------------
     @property
@@ -64,9 +69,10 @@ class LearnerAlgorithm(ABC):
         return self.agent.flat_params()
 
     @abstractmethod
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         """One train step (the caller accounts its time as compute); the samples' new values, or None when the
-        step was skipped for a non-finite loss or gradient."""
+        step was skipped for a non-finite loss or gradient. ``peer_stats``: with K learners, each learner's
+        :meth:`shared_stat` of its part of the batch, in learner order."""
 
     @abstractmethod
     def divergence(self, in_a_row: int) -> str:
@@ -75,18 +81,15 @@ class LearnerAlgorithm(ABC):
     def transferred(self, mean_value: float) -> None:
         """The mean value (priority, weight) of the experiences a transfer from the buffers just brought."""
 
-    # -- K data-parallel learners (topology.learners; set by the loop) -------------------
-    peers: LearnerPeers | None = None  # the learners this one shares each batch with (None: alone)
-    peer_stats: np.ndarray | None = None  # each learner's shared_stat of its part of the batch being trained
-
+    # -- K data-parallel learners (topology.learners) -----------------------------------
     @property
     def lead(self) -> bool:
         """Alone, or the first of the learners (the one that tests, publishes and decides)."""
         return self.peers is None or self.peers.lead
 
     def shared_stat(self, batch: Batch) -> float:
-        """A statistic of this learner's part that the train step needs over the whole batch (gathered into
-        ``peer_stats`` before it): Ape-X's smallest sampling probability."""
+        """A statistic of this learner's part that the train step needs over the whole batch (gathered, it comes
+        to :meth:`train` as ``peer_stats``): Ape-X's smallest sampling probability."""
         return 0.0
 
     # -- checkpoints ---------------------------------------------------------------
@@ -127,3 +130,7 @@ class LearnerAlgorithm(ABC):
 
     def finish(self) -> None:
         """Before the last checkpoint (e.g. the final policy's test episodes)."""
+
+
+# What the loop makes its algorithm with: ``cls(ctx, rng, counters, peers)``.
+AlgorithmFactory = Callable[[RoleContext, np.random.Generator, Counters, LearnerPeers | None], LearnerAlgorithm]

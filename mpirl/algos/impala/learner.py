@@ -26,6 +26,7 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner import Learner
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
+from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
@@ -37,8 +38,9 @@ class ImpalaTraining(LearnerAlgorithm):
 
     agent: ImpalaLearner
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
-        super().__init__(ctx, rng, counters)
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
+        super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
         self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, cfg.impala,
                                    pick_device(cfg.agent.device), seed=ctx.seed())
@@ -53,7 +55,7 @@ class ImpalaTraining(LearnerAlgorithm):
         the actors record it with each trajectory (:mod:`mpirl.algos.impala.serving`)."""
         return with_version(self.agent.flat_params(), self.counters.version)
 
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         stats = self.agent.train_step(batch.fields)
         if stats is None:
             return None

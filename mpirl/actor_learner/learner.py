@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from mpirl.comm.params import param_channel
 from mpirl.metrics.writer import MetricsFile
 from mpirl.job import checkpoint
 from mpirl.job.context import Interval, RoleContext
-from mpirl.job.preemption import PREEMPTED, signal_name
+from mpirl.job.run_control import RunControl
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards, SourceInputs
 from mpirl.actor_learner.counters import Clock, Counters
 from mpirl.actor_learner.data_parallel import Alone, DataParallel, PeerAgreement
@@ -68,15 +67,15 @@ class Learner:
         self.clock = Clock()
         self.source = self.make_source()
         # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
-        self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        counted = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        self.control = RunControl(ctx, whose="" if counted is None else f" of actor {counted}")
         self.stop_reason = ""
-        self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
             self.restore(checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device))
             self.source.links.resumed(ctx.resume.actor_steps)
-        self.last_checkpoint = time.perf_counter()
-        self.checkpointed_at = self.published_at = self.algo.steps
+        self.control.saved(self.algo.steps)  # the next checkpoint is a cadence after the start (or the resume)
+        self.published_at = self.algo.steps
         self.open_metrics()
 
     def make_source(self) -> BatchSource:
@@ -96,29 +95,29 @@ class Learner:
         """The loop's counters and the algorithm's state, one flat dict."""
         return {"identity": checkpoint.identity(self.cfg, self.ctx.topo.world.size),
                 "train_steps": self.algo.steps, "job_time": self.ctx.now(),
-                "learner_seconds": time.perf_counter() - self.started,
+                "learner_seconds": self.control.elapsed(),
                 "torch_rng": torch.get_rng_state(), "numpy_rng": self.rng.bit_generator.state,
                 **self.counters.state(), "clock": [self.clock.compute, self.clock.comm],
                 "link_bytes": self.link_bytes(), **self.algo.state()}
 
     def restore(self, st: dict) -> None:
+        """The algorithm's state and the loop's counters, clocks and generators from the checkpoint ``st``."""
         self.algo.restore(st)
         torch.set_rng_state(st["torch_rng"].cpu())
         self.rng.bit_generator.state = st["numpy_rng"]
         self.counters.restore(st)
         self.clock.compute, self.clock.comm = st["clock"]
         self.bytes_base = dict(st["link_bytes"])
-        self.started = time.perf_counter() - float(st["learner_seconds"])  # run.wall_seconds counts on
+        self.control.resumed(float(st["learner_seconds"]))  # run.wall_seconds counts on
         self.agreement.restored(st, self.counters)
 
     def checkpoint(self) -> None:
         """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
         self.source.settle()  # the counts saved (and sent with the goodbye) include every batch
-        self.checkpointed_at = self.algo.steps
         self.log(force=True)
         self.file.flush()
         self.save()
-        self.last_checkpoint = time.perf_counter()
+        self.control.saved(self.algo.steps)
 
     def save(self) -> None:
         """The checkpoint file (several learners: the first's, with every learner's counts)."""
@@ -127,10 +126,8 @@ class Learner:
             checkpoint.save(self.ctx.run_dir, {**self.state(), **extra}, self.cfg.checkpoint.keep)
 
     def due_for_checkpoint(self) -> bool:
-        ck = self.cfg.checkpoint
-        steps = self.algo.steps
-        return bool((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
-                    or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds))
+        """The cadence of ``[checkpoint]`` (:class:`~mpirl.job.run_control.RunControl`) says one is due now."""
+        return self.control.checkpoint_due(self.algo.steps)
 
     def checkpoint_timed(self) -> None:
         """A checkpoint in the loop, its time counted as compute."""
@@ -225,21 +222,10 @@ class Learner:
         return self.server is not None and self.server.turn() == 0
 
     def should_stop(self) -> bool:
-        r, c = self.cfg.run, self.counters
-        notice = self.ctx.preempt.requested() if self.ctx.preempt else None
-        if notice:
-            rank, signum = notice
-            self.stop_reason = f"{PREEMPTED}: {signal_name(signum)} on rank {rank} ({self.ctx.topo.role_of(rank)})"
-        elif r.train_steps and self.algo.steps >= r.train_steps:
-            self.stop_reason = f"train_steps {r.train_steps} reached"
-        elif r.env_steps and sum(c.env_steps) >= r.env_steps:
-            self.stop_reason = f"env_steps {r.env_steps} reached"
-        elif r.wall_seconds and time.perf_counter() - self.started >= r.wall_seconds:
-            self.stop_reason = f"wall_seconds {r.wall_seconds:g} reached"
-        elif (not math.isnan(r.target_return) and len(c.returns) == c.returns.maxlen
-              and np.mean(c.returns) >= r.target_return):
-            whose = "" if self.counted_actor is None else f" of actor {self.counted_actor}"
-            self.stop_reason = f"mean return of the last {r.return_window} episodes{whose} reached {r.target_return:g}"
+        """The stop rule of ``[run]`` (:class:`~mpirl.job.run_control.RunControl`); its reason in :attr:`stop_reason`."""
+        c = self.counters
+        self.stop_reason = self.control.stop_reason(train_steps=self.algo.steps, env_steps=sum(c.env_steps),
+                                                    returns=c.returns)
         return bool(self.stop_reason)
 
     # -- the loop ----------------------------------------------------------------------

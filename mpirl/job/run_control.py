@@ -1,6 +1,6 @@
 """When a central loop stops, and why; when a checkpoint is due.
 
-Every central loop (the learner of the actor → buffer → learner family, the a3c server or its allreduce peers,
+Every central loop (the learner of the actor → buffer → learner family, the A3C server or its allreduce peers,
 the DistQL server) asks this one place, so the stop conditions of ``[run]`` (a preemption signal, train steps,
 env steps, wall time, a target mean return over the last ``run.return_window`` episodes) and the cadence of
 ``[checkpoint]`` mean the same in every algorithm, and so does the stop reason a run writes.
@@ -37,6 +37,11 @@ class RunControl:
     def elapsed(self) -> float:
         """Seconds since this loop started (the wall the ``run.wall_seconds`` condition counts)."""
         return time.perf_counter() - self.started
+
+    def resumed(self, elapsed: float) -> None:
+        """A loop resumed from a checkpoint taken ``elapsed`` seconds into the run: :meth:`elapsed` (and with it
+        ``run.wall_seconds``) counts on from there."""
+        self.started = time.perf_counter() - elapsed
 
     def preempted(self, notice: tuple[int, int]) -> str:
         """The stop reason of a preemption ``notice`` (rank, signal)."""

@@ -19,8 +19,8 @@ import numpy as np
 
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import dump_layout, sample_layout
-from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
 from mpirl.config import JobConfig
+from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
 from mpirl.replay.memory import ReplayMemory
 from mpirl.replay.ring import RingStore
 

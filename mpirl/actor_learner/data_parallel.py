@@ -1,98 +1,143 @@
-"""The learner loop of K data-parallel learners (``topology.learners``; Gorila's several learners), over the one
-learner loop (:mod:`mpirl.actor_learner.learner`) and the agreement of :mod:`mpirl.actor_learner.learner_peers`.
+"""What the learner loop (:mod:`mpirl.actor_learner.learner`) agrees with the learners it trains with: nothing when
+it is alone (:class:`Alone`), and with K data-parallel learners (``topology.learners``; Gorila's several learners)
+the agreement of :mod:`mpirl.actor_learner.learner_peers` (:class:`DataParallel`).
 
-Each turn: this learner's part of the next batch, the control gather (the first learner's stop and checkpoint, the
-parts' statistics, a parameter CRC now and then), the train step whose gradients are summed over the learners, the
-part's values back to where it came from; the first learner publishes every ``comm.n_update`` steps. The first
-learner writes ``learner.h5`` and the checkpoints (with every learner's per-shard sample counts); learner k writes
-``learner_<rank>.h5`` and restores its own counts on ``--resume``.
+The loop asks its :class:`PeerAgreement` at fixed points of every turn, on every learner in the same order:
+
+* :meth:`~PeerAgreement.before_step`, with this learner's part of the next batch (None: the first learner's stop
+  rule fired): K learners gather the control values (the first learner's stop and checkpoint, the parts'
+  statistics, a parameter CRC now and then), so each learner stops, checkpoints and trains on the same turn;
+* :meth:`~PeerAgreement.checkpoint_after_step`: whether to checkpoint right after the step (one learner: when its
+  cadence says; K learners: never, their checkpoint comes with the next agreement);
+* at a checkpoint :meth:`~PeerAgreement.checkpoint_extra` (K learners: every learner's per-shard sample counts,
+  gathered to the first, which alone writes the checkpoint), on ``--resume`` :meth:`~PeerAgreement.restored`
+  (learner k takes back its own counts), at the end :meth:`~PeerAgreement.final_attrs` (the parameters' CRC).
+
+The first learner (or the one) publishes every ``comm.n_update`` steps, writes ``learner.h5`` and the checkpoints;
+learner k writes ``learner_<rank>.h5``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple, Protocol
 
-from mpirl.job import checkpoint
+import numpy as np
+
 from mpirl.actor_learner.batch_sources import Batch
-from mpirl.actor_learner.learner import Learner
+from mpirl.actor_learner.counters import Counters
+from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.learner_peers import CHECK_EVERY, LearnerPeers
-from mpirl.actor_learner.shard_links import ShardLinks
+
+FOLLOWER_STOPPED = "the first learner stopped the job"  # the stop reason of every learner but the first
 
 
-class DataParallelLearner(Learner):
-    peers: LearnerPeers
+class Turn(NamedTuple):
+    """What the learners agreed before a train step."""
 
-    def __init__(self, ctx, algorithm):
-        self.peers = LearnerPeers(ctx.topo.comm("gradients"), ctx.cfg.replay.batch_size)
-        self.lead = self.peers.lead
-        super().__init__(ctx, algorithm)
+    stop: bool  # stop now, without the step
+    checkpoint: bool  # checkpoint before the step
+    stats: np.ndarray | None  # each learner's shared statistic of its part, in learner order (None: alone)
+    reason: str = ""  # the stop reason of a learner that follows another's stop ('': its own rule's)
 
-    def restore(self, st: dict) -> None:
-        super().restore(st)
-        self.counters.consumed = list(st["learners_consumed"][self.peers.index])  # its own samples per shard
-        if not self.lead:  # episodes and returns are the first learner's
-            self.counters.episodes = 0
-            self.counters.returns.clear()
 
-    def save(self) -> None:
-        """Every learner's samples per shard, kept by the first with the state they share."""
-        consumed = self.peers.gather_counts(self.counters.consumed)
-        if self.lead:
-            checkpoint.save(self.ctx.run_dir, {**self.state(), "learners_consumed": consumed},
-                            self.cfg.checkpoint.keep)
+class PeerAgreement(Protocol):
+    """What the loop asks of the learners it trains with (see the module)."""
 
-    def final_attrs(self) -> dict:
-        return {"params_crc32": int(self.peers.crc(self.algo.flat_params()))}
+    @property
+    def peers(self) -> LearnerPeers | None:
+        """The learners the algorithm's train step shares each batch with (None: alone)."""
 
-    def run(self) -> str:
-        source, peers = self.source, self.peers
-        self.publish()
-        source.start()
-        while True:
-            stop = self.lead and self.should_stop()
-            batch = None if stop else self.next_part()
-            if batch is None:
-                stop = True  # (the first learner only: a stop condition came while it waited)
-            steps = self.algo.steps
-            ctl = peers.control(stop, self.lead and not stop and self.due_for_checkpoint(),
-                                self.algo.shared_stat(batch) if batch is not None else math.inf,
-                                self.algo.flat_params() if steps % CHECK_EVERY == 0 else None, steps, poll=self.poll)
-            if ctl.stop:
-                break
-            if ctl.checkpoint:
-                with self.clock.computing():
-                    self.checkpoint()
-            assert batch is not None  # only the first learner comes without one, and then to stop
-            self.algo.peer_stats = ctl.stats
-            with self.clock.computing():
-                values = self.train(batch)
-            source.give_back(batch, values)
-            self.publish_due()
-            self.log()
+    @property
+    def lead(self) -> bool:
+        """Alone, or the first learner: it decides the stop, publishes, writes ``learner.h5`` and the checkpoints."""
+
+    def file_attrs(self) -> dict:
+        """Attributes of this learner's metrics file."""
+
+    def before_step(self, batch: Batch | None, algo: LearnerAlgorithm, checkpoint_due: Callable[[], bool],
+                    poll: Callable[[], None]) -> Turn:
+        """The turn's agreement: ``batch`` is this learner's part (None: the first learner is to stop);
+        ``checkpoint_due``: the first learner's cadence; ``poll``: what to keep going while waiting for the others."""
+
+    def checkpoint_after_step(self, checkpoint_due: Callable[[], bool]) -> bool:
+        """Whether to checkpoint right after a train step."""
+
+    def restored(self, st: dict, counters: Counters) -> None:
+        """After the loop restored ``counters`` from the checkpoint ``st``: this learner's own part of them."""
+
+    def checkpoint_extra(self, counters: Counters) -> dict:
+        """What the checkpoint keeps beside the loop's state (collective with K learners: on every learner)."""
+
+    def final_attrs(self, params: Callable[[], np.ndarray]) -> dict:
+        """More attributes of the metrics file at the end (``params``: the flat parameters, when needed)."""
+
+
+class Alone:
+    """One learner: nothing to agree. It stops when its rule says and checkpoints right after the step that made
+    one due."""
+
+    peers: LearnerPeers | None = None
+    lead = True
+
+    def file_attrs(self) -> dict:
+        return {}
+
+    def before_step(self, batch: Batch | None, algo: LearnerAlgorithm, checkpoint_due: Callable[[], bool],
+                    poll: Callable[[], None]) -> Turn:
+        return Turn(batch is None, False, None)
+
+    def checkpoint_after_step(self, checkpoint_due: Callable[[], bool]) -> bool:
+        return checkpoint_due()
+
+    def restored(self, st: dict, counters: Counters) -> None:
+        """The counters are this learner's as saved."""
+
+    def checkpoint_extra(self, counters: Counters) -> dict:
+        return {}
+
+    def final_attrs(self, params: Callable[[], np.ndarray]) -> dict:
+        return {}
+
+
+class DataParallel:
+    """K data-parallel learners, this one's side: each turn the control gather of :class:`LearnerPeers`, then the
+    train step whose gradients the algorithm sums over them (it is made with :attr:`peers`)."""
+
+    def __init__(self, peers: LearnerPeers):
+        self.peers = peers
+
+    @property
+    def lead(self) -> bool:
+        return self.peers.lead
+
+    def file_attrs(self) -> dict:
+        return {"learner": self.peers.index, "learners": self.peers.K}
+
+    def before_step(self, batch: Batch | None, algo: LearnerAlgorithm, checkpoint_due: Callable[[], bool],
+                    poll: Callable[[], None]) -> Turn:
+        """The control gather: the first learner's stop (``batch`` None) and checkpoint, each part's shared
+        statistic, every :data:`CHECK_EVERY` steps the parameters' CRC."""
+        stop, steps = batch is None, algo.steps
+        ctl = self.peers.control(stop, self.lead and not stop and checkpoint_due(),
+                                 algo.shared_stat(batch) if batch is not None else math.inf,
+                                 algo.flat_params() if steps % CHECK_EVERY == 0 else None, steps, poll=poll)
+        return Turn(ctl.stop, ctl.checkpoint, ctl.stats, "" if self.lead else FOLLOWER_STOPPED)
+
+    def checkpoint_after_step(self, checkpoint_due: Callable[[], bool]) -> bool:
+        """Never: the first learner's cadence is agreed before the next step, so every learner saves together."""
+        return False
+
+    def restored(self, st: dict, counters: Counters) -> None:
+        """Its own samples per shard; episodes and returns are the first learner's."""
+        counters.consumed = list(st["learners_consumed"][self.peers.index])
         if not self.lead:
-            self.stop_reason = "the first learner stopped the job"
-        self.shutdown()
-        return self.stop_reason
+            counters.episodes = 0
+            counters.returns.clear()
 
-    def next_part(self) -> Batch | None:
-        """This learner's part of the next batch, waiting for it; None when the first learner is to stop."""
-        source = self.source
-        while True:
-            batch = source.next_batch()
-            if batch is not None:
-                return batch
-            self.log()
-            source.wait()
-            if self.lead:
-                if self.should_stop():
-                    return None
-            elif self.ctx.preempt is not None:
-                self.ctx.preempt.requested()  # a signal here: tell the first learner
+    def checkpoint_extra(self, counters: Counters) -> dict:
+        """Every learner's samples per shard, gathered to the first, which keeps them with the state they share."""
+        return {"learners_consumed": self.peers.gather_counts(counters.consumed)}
 
-    def poll(self) -> None:
-        """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
-        self.pump_params()
-        if isinstance(self.source.links, ShardLinks):  # (several learners draw from the buffers: always)
-            self.source.links.pump()
-        if not self.lead and self.ctx.preempt is not None:
-            self.ctx.preempt.requested()
+    def final_attrs(self, params: Callable[[], np.ndarray]) -> dict:
+        return {"params_crc32": int(self.peers.crc(params()))}

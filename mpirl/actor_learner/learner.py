@@ -12,76 +12,52 @@ Every ``n_update`` batches the parameters go out in a versioned broadcast; the l
 With the inference worker on the learner's rank (``topology.workers = "learner"``, DMCAF's AW) the learner holds a
 :class:`~mpirl.actor_learner.worker.Worker` and interleaves: it answers its actors' requests before each train step and
 while it waits for replies or dumps, loads each version it publishes, and tells the actors to stop at the end.
-K data-parallel learners (``topology.learners``) run :class:`mpirl.actor_learner.data_parallel.DataParallelLearner`, this
-loop with the learners' agreement each step (:func:`learner_loop` picks).
+K data-parallel learners (``topology.learners``) run this same loop; at fixed points of each turn it asks its
+:class:`~mpirl.actor_learner.data_parallel.PeerAgreement` (:func:`learner_loop` picks: alone, or the learners'
+agreement each step), so every learner stops, checkpoints and trains on the same turn.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
-from mpirl.comm.backoff import Backoff
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import param_channel
 from mpirl.metrics.writer import MetricsFile
 from mpirl.job import checkpoint
 from mpirl.job.context import Interval, RoleContext
-from mpirl.job.preemption import PREEMPTED, signal_name
-from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards
-from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
+from mpirl.job.run_control import RunControl
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards, SourceInputs
+from mpirl.actor_learner.counters import Clock, Counters
+from mpirl.actor_learner.data_parallel import Alone, DataParallel, PeerAgreement
+from mpirl.actor_learner.learner_algorithm import AlgorithmFactory
 from mpirl.actor_learner.learner_peers import LearnerPeers
-from mpirl.actor_learner.shard_links import Counters
 from mpirl.actor_learner.worker import Worker
 
 F8, I8 = np.float64, np.int64
 MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as diverged
 
 
-class Clock:
-    """Seconds spent computing vs communicating (sending, receiving, waiting for messages)."""
-
-    def __init__(self):
-        self.compute = self.comm = 0.0
-
-    @contextmanager
-    def computing(self):
-        t = time.perf_counter()
-        yield
-        self.compute += time.perf_counter() - t
-
-    @contextmanager
-    def communicating(self):
-        t = time.perf_counter()
-        yield
-        self.comm += time.perf_counter() - t
-
-
 class Learner:
-    """The loop: see the module's docstring."""
+    """The loop: see the module's docstring. ``agreement``: the learners it trains with (none: alone)."""
 
-    peers: LearnerPeers | None = None  # the other data-parallel learners (mpirl.actor_learner.data_parallel)
-    lead = True  # this learner publishes, decides the stop, writes learner.h5 and the checkpoints
-
-    def __init__(self, ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
-                                                              LearnerAlgorithm]):
+    def __init__(self, ctx: RoleContext, algorithm: AlgorithmFactory, agreement: PeerAgreement | None = None):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
+        self.agreement: PeerAgreement = agreement if agreement is not None else Alone()
+        self.lead = self.agreement.lead  # this learner publishes, decides the stop, writes learner.h5 and checkpoints
         # More compute threads than cores the rank may run on only makes them wait for each other.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.threads = min(cfg.agent.torch_threads, cores)
         torch.set_num_threads(self.threads)
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
-        self.algo = algorithm(ctx, self.rng, self.counters)
-        self.algo.peers = self.peers  # (K data-parallel learners: the first publishes, decides and checkpoints)
+        self.algo = algorithm(ctx, self.rng, self.counters, self.agreement.peers)
         self.params = (param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
                                      shaper=shaper_for(cfg.comm.link)) if self.lead else None)
         self.server = None  # the worker on this rank (AW)
@@ -89,73 +65,80 @@ class Learner:
             self.server = Worker(ctx, ctx.serving)
             torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
         self.clock = Clock()
-        # The choice of source: the algorithm's own, else batches sampled by the buffers (proposed) or a local
-        # replay they dump to (baseline).
-        proposed = cfg.replay.architecture == "proposed"
-        self.source: BatchSource = (self.algo.batch_source(self)
-                                    or (RemoteShards(self) if proposed else LocalMemory(self)))
+        self.source = self.make_source()
         # run.return_from = "least_exploring": only that actor's episodes count (buffers send NaN for the rest).
-        self.counted_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        counted = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
+        self.control = RunControl(ctx, whose="" if counted is None else f" of actor {counted}")
         self.stop_reason = ""
-        self.started = time.perf_counter()
         self.bytes_base = dict.fromkeys(("bytes_in", "bytes_in_raw", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
             self.restore(checkpoint.load(Path(ctx.resume.checkpoint), map_location=self.algo.device))
             self.source.links.resumed(ctx.resume.actor_steps)
-        self.last_checkpoint = time.perf_counter()
-        self.checkpointed_at = self.published_at = self.algo.steps
+        self.control.saved(self.algo.steps)  # the next checkpoint is a cadence after the start (or the resume)
+        self.published_at = self.algo.steps
         self.open_metrics()
+
+    def make_source(self) -> BatchSource:
+        """The algorithm's own source, else batches sampled by the buffers (proposed) or a local replay they dump to
+        (baseline); each made from what this loop hands it."""
+        algo = self.algo
+        given = SourceInputs(self.ctx, self.counters, self.clock, self.rng, algo.device, lambda: algo.steps,
+                             algo.transferred, self.pump_params, self.serve if self.server is not None else None)
+        if (own := algo.batch_source(given)) is not None:
+            return own
+        if self.cfg.replay.architecture == "proposed":
+            return RemoteShards(given)
+        return LocalMemory(given, algo.local_memory)
 
     # -- checkpoints ---------------------------------------------------------------
     def state(self) -> dict:
         """The loop's counters and the algorithm's state, one flat dict."""
         return {"identity": checkpoint.identity(self.cfg, self.ctx.topo.world.size),
                 "train_steps": self.algo.steps, "job_time": self.ctx.now(),
-                "learner_seconds": time.perf_counter() - self.started,
+                "learner_seconds": self.control.elapsed(),
                 "torch_rng": torch.get_rng_state(), "numpy_rng": self.rng.bit_generator.state,
                 **self.counters.state(), "clock": [self.clock.compute, self.clock.comm],
                 "link_bytes": self.link_bytes(), **self.algo.state()}
 
     def restore(self, st: dict) -> None:
+        """The algorithm's state and the loop's counters, clocks and generators from the checkpoint ``st``."""
         self.algo.restore(st)
         torch.set_rng_state(st["torch_rng"].cpu())
         self.rng.bit_generator.state = st["numpy_rng"]
         self.counters.restore(st)
         self.clock.compute, self.clock.comm = st["clock"]
         self.bytes_base = dict(st["link_bytes"])
-        self.started = time.perf_counter() - float(st["learner_seconds"])  # run.wall_seconds counts on
+        self.control.resumed(float(st["learner_seconds"]))  # run.wall_seconds counts on
+        self.agreement.restored(st, self.counters)
 
     def checkpoint(self) -> None:
         """Metrics up to now on disk first: a run resumed from here drops only rows after it."""
         self.source.settle()  # the counts saved (and sent with the goodbye) include every batch
-        self.checkpointed_at = self.algo.steps
         self.log(force=True)
         self.file.flush()
         self.save()
-        self.last_checkpoint = time.perf_counter()
+        self.control.saved(self.algo.steps)
 
     def save(self) -> None:
         """The checkpoint file (several learners: the first's, with every learner's counts)."""
-        checkpoint.save(self.ctx.run_dir, self.state(), self.cfg.checkpoint.keep)
+        extra = self.agreement.checkpoint_extra(self.counters)  # (K learners: collective)
+        if self.lead:
+            checkpoint.save(self.ctx.run_dir, {**self.state(), **extra}, self.cfg.checkpoint.keep)
 
     def due_for_checkpoint(self) -> bool:
-        ck = self.cfg.checkpoint
-        steps = self.algo.steps
-        return bool((ck.every_steps and steps % ck.every_steps == 0 and steps != self.checkpointed_at)
-                    or (ck.every_seconds and time.perf_counter() - self.last_checkpoint >= ck.every_seconds))
+        """The cadence of ``[checkpoint]`` (:class:`~mpirl.job.run_control.RunControl`) says one is due now."""
+        return self.control.checkpoint_due(self.algo.steps)
 
-    def checkpoint_due(self) -> None:
-        if self.due_for_checkpoint():
-            with self.clock.computing():
-                self.checkpoint()
+    def checkpoint_timed(self) -> None:
+        """A checkpoint in the loop, its time counted as compute."""
+        with self.clock.computing():
+            self.checkpoint()
 
     # -- metrics ---------------------------------------------------------------------
     def open_metrics(self) -> None:
         ctx, algo = self.ctx, self.algo
         name = "learner.h5" if self.lead else f"learner_{ctx.topo.rank}.h5"  # the first learner's: the shared one
-        attrs = {**algo.file_attrs(self.threads), "rank": ctx.topo.rank}
-        if self.peers is not None:
-            attrs.update(learner=self.peers.index, learners=self.peers.K)
+        attrs = {**algo.file_attrs(self.threads), "rank": ctx.topo.rank, **self.agreement.file_attrs()}
         self.file = MetricsFile(ctx.run_dir / name, flush_seconds=self.cfg.log.flush_seconds,
                                 attrs=attrs, resume=bool(ctx.resume))
         stats, timers = algo.columns()
@@ -238,42 +221,18 @@ class Learner:
         """With the worker on this rank: a turn of it; True when it answered a pass."""
         return self.server is not None and self.server.turn() == 0
 
-    def idle(self, seconds: float) -> None:
-        """Wait ``seconds`` (counted as communication), serving the actors meanwhile when the worker is here."""
-        with self.clock.communicating():
-            if self.server is None:
-                time.sleep(seconds)
-                return
-            end, backoff = time.perf_counter() + seconds, Backoff()
-            while time.perf_counter() < end:
-                if self.serve():
-                    backoff.reset()
-                else:
-                    backoff.sleep()
-
     def should_stop(self) -> bool:
-        r, c = self.cfg.run, self.counters
-        notice = self.ctx.preempt.requested() if self.ctx.preempt else None
-        if notice:
-            rank, signum = notice
-            self.stop_reason = f"{PREEMPTED}: {signal_name(signum)} on rank {rank} ({self.ctx.topo.role_of(rank)})"
-        elif r.train_steps and self.algo.steps >= r.train_steps:
-            self.stop_reason = f"train_steps {r.train_steps} reached"
-        elif r.env_steps and sum(c.env_steps) >= r.env_steps:
-            self.stop_reason = f"env_steps {r.env_steps} reached"
-        elif r.wall_seconds and time.perf_counter() - self.started >= r.wall_seconds:
-            self.stop_reason = f"wall_seconds {r.wall_seconds:g} reached"
-        elif (not math.isnan(r.target_return) and len(c.returns) == c.returns.maxlen
-              and np.mean(c.returns) >= r.target_return):
-            whose = "" if self.counted_actor is None else f" of actor {self.counted_actor}"
-            self.stop_reason = f"mean return of the last {r.return_window} episodes{whose} reached {r.target_return:g}"
+        """The stop rule of ``[run]`` (:class:`~mpirl.job.run_control.RunControl`); its reason in :attr:`stop_reason`."""
+        c = self.counters
+        self.stop_reason = self.control.stop_reason(train_steps=self.algo.steps, env_steps=sum(c.env_steps),
+                                                    returns=c.returns)
         return bool(self.stop_reason)
 
     # -- the loop ----------------------------------------------------------------------
-    def train(self, batch: Batch) -> np.ndarray:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None) -> np.ndarray:
         """The algorithm's step on ``batch``; a skipped step is counted and the batch keeps its values."""
         c = self.counters
-        values = self.algo.train(batch)
+        values = self.algo.train(batch, peer_stats)
         if values is None:  # non-finite loss or gradient
             c.skipped += 1
             c.skipped_in_a_row += 1
@@ -284,23 +243,58 @@ class Learner:
         return values
 
     def run(self) -> str:
-        source = self.source
+        """Train until the stop; the stop reason."""
+        agreement = self.agreement
         self.publish()  # version 1: every actor starts from the learner's initial weights
-        source.start()
-        while not self.should_stop():
-            batch = source.next_batch()
-            if batch is None:
-                self.log()
-                source.wait()
-                continue
+        self.source.start()
+        while True:
+            batch = self.next_batch()
+            turn = agreement.before_step(batch, self.algo, self.due_for_checkpoint, self.poll_peers)
+            if turn.stop:
+                self.stop_reason = turn.reason or self.stop_reason
+                break
+            if turn.checkpoint:
+                self.checkpoint_timed()
+            assert batch is not None  # only the learner that decides comes without one, and then to stop
             with self.clock.computing():
-                values = self.train(batch)
-            source.give_back(batch, values)
+                values = self.train(batch, turn.stats)
+            self.source.give_back(batch, values)
             self.publish_due()
-            self.checkpoint_due()
+            if agreement.checkpoint_after_step(self.due_for_checkpoint):
+                self.checkpoint_timed()
             self.log()
         self.shutdown()
         return self.stop_reason
+
+    def next_batch(self) -> Batch | None:
+        """This learner's next batch (K learners: its part), waiting for it; None when the learner that decides
+        the stop (alone, or the first) is to stop."""
+        while not self.stopping():
+            batch = self.source.next_batch()
+            if batch is not None:
+                return batch
+            self.log()
+            self.source.wait()
+        return None
+
+    def stopping(self) -> bool:
+        """The stop rule, on the learner that decides; another learner tells it of a signal here."""
+        if self.lead:
+            return self.should_stop()
+        self.forward_signal()
+        return False
+
+    def forward_signal(self) -> None:
+        """A signal on this rank: tell the first learner (which stops the job)."""
+        if self.ctx.preempt is not None:
+            self.ctx.preempt.requested()
+
+    def poll_peers(self) -> None:
+        """While waiting for the other learners: the emulated link's held sends, a signal forwarded."""
+        self.pump_params()
+        self.source.links.pump()
+        if not self.lead:
+            self.forward_signal()
 
     def shutdown(self) -> None:
         """The algorithm's last words, a checkpoint, the last broadcast with the stop flag, goodbye to the buffers,
@@ -319,19 +313,14 @@ class Learner:
         if self.params is not None:
             self.params.close()
         self.file.set_attrs(stop_reason=self.stop_reason, train_steps=self.algo.steps, **self.link_bytes(),
-                            **self.final_attrs())
+                            **self.agreement.final_attrs(self.algo.flat_params))
         self.file.close()
 
-    def final_attrs(self) -> dict:
-        """More attributes of the file at the end (several learners: their parameters' CRC)."""
-        return {}
 
-
-def learner_loop(ctx: RoleContext, algorithm: Callable[[RoleContext, np.random.Generator, Counters],
-                                                       LearnerAlgorithm]) -> Learner:
-    """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` the data-parallel learners'
-    (:class:`mpirl.actor_learner.data_parallel.DataParallelLearner`)."""
-    if ctx.topo.comm("gradients") is None:
+def learner_loop(ctx: RoleContext, algorithm: AlgorithmFactory) -> Learner:
+    """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` this one of the data-parallel
+    learners (their agreement built here, collectively, before the algorithm)."""
+    comm = ctx.topo.comm("gradients")
+    if comm is None:
         return Learner(ctx, algorithm)
-    from mpirl.actor_learner.data_parallel import DataParallelLearner
-    return DataParallelLearner(ctx, algorithm)
+    return Learner(ctx, algorithm, DataParallel(LearnerPeers(comm, ctx.cfg.replay.batch_size)))

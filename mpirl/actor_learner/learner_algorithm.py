@@ -6,19 +6,16 @@ what several data-parallel learners share (:mod:`mpirl.actor_learner.data_parall
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from mpirl.metrics.writer import MetricsFile
-from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalReplay, SourceInputs
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_peers import LearnerPeers
-from mpirl.actor_learner.shard_links import Counters
-
-if TYPE_CHECKING:
-    from mpirl.actor_learner.learner import Learner
+from mpirl.actor_learner.counters import Counters
 
 
 class Agent(Protocol):
@@ -40,13 +37,18 @@ class Agent(Protocol):
 
 class LearnerAlgorithm(ABC):
     """What an algorithm gives the learner loop: its agent (networks and optimizer), its train step, its metric
-    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters)`` once the loop has
-    set the rank's torch threads; the constructor sets ``agent``."""
+    columns and tables, its checkpoint state. Made by the loop as ``cls(ctx, rng, counters, peers)`` once the loop
+    has set the rank's torch threads; the constructor sets ``agent``.
+
+    ``peers``: with K data-parallel learners (``topology.learners``) the learners this one shares each batch with
+    (its train step sums the gradients over them); None alone."""
 
     agent: Agent
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
         self.ctx, self.cfg, self.rng, self.counters = ctx, ctx.cfg, rng, counters
+        self.peers = peers
 
     # -- the agent -------------------------------------------------------------------
     @property
@@ -67,9 +69,10 @@ class LearnerAlgorithm(ABC):
         return self.agent.flat_params()
 
     @abstractmethod
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         """One train step (the caller accounts its time as compute); the samples' new values, or None when the
-        step was skipped for a non-finite loss or gradient."""
+        step was skipped for a non-finite loss or gradient. ``peer_stats``: with K learners, each learner's
+        :meth:`shared_stat` of its part of the batch, in learner order."""
 
     @abstractmethod
     def divergence(self, in_a_row: int) -> str:
@@ -78,18 +81,15 @@ class LearnerAlgorithm(ABC):
     def transferred(self, mean_value: float) -> None:
         """The mean value (priority, weight) of the experiences a transfer from the buffers just brought."""
 
-    # -- K data-parallel learners (topology.learners; set by the loop) -------------------
-    peers: LearnerPeers | None = None  # the learners this one shares each batch with (None: alone)
-    peer_stats: np.ndarray | None = None  # each learner's shared_stat of its part of the batch being trained
-
+    # -- K data-parallel learners (topology.learners) -----------------------------------
     @property
     def lead(self) -> bool:
         """Alone, or the first of the learners (the one that tests, publishes and decides)."""
         return self.peers is None or self.peers.lead
 
     def shared_stat(self, batch: Batch) -> float:
-        """A statistic of this learner's part that the train step needs over the whole batch (gathered into
-        ``peer_stats`` before it): Ape-X's smallest sampling probability."""
+        """A statistic of this learner's part that the train step needs over the whole batch (gathered, it comes
+        to :meth:`train` as ``peer_stats``): Ape-X's smallest sampling probability."""
         return 0.0
 
     # -- checkpoints ---------------------------------------------------------------
@@ -118,9 +118,9 @@ class LearnerAlgorithm(ABC):
         """The values of :meth:`columns` for a ``train`` row (means since the last row), then start over."""
 
     # -- where batches come from, and the end ------------------------------------------
-    def batch_source(self, loop: Learner) -> BatchSource | None:
-        """A source of the algorithm's own (a trajectory queue); None: the replay placement's (remote shards or a
-        local memory, by ``replay.architecture``)."""
+    def batch_source(self, given: SourceInputs) -> BatchSource | None:
+        """A source of the algorithm's own (a trajectory queue), made from what the loop hands a source; None: the
+        replay placement's (remote shards or a local memory, by ``replay.architecture``)."""
         return None
 
     def local_memory(self, capacity: int, rows: int) -> LocalReplay:
@@ -130,3 +130,7 @@ class LearnerAlgorithm(ABC):
 
     def finish(self) -> None:
         """Before the last checkpoint (e.g. the final policy's test episodes)."""
+
+
+# What the loop makes its algorithm with: ``cls(ctx, rng, counters, peers)``.
+AlgorithmFactory = Callable[[RoleContext, np.random.Generator, Counters, LearnerPeers | None], LearnerAlgorithm]

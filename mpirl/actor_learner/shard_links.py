@@ -8,8 +8,6 @@ Both replay sources of :mod:`mpirl.actor_learner.learner` talk to the buffers th
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,38 +20,9 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.frame_cache import FrameCache
 from mpirl.replay.quotas import RateMeter, even_quotas, learner_quotas
 from mpirl.job.context import RoleContext
+from mpirl.actor_learner.counters import Counters
 
 F8, I8 = np.float64, np.int64
-
-
-@dataclass
-class Counters:
-    """The learner loop's counters, saved in and restored from its checkpoint by the loop itself."""
-
-    n_buffers: int
-    return_window: int
-    version: int = 0  # parameter versions published
-    episodes: int = 0
-    skipped: int = 0  # batches skipped for a non-finite loss or gradient
-    skipped_in_a_row: int = 0
-    returns: deque = field(init=False)
-    env_steps: list = field(init=False)  # per buffer
-    consumed: list = field(init=False)  # samples trained on, per buffer
-
-    def __post_init__(self):
-        self.returns = deque(maxlen=self.return_window)
-        self.env_steps = [0] * self.n_buffers
-        self.consumed = [0] * self.n_buffers
-
-    def state(self) -> dict:
-        return {"version": self.version, "episodes": self.episodes, "returns": list(self.returns),
-                "env_steps": list(self.env_steps), "consumed": list(self.consumed), "skipped": self.skipped}
-
-    def restore(self, st: dict) -> None:
-        self.version, self.episodes = int(st["version"]), int(st["episodes"])
-        self.returns.extend(st["returns"])
-        self.env_steps, self.consumed = list(st["env_steps"]), list(st["consumed"])
-        self.skipped = int(st["skipped"])
 
 
 def batch_fields(reply: Layout) -> list[str]:

@@ -33,7 +33,8 @@ from mpirl.config import JobConfig
 from mpirl.replay.frames import framed_fields
 from mpirl.replay.shard import importance_weights
 from mpirl.actor_learner.batch_sources import Batch
-from mpirl.actor_learner.shard_links import Counters, joined
+from mpirl.actor_learner.counters import Counters
+from mpirl.actor_learner.shard_links import joined
 
 SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]
 BATCH = 64

@@ -41,6 +41,11 @@ class RunControl:
         """Seconds since this loop started (the wall the ``run.wall_seconds`` condition counts)."""
         return time.perf_counter() - self.started
 
+    def resumed(self, elapsed: float) -> None:
+        """A loop resumed from a checkpoint taken ``elapsed`` seconds into the run: :meth:`elapsed` (and with it
+        ``run.wall_seconds``) counts on from there."""
+        self.started = time.perf_counter() - elapsed
+
     def preempted(self, notice: tuple[int, int]) -> str:
         """The stop reason of a preemption ``notice`` (rank, signal)."""
         rank, signum = notice

@@ -16,8 +16,8 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.learner_peers import smallest
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
+from mpirl.actor_learner.counters import Counters
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "p_s", "p_t", "td_abs")
@@ -59,8 +59,9 @@ class ApexTraining(LearnerAlgorithm):
 
     agent: DQNLearner
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
-        super().__init__(ctx, rng, counters)
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
+        super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
         self.agent = DQNLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, pick_device(cfg.agent.device),
                                 seed=cfg.run.seed)
@@ -78,7 +79,7 @@ class ApexTraining(LearnerAlgorithm):
         normalises every weight, is at the smallest over the learners' parts."""
         return smallest(batch.probs)
 
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         """One train step with importance weights; the new |TD|, or None when skipped. With K learners the
         weights are normalised by the whole batch's largest (``peer_stats``: each part's smallest probability) and
         the gradients summed over the learners (the agent's step with ``peers``)."""
@@ -86,7 +87,7 @@ class ApexTraining(LearnerAlgorithm):
         beta = linear_schedule(rp.beta, rp.beta_final, self.agent.steps, rp.beta_steps)
         if batch.probs is None:
             raise ValueError("a prioritized batch carries each sample's probability")
-        whole = None if self.peer_stats is None else float(np.min(self.peer_stats))
+        whole = None if peer_stats is None else float(np.min(peer_stats))
         weights = importance_weights(batch.probs, batch.size, beta, smallest=whole)
         loss, td = self.agent.train_step(batch.fields, weights, self.peers)
         if td is None:  # the batch keeps its priorities

@@ -21,11 +21,12 @@ from mpirl.agents.actor_critic import ImpalaLearner
 from mpirl.agents.dqn import pick_device
 from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
-from mpirl.actor_learner.batch_sources import Batch, BatchSource
+from mpirl.actor_learner.batch_sources import Batch, BatchSource, SourceInputs
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner import Learner
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
+from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
@@ -37,8 +38,9 @@ class ImpalaTraining(LearnerAlgorithm):
 
     agent: ImpalaLearner
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
-        super().__init__(ctx, rng, counters)
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
+        super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
         self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, cfg.impala,
                                    pick_device(cfg.agent.device), seed=ctx.seed())
@@ -53,7 +55,7 @@ class ImpalaTraining(LearnerAlgorithm):
         the actors record it with each trajectory (:mod:`mpirl.algos.impala.serving`)."""
         return with_version(self.agent.flat_params(), self.counters.version)
 
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         stats = self.agent.train_step(batch.fields)
         if stats is None:
             return None
@@ -89,11 +91,11 @@ class ImpalaTraining(LearnerAlgorithm):
     def columns(self) -> tuple[dict, dict]:
         return {k: F8 for k in (*STATS, "lag_max")}, {}
 
-    def batch_source(self, loop: Learner) -> BatchSource | None:
+    def batch_source(self, given: SourceInputs) -> BatchSource | None:
         """With ``topology.buffers = 0`` the learner's own queue; else the buffers' queues (remote shards)."""
         if self.ctx.topo.learner is None:
             from mpirl.algos.impala.local_queue import LocalQueue
-            return LocalQueue(loop)
+            return LocalQueue(given)
         return None
 
     def open_tables(self, file: MetricsFile) -> None:

@@ -10,32 +10,31 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
 from mpirl.algos.impala.buffer import QueueBuffer
 from mpirl.comm.backoff import Backoff
 from mpirl.metrics.writer import MetricsFile
-from mpirl.actor_learner.batch_sources import Batch
-
-if TYPE_CHECKING:
-    from mpirl.actor_learner.learner import Learner
+from mpirl.actor_learner.batch_sources import Batch, SourceInputs
+from mpirl.actor_learner.counters import Counters
 
 
 class LocalLinks:
     """What the loop asks of its lines to the buffers, for the queue in its own process."""
 
-    def __init__(self, loop: Learner, buffer: QueueBuffer):
-        self.loop, self.buffer = loop, buffer
+    def __init__(self, buffer: QueueBuffer, counters: Counters, pump_params: Callable[[], None]):
+        """``pump_params``: release the learner's held parameter sends while the last messages come in."""
+        self.buffer, self.counters, self.pump_params = buffer, counters, pump_params
         self.env_offset = 0  # a resumed run's actors count on from their last rows before the checkpoint
 
     def resumed(self, actor_steps: dict[int, int]) -> None:
-        self.env_offset = self.loop.counters.env_steps[0] - sum(actor_steps.get(a, 0) for a in self.buffer.actor_steps)
+        self.env_offset = self.counters.env_steps[0] - sum(actor_steps.get(a, 0) for a in self.buffer.actor_steps)
 
     def absorb(self) -> None:
         """The actors' env steps and finished episodes, from the messages the intake took."""
-        c, b = self.loop.counters, self.buffer
+        c, b = self.counters, self.buffer
         c.env_steps[0] = sum(b.actor_steps.values()) + self.env_offset
         while b.to_learner:
             ret = b.to_learner.popleft()
@@ -49,6 +48,9 @@ class LocalLinks:
     def write_rows(self) -> None:
         """The queue writes its own rows."""
 
+    def pump(self) -> None:
+        """Nothing is held on the way in: the queue's own step takes the actors' messages."""
+
     def link_bytes(self) -> dict:
         """The actors' messages in (there is no link to a buffer, and nothing goes out on one)."""
         got = self.buffer.exp_pool.bytes_received
@@ -58,7 +60,7 @@ class LocalLinks:
         """After the stop's broadcast: take the actors' last messages (each says goodbye), then close the queue."""
         b, backoff = self.buffer, Backoff()
         while b.finals < b.n_actors:
-            self.loop.pump_params()  # parameters sent to each actor on its own: the stop to those still due it
+            self.pump_params()  # parameters sent to each actor on its own: the stop to those still due it
             if b.step():
                 backoff.reset()
             else:
@@ -72,12 +74,12 @@ class LocalQueue:
     """Batches of the oldest ``replay.batch_size`` trajectories of the learner's own queue, each once (with
     ``impala.replay_share``, part of each drawn from the trajectories it served before)."""
 
-    def __init__(self, loop: Learner):
-        self.loop, self.batch_size = loop, loop.cfg.replay.batch_size
-        self.buffer = QueueBuffer(loop.ctx)
+    def __init__(self, given: SourceInputs):
+        self.given, self.batch_size = given, given.cfg.replay.batch_size
+        self.buffer = QueueBuffer(given.ctx)
         self.queue = self.buffer.server.memory
-        self.links = LocalLinks(loop, self.buffer)
-        self.out = {name: np.zeros((self.batch_size, *shape), dtype) for name, (shape, dtype) in loop.ctx.spec.items()}
+        self.links = LocalLinks(self.buffer, given.counters, given.pump_params)
+        self.out = {name: np.zeros((self.batch_size, *shape), dtype) for name, (shape, dtype) in given.ctx.spec.items()}
         self.backoff = Backoff()
         self.waited = 0.0  # seconds spent waiting for the next batch's trajectories
 
@@ -85,8 +87,7 @@ class LocalQueue:
         """Nothing to ask for: the actors send as they go."""
 
     def next_batch(self) -> Batch | None:
-        loop = self.loop
-        with loop.clock.communicating():
+        with self.given.clock.communicating():
             t = time.perf_counter()
             self.buffer.step()
             self.links.absorb()
@@ -97,13 +98,13 @@ class LocalQueue:
         self.backoff.reset()
         _, _, probs = server.take(n, self.out, self.buffer.rng)
         self.buffer.consumed += n
-        loop.counters.consumed[0] += n
+        self.given.counters.consumed[0] += n
         batch = Batch(self.out, np.ones(n, np.float32), probs, self.queue.size, sample_seconds=self.waited)
         self.waited = 0.0
         return batch
 
     def wait(self) -> None:
-        with self.loop.clock.communicating():
+        with self.given.clock.communicating():
             t = time.perf_counter()
             self.backoff.sleep()
             self.waited += time.perf_counter() - t

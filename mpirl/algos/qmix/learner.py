@@ -30,7 +30,8 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
-from mpirl.actor_learner.shard_links import Counters
+from mpirl.actor_learner.counters import Counters
+from mpirl.actor_learner.learner_peers import LearnerPeers
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "td_abs", "q_tot", "central_loss", "w_mean_raw", "f_mean", "grad_norm")
@@ -79,8 +80,9 @@ class QmixTraining(LearnerAlgorithm):
 
     agent: QMixLearner
 
-    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters):
-        super().__init__(ctx, rng, counters)
+    def __init__(self, ctx: RoleContext, rng: np.random.Generator, counters: Counters,
+                 peers: LearnerPeers | None = None):
+        super().__init__(ctx, rng, counters, peers)
         cfg, s = self.cfg, ctx.spaces
         q, a = cfg.qmix, cfg.agent
         hp = QmixHyper(gamma=a.gamma, td_lambda=q.td_lambda, lr=a.lr, grad_clip=a.grad_clip,
@@ -132,7 +134,7 @@ class QmixTraining(LearnerAlgorithm):
         return {**mean, "sample_s": self.sample_s, "train_s": self.train_s, "test_s": self.test_s}
 
     # -- training --------------------------------------------------------------------
-    def train(self, batch: Batch) -> np.ndarray | None:
+    def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
         """One train step on whole episodes; the episodes' new weights (AccMER's table, sent back), or None when
         skipped (the episodes keep their weights)."""
         self.sample_s += batch.sample_seconds

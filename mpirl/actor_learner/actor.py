@@ -1,14 +1,11 @@
 """The actor loop of the replay-based algorithms: play the games, ship what the decisions staged.
 
-An actor is two parts its algorithm's ``serving`` module provides, the same two an inference worker
-(:mod:`mpirl.actor_learner.worker`) and the actors it serves (:mod:`mpirl.actor_learner.env_actor`) split between them:
-
-* the games (``serving.games(ctx, label)``): the environments, stepped with the actions they are given;
-  ``start()``/``step(actions)`` return an :class:`~mpirl.envs.outcomes.Outcome`, a failing game is rebuilt;
-* the decisions (``serving.deciding(ctx, actors)``): the network, exploration, and what the outcomes make
-  (n-step transitions, whole episodes) staged for the buffer: ``observe``, ``decide``, ``take``/``drop``,
-  ``staging``, ``episodes``, ``env_steps``, ``epsilon``, ``policy.load_flat``, ``frames``/``framed``
-  and ``oldest_frame`` (frames once).
+An actor is two parts its algorithm's builder (:class:`~mpirl.actor_learner.builder.ActorLearnerBuilder`) makes,
+the same two an inference worker (:mod:`mpirl.actor_learner.worker`) and the actors it serves
+(:mod:`mpirl.actor_learner.env_actor`) split between them: the games
+(:class:`~mpirl.actor_learner.builder.Games`: the environments, stepped with the actions they are given) and the
+decisions (:class:`~mpirl.actor_learner.builder.Deciding`: the network, exploration, and what the outcomes make,
+staged for the buffer).
 
 :class:`Acting` holds both for one actor, without MPI (``mpirl bench actor`` runs it with and without the
 sending). :func:`run_actor` is the loop around it: it waits for the first parameter broadcast, steps the
@@ -21,7 +18,6 @@ buffer, the same an inference worker ships its actors' records with.
 from __future__ import annotations
 
 import time
-from types import ModuleType
 
 import numpy as np
 
@@ -31,7 +27,9 @@ from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
 from mpirl.job.context import RoleContext
+from mpirl.actor_learner.builder import ActorLearnerBuilder, Deciding, Games
 from mpirl.actor_learner.experience import ExperienceSender
+from mpirl.envs.outcomes import Outcome
 
 
 class Acting:
@@ -41,11 +39,11 @@ class Acting:
     transitions or episodes that became complete wait in the staging: ``take(n)`` hands out the first n
     with their initial priorities and ``drop(n)`` forgets them. Finished episodes wait in ``episodes``."""
 
-    def __init__(self, games, deciding):
+    def __init__(self, games: Games, deciding: Deciding):
         self.games, self.deciding = games, deciding
         self.policy, self.staging, self.episodes = deciding.policy, deciding.staging, deciding.episodes
         self.frames, self.framed = deciding.frames, deciding.framed
-        self.outcome = None
+        self.outcome: Outcome | None = None  # the games' last (none before start)
 
     @property
     def env_steps(self) -> int:
@@ -72,6 +70,7 @@ class Acting:
         self.deciding.observe(0, self.outcome)
 
     def step(self) -> None:
+        assert self.outcome is not None, "start() first"
         self.outcome = self.games.step(self.deciding.decide([0], [self.outcome]))
         self.deciding.observe(0, self.outcome)
 
@@ -109,7 +108,7 @@ class Shipping:
     decisions' budget (``deciding.budget(topo)``: the replay algorithms' :func:`insert_budget`, a trajectory
     queue's depth), and the goodbye. ``version``: the parameters the decisions hold; ``env_errors``: the games' failures."""
 
-    def __init__(self, ctx: RoleContext, deciding):
+    def __init__(self, ctx: RoleContext, deciding: Deciding):
         cfg, topo = ctx.cfg, ctx.topo
         self.deciding, self.batch = deciding, deciding.send_batch
         self.sender = ExperienceSender(topo.group, ctx.spec, self.batch, cfg.comm.send_ring, topo.rank,
@@ -160,10 +159,10 @@ class Shipping:
         self.budget.close()
 
 
-def run_actor(ctx: RoleContext, serving: ModuleType) -> None:
-    """An actor rank without an inference worker: its games and decisions from the algorithm's ``serving``."""
+def run_actor(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
+    """An actor rank without an inference worker: its games and decisions from the algorithm's builder."""
     topo = ctx.topo
-    acting = Acting(serving.games(ctx, f"actor rank {topo.rank}"), serving.deciding(ctx, [topo.rank]))
+    acting = Acting(builder.make_games(ctx, f"actor rank {topo.rank}"), builder.make_deciding(ctx, [topo.rank]))
     if ctx.resume:  # count on from this actor's last recorded steps before the checkpoint
         acting.env_steps = ctx.resume.actor_steps.get(topo.rank, 0)
     shipping = Shipping(ctx, acting.deciding)

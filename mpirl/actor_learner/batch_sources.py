@@ -61,6 +61,9 @@ class SourceInputs:
     transferred: Callable[[float], None]  # tell the algorithm the mean value (priority) a transfer brought
     pump_params: Callable[[], None]  # release the held parameter sends (the emulated link)
     serve: Callable[[], bool] | None = None  # a turn of the worker on this rank: True when it answered a pass
+    # With no buffer ranks (the actors send to the learner): the buffer loop to run in this process, over the
+    # algorithm's server (a :class:`mpirl.actor_learner.replay_buffer.Buffer`).
+    intake: Callable[[], Any] | None = None
 
     @property
     def cfg(self) -> JobConfig:

@@ -4,28 +4,27 @@ Per step it packs the outcome of its last actions into a step message (``Isend``
 waits with back-off polling for the worker's answer, and plays the actions it gets. The answer that
 carries ``stop`` ends it; it then sends nothing more. It reports its env steps, their rate, the
 seconds it spent waiting for actions and the round trip of its last request in each message's header;
-the worker records them. Its games come from the algorithm's ``serving.games(ctx, label)``.
+the worker records them. Its games come from the algorithm's builder (``make_games``).
 """
 
 from __future__ import annotations
 
 import time
-from types import ModuleType
-
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import TAG_ACTIONS, TAG_STEP, actions_layout, step_layout
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.job.context import RoleContext
+from mpirl.actor_learner.builder import ActorLearnerBuilder
 
 
-def run_env_actor(ctx: RoleContext, serving: ModuleType) -> None:
+def run_env_actor(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     E = cfg.env.envs_per_actor
-    step_lay = step_layout(serving.step_spec(ctx.spaces), E)
-    act_lay = actions_layout(serving.action_shape(ctx.spaces), E)
+    step_lay = step_layout(builder.step_spec(ctx.spaces), E)
+    act_lay = actions_layout(builder.action_shape(ctx.spaces), E)
     ring = SendRing(topo.serve, dest=0, tag=TAG_STEP, nbytes=step_lay.max_nbytes, size=2)
     answers = RecvPool(topo.serve, [0], TAG_ACTIONS, act_lay.max_nbytes, depth=1)
-    games = serving.games(ctx, f"actor rank {topo.rank}")
+    games = builder.make_games(ctx, f"actor rank {topo.rank}")
     env_steps, wait_s, latency, seq = 0, 0.0, 0.0, 0
     outcome = games.start()
     started = time.perf_counter()

@@ -32,11 +32,12 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.job import checkpoint
 from mpirl.job.context import Interval, RoleContext
 from mpirl.job.run_control import RunControl
+from mpirl.actor_learner.builder import ActorLearnerBuilder
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, LocalMemory, RemoteShards, SourceInputs
 from mpirl.actor_learner.counters import Clock, Counters
 from mpirl.actor_learner.data_parallel import Alone, DataParallel, PeerAgreement
-from mpirl.actor_learner.learner_algorithm import AlgorithmFactory
 from mpirl.actor_learner.learner_peers import LearnerPeers
+from mpirl.actor_learner.replay_buffer import Buffer
 from mpirl.actor_learner.worker import Worker
 
 F8, I8 = np.float64, np.int64
@@ -44,9 +45,10 @@ MAX_SKIPPED_IN_A_ROW = 100  # non-finite batches in a row that end the job as di
 
 
 class Learner:
-    """The loop: see the module's docstring. ``agreement``: the learners it trains with (none: alone)."""
+    """The loop: see the module's docstring, over the algorithm's ``builder`` (its training, and with the worker
+    on this rank its decisions); ``agreement``: the learners it trains with (none: alone)."""
 
-    def __init__(self, ctx: RoleContext, algorithm: AlgorithmFactory, agreement: PeerAgreement | None = None):
+    def __init__(self, ctx: RoleContext, builder: ActorLearnerBuilder, agreement: PeerAgreement | None = None):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
         self.agreement: PeerAgreement = agreement if agreement is not None else Alone()
@@ -57,12 +59,12 @@ class Learner:
         torch.set_num_threads(self.threads)
         self.rng = np.random.default_rng(ctx.seed())
         self.counters = Counters(len(topo.buffers), cfg.run.return_window)
-        self.algo = algorithm(ctx, self.rng, self.counters, self.agreement.peers)
+        self.builder = builder
+        self.algo = builder.training()(ctx, self.rng, self.counters, self.agreement.peers)
         self.params = (param_channel(topo.learner_params, self.algo.n_params, topo.learner_params_each,
                                      shaper=shaper_for(cfg.comm.link)) if self.lead else None)
-        self.server = None  # the worker on this rank (AW)
-        if ctx.serving:
-            self.server = Worker(ctx, ctx.serving)
+        self.server = Worker(ctx, builder) if cfg.topology.on_learner else None  # the worker on this rank (AW)
+        if self.server is not None:
             torch.set_num_threads(self.threads)  # the worker's decisions set one thread, as for a worker rank
         self.clock = Clock()
         self.source = self.make_source()
@@ -83,12 +85,17 @@ class Learner:
         (baseline); each made from what this loop hands it."""
         algo = self.algo
         given = SourceInputs(self.ctx, self.counters, self.clock, self.rng, algo.device, lambda: algo.steps,
-                             algo.transferred, self.pump_params, self.serve if self.server is not None else None)
+                             algo.transferred, self.pump_params, self.serve if self.server is not None else None,
+                             self.intake if self.ctx.topo.learner is None else None)
         if (own := algo.batch_source(given)) is not None:
             return own
         if self.cfg.replay.architecture == "proposed":
             return RemoteShards(given)
         return LocalMemory(given, algo.local_memory)
+
+    def intake(self) -> Buffer:
+        """With no buffer ranks: the buffer loop in this process, over the algorithm's server."""
+        return Buffer(self.ctx, self.builder)
 
     # -- checkpoints ---------------------------------------------------------------
     def state(self) -> dict:
@@ -317,10 +324,15 @@ class Learner:
         self.file.close()
 
 
-def learner_loop(ctx: RoleContext, algorithm: AlgorithmFactory) -> Learner:
+def learner_loop(ctx: RoleContext, builder: ActorLearnerBuilder) -> Learner:
     """The loop for this rank: one learner's, or with ``topology.learners = K > 1`` this one of the data-parallel
-    learners (their agreement built here, collectively, before the algorithm)."""
+    learners (their agreement built here, collectively, before the algorithm); with ``topology.workers =
+    "learner"`` it serves the actors too."""
     comm = ctx.topo.comm("gradients")
-    if comm is None:
-        return Learner(ctx, algorithm)
-    return Learner(ctx, algorithm, DataParallel(LearnerPeers(comm, ctx.cfg.replay.batch_size)))
+    agreement = None if comm is None else DataParallel(LearnerPeers(comm, ctx.cfg.replay.batch_size))
+    return Learner(ctx, builder, agreement)
+
+
+def run_learner(ctx: RoleContext, builder: ActorLearnerBuilder) -> str:
+    """A learner rank: the loop over the algorithm's training; returns why it stopped."""
+    return learner_loop(ctx, builder).run()

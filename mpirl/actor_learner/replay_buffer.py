@@ -1,12 +1,13 @@
 """The buffer loop of the replay-based algorithms: receive experiences, serve the learner, relay parameters.
 
-The loop never names an algorithm: its replay memory comes from :meth:`Buffer.make_shard`, which each
-algorithm's buffer provides (Ape-X: a prioritized shard of transitions; QMIX: an episode shard).
-
-What it serves the learner from is the placement's server (:mod:`mpirl.actor_learner.buffer_servers`): a
+The loop never names an algorithm: what it serves the learner from comes from the algorithm's builder
+(:meth:`~mpirl.actor_learner.builder.ActorLearnerBuilder.make_server`). For the replay algorithms that is the
+placement's server (:mod:`mpirl.actor_learner.buffer_servers`) over their replay memory (Ape-X: a prioritized
+shard of transitions; QMIX: an episode shard), a
 :class:`~mpirl.actor_learner.buffer_servers.ShardServer` (the replay memory lives here; requests bring priorities
 back and get sampled batches) or a :class:`~mpirl.actor_learner.buffer_servers.Relay` (the latest experiences
-with their actors' priorities, shipped whole to the learner's own memory). Either way the loop relays
+with their actors' priorities, shipped whole to the learner's own memory); IMPALA's is a trajectory queue.
+Either way the loop relays
 every parameter broadcast from the learner to the actors, and writes the group's metrics (buffer
 counters, episodes, actor stats) to HDF5.
 """
@@ -29,18 +30,19 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.quotas import max_quota
 from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
-from mpirl.replay.memory import ReplayMemory
 from mpirl.replay import snapshot
-from mpirl.actor_learner.buffer_servers import Relay, ShardServer
 from mpirl.job.checkpoint import CKPT_DIR
 from mpirl.job.context import Interval, RoleContext
+from mpirl.actor_learner.builder import ActorLearnerBuilder
 from mpirl.actor_learner.experience import store_experience
 
 F8, I8 = np.float64, np.int64
 
 
 class Buffer:
-    def __init__(self, ctx: RoleContext):
+    """A buffer rank's loop (or, with ``topology.buffers = 0``, the learner's own intake, in its process)."""
+
+    def __init__(self, ctx: RoleContext, builder: ActorLearnerBuilder):
         cfg, topo = ctx.cfg, ctx.topo
         self.ctx, self.cfg = ctx, cfg
         self.spec = spec = ctx.spec
@@ -54,16 +56,18 @@ class Buffer:
         # Frames once on the wire: each sender's frames arrive once and wait in its window (frame_stream).
         served = [len(topo.served_by(a)) for a in topo.actors_of(topo.rank)] if topo.worker_of else []
         games = cfg.env.envs_per_actor * max(served + [1])  # the most games one sender steps
-        rows = self.message_rows(games)
+        rows = builder.message_rows(cfg, games)
         self.exp = experience_layout(spec, rows, framed, games)
-        self.stream_frames = self.n_actors * window_frames(rows, games, self.sender_lag(), framed) if framed else 0
+        lag = builder.sender_lag(cfg)
+        self.stream_frames = self.n_actors * window_frames(rows, games, lag, framed) if framed else 0
         self.req = request_layout(share)
-        # The placement: the replay memory here (served in batches), or relayed whole to the learner's.
-        self.server = self.make_server(share)
+        # The placement: the replay memory here (served in batches), or relayed whole to the learner's; or a queue.
+        self.server = builder.make_server(self, share)
         self.store, self.reply = self.server.memory, self.server.reply
         self.exp_pool = RecvPool(topo.group, list(range(1, self.n_actors + 1)), TAG_EXPERIENCE,
                                  self.exp.max_nbytes, cfg.comm.recv_depth)
-        pool = self.server.ring.pool if framed else None  # the frames' pool, with frames once
+        ring = self.server.ring
+        pool = ring.pool if framed and ring is not None else None  # the frames' pool, with frames once
         self.windows = FrameWindows(pool) if framed and pool is not None else None
         # A layout without a learner link (the senders' experience straight into the learner): this buffer is
         # the learner's own intake, in its process; the learner takes from the memory and broadcasts itself.
@@ -101,26 +105,6 @@ class Buffer:
         if ctx.resume and cfg.checkpoint.replay:
             self._restore_replay(ctx.resume.train_steps)
 
-    def sender_lag(self) -> int:
-        """Steps a sender holds a game's records before it can send them (Ape-X's n-step window): its frames
-        wait that much longer in the sender's window here. The algorithm's buffer says; none by default."""
-        return 0
-
-    def message_rows(self, games: int) -> int:
-        """Records one sender's message holds at most (``games``: the most games one sender steps): ``comm.send_batch``
-        unless the algorithm's buffer says otherwise."""
-        return self.cfg.comm.send_batch
-
-    def make_server(self, share: int):
-        """What the learner is served from: the placement's server (:mod:`mpirl.actor_learner.buffer_servers`), unless the
-        algorithm's buffer has its own (a trajectory queue)."""
-        return (ShardServer if self.cfg.replay.architecture == "proposed" else Relay)(self, share)
-
-    def make_shard(self) -> ReplayMemory:
-        """The replay memory a shard server serves from (a :class:`~mpirl.replay.memory.ReplayMemory`): the
-        algorithm's buffer says which. With frames once its pool has room for ``self.stream_frames`` more frames."""
-        raise NotImplementedError
-
     def _open_metrics(self) -> None:
         ctx = self.ctx
         self.file = MetricsFile(ctx.run_dir / f"buffer_{ctx.topo.rank}.h5", flush_seconds=ctx.cfg.log.flush_seconds,
@@ -132,7 +116,7 @@ class Buffer:
             "time": F8, "experiences_in": I8, "experiences_in_per_s": F8, "bytes_in": I8, "bytes_out": I8,
             "bytes_out_raw": I8,
             "fill": I8, "stale_updates": I8, "priority_updates": I8, "consumed": I8, "alpha": F8,
-            "total_priority": F8, "bytes_held": I8, **self.columns()})
+            "total_priority": F8, "bytes_held": I8, **self.server.columns()})
         self.t_episodes = self.file.table("episodes", {"time": F8, "actor": I8, "env_steps": I8,
                                                        "return": F8, "length": I8})
         self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
@@ -180,6 +164,7 @@ class Buffer:
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=rate,
                                  epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
                                  throttled_s=exp.get(buf, "throttled_s"), env_errors=int(exp.get(buf, "env_errors")))
+        self.server.arrived(source, rows, final)
         return final
 
     # -- the learner's requests ------------------------------------------------
@@ -238,7 +223,7 @@ class Buffer:
         if self.tick.due():
             self.write_row()
         self.file.flush_if_due()
-        return progress
+        return self.server.turn() or progress
 
     def take_experience(self) -> bool:
         """Store every sender's message that has arrived; True if any did."""
@@ -285,15 +270,7 @@ class Buffer:
             stale_updates=self.stale,
             priority_updates=self.updates, consumed=self.consumed,
             alpha=self.inserted / self.consumed if self.consumed else np.nan,
-            total_priority=self.server.total, bytes_held=self.store.nbytes, **self.row())
-
-    def columns(self) -> dict:
-        """Columns the algorithm's buffer adds to its ``buffer`` table (name -> dtype)."""
-        return {}
-
-    def row(self) -> dict:
-        """The values of :meth:`columns` for the row being written."""
-        return {}
+            total_priority=self.server.total, bytes_held=self.store.nbytes, **self.server.row())
 
     # -- checkpoint.replay ---------------------------------------------------------
     def _replay_file(self):
@@ -331,7 +308,9 @@ class Buffer:
         self.close()
 
     def close(self) -> None:
-        """The last row, the replay snapshot when asked, and every request completed or cancelled."""
+        """The server's last words (every sender has said goodbye), the last row, the replay snapshot when asked,
+        and every request completed or cancelled."""
+        self.server.close()
         self.write_row()
         if self.cfg.checkpoint.replay:
             self._save_replay()
@@ -345,3 +324,8 @@ class Buffer:
         if self.params_out is not None:
             self.params_out.close()
         self.file.close()
+
+
+def run_buffer(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
+    """A buffer rank: the loop over what the algorithm's builder makes it serve from."""
+    Buffer(ctx, builder).run()

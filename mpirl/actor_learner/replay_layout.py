@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from mpirl.job.contract import RoleLoop, lazy_loop
+from mpirl.job.contract import RoleLoop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
@@ -16,6 +16,9 @@ from mpirl.job.memory import WORLD_SIZE, Estimate
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from mpirl.actor_learner.builder import ActorLearnerBuilder
+    from mpirl.job.context import RoleContext
 
 
 LEARNER, BUFFER, WORKER, ACTOR = "learner", "buffer", "worker", "actor"
@@ -113,32 +116,20 @@ def role_map(topo: Topology) -> str:
     return "; ".join(parts)
 
 
-def lazy_roles(package: str) -> dict[str, RoleLoop]:
-    """Role name -> loop for an algorithm package with ``learner.run_learner``, ``buffer.run_buffer`` and a
-    ``serving`` module (its games and decisions); each module is imported when its rank starts (a rank imports
-    only its own loop).
+def roles(builder: ActorLearnerBuilder) -> dict[str, RoleLoop]:
+    """Role name -> loop for an algorithm of the family, each loop over the algorithm's ``builder``; a loop's
+    module is imported when its rank starts (a rank imports only its own loop: a buffer never imports torch).
 
-    The actors run :mod:`mpirl.actor_learner.actor` over the package's ``serving`` module; with inference workers
-    (``topology.workers``) the workers run :mod:`mpirl.actor_learner.worker` and the actors :mod:`mpirl.actor_learner.env_actor`,
-    over the same module."""
+    The actors run :mod:`mpirl.actor_learner.actor`; with inference workers (``topology.workers``) the workers run
+    :mod:`mpirl.actor_learner.worker` and the actors :mod:`mpirl.actor_learner.env_actor`."""
     def loop(module: str, func: str) -> RoleLoop:
-        return lazy_loop(f"{package}.{module}", func)
-
-    def served(module: str, func: str):
-        def run(ctx):
-            serving = importlib.import_module(f"{package}.serving")
-            return getattr(importlib.import_module(f"mpirl.actor_learner.{module}"), func)(ctx, serving)
+        def run(ctx: RoleContext) -> str | None:
+            return getattr(importlib.import_module(f"mpirl.actor_learner.{module}"), func)(ctx, builder)
         return run
 
-    local_actor, env_actor = served("actor", "run_actor"), served("env_actor", "run_env_actor")
-    train = loop("learner", "run_learner")
+    local_actor, env_actor = loop("actor", "run_actor"), loop("env_actor", "run_env_actor")
 
-    def learner(ctx):
-        if ctx.cfg.topology.on_learner:  # the learner's rank is the worker: it serves with the algorithm's module
-            ctx.serving = importlib.import_module(f"{package}.serving")
-        return train(ctx)
-
-    def actor(ctx):
+    def actor(ctx: RoleContext) -> str | None:
         return (env_actor if ctx.topo.worker_of else local_actor)(ctx)
-    return {LEARNER: learner, BUFFER: loop("buffer", "run_buffer"),
-            WORKER: served("worker", "run_worker"), ACTOR: actor}
+    return {LEARNER: loop("learner", "run_learner"), BUFFER: loop("replay_buffer", "run_buffer"),
+            WORKER: loop("worker", "run_worker"), ACTOR: actor}

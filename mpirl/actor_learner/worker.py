@@ -10,12 +10,11 @@ experience layout, receives the versioned parameter broadcast, keeps within the 
 it holds its answers back and the actors wait), and its last message says goodbye. The stop in the
 broadcast reaches each actor in the answer to its next request.
 
-The worker knows nothing of the algorithm: it asks the algorithm's ``serving`` module for the step
-rows (``step_spec``), the actions' shape, and the decisions (``deciding(ctx, actors)``: ``observe``,
-``decide``, ``take``/``drop``, ``episodes``, ``policy.load_flat``, ``epsilon``, ``env_steps``, and
-optionally ``holds(actor)``: True while an actor may not act with the parameters loaded, as in a
-synchronous round it has finished; its request is then observed and its answer waits for the next
-parameters).
+The worker knows nothing of the algorithm: it asks the algorithm's builder
+(:class:`~mpirl.actor_learner.builder.ActorLearnerBuilder`) for the step rows, the actions' shape and the
+decisions (:class:`~mpirl.actor_learner.builder.Deciding`, the same an actor holds for itself). An actor the
+decisions hold (``holds``: it may not act with the parameters loaded, as in a synchronous round it has finished)
+has its request observed and its answer wait for the next parameters.
 
 Its file ``worker_<rank>.h5``: ``worker`` rows (steps served, forward passes and requests per pass,
 the actors' request latency p50/p95 as they measured it, seconds in inference, parameter version) and
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import math
 import time
-from types import ModuleType
 
 import numpy as np
 
@@ -36,6 +34,7 @@ from mpirl.comm.params import ParamFollower, param_channel
 from mpirl.comm.pools import RecvPool, SendRing
 from mpirl.metrics.writer import MetricsFile
 from mpirl.actor_learner.actor import Shipping
+from mpirl.actor_learner.builder import ActorLearnerBuilder
 from mpirl.job.context import Interval, RoleContext
 from mpirl.envs.outcomes import Outcome
 
@@ -143,10 +142,6 @@ class WorkerMetrics:
         self.file.close()
 
 
-def _never(actor: int) -> bool:
-    return False
-
-
 class Worker:
     """One inference worker: its actors' requests, the decisions, the line to its buffer, its file.
 
@@ -154,15 +149,15 @@ class Worker:
     learner holds one and calls :meth:`turn` between its train steps and while it waits for replies;
     it then loads its own parameters after each publish instead of receiving the broadcast."""
 
-    def __init__(self, ctx: RoleContext, serving: ModuleType):
+    def __init__(self, ctx: RoleContext, builder: ActorLearnerBuilder):
         cfg, topo = ctx.cfg, ctx.topo
         t = cfg.topology
         self.ctx = ctx
         self.actors = topo.served_by(topo.rank)
         m, self.E = len(self.actors), cfg.env.envs_per_actor
-        self.step_lay = step_layout(serving.step_spec(ctx.spaces), self.E)
-        self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(serving.action_shape(ctx.spaces), self.E))
-        self.deciding = serving.deciding(ctx, self.actors)
+        self.step_lay = step_layout(builder.step_spec(ctx.spaces), self.E)
+        self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(builder.action_shape(ctx.spaces), self.E))
+        self.deciding = builder.make_deciding(ctx, self.actors)
         if ctx.resume:  # count on from the steps this worker had served before the checkpoint
             self.deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)
         self.metrics = WorkerMetrics(ctx, self.actors)
@@ -172,7 +167,6 @@ class Worker:
         self.want = min(t.worker_batch, m)
         self.version = self.first = -1  # the parameters loaded (-1: none yet) and the first ones
         self.throttled_at: float | None = None  # when the insert budget started holding the answers back
-        self.holds = getattr(self.deciding, "holds", _never)  # the decisions' own hold on an actor, if any
         self.parked: dict[int, Outcome] = {}  # actors held by it: their observed outcome, not yet answered
 
     def load(self, params: np.ndarray, version: int) -> None:
@@ -205,7 +199,7 @@ class Worker:
         for a in requests.poll():
             metrics.heard(a, self.step_lay, requests.pending[a][1])
         parked = self.parked
-        if parked and all(self.holds(a) for a in parked):  # held actors wait for the next parameters
+        if parked and all(self.deciding.holds(a) for a in parked):  # held actors wait for the next parameters
             candidates = [a for a in requests.pending if a not in parked]
         else:
             candidates = list(requests.pending)
@@ -233,7 +227,7 @@ class Worker:
                 buf = requests.pending[a][1]
                 outcome = Outcome(self.step_lay.views(buf), fresh=bool(self.step_lay.get(buf, "fresh")))
                 d.observe(a, outcome)
-            if self.holds(a):
+            if self.deciding.holds(a):
                 parked[a] = outcome
                 continue
             order.append(a)
@@ -268,9 +262,9 @@ class Worker:
         self.metrics.close()
 
 
-def run_worker(ctx: RoleContext, serving: ModuleType) -> None:
+def run_worker(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
     """A worker rank: the parameters from its buffer's broadcast, turns with back-off in between."""
-    worker = Worker(ctx, serving)
+    worker = Worker(ctx, builder)
     broadcast = param_channel(ctx.topo.group_params, ctx.n_params, ctx.topo.group_params_each)
     params = ParamFollower(broadcast, lambda flat: worker.load(flat, broadcast.version))
     params.start()  # the first parameters (or the stop)

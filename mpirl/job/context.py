@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +28,6 @@ class RoleContext:
     t0: float  # the job's start (time.time() on rank 0); metric times are seconds since it
     preempt: "Preemption"  # signals -> a clean stop (see job/preemption.py)
     resume: "Resume | None" = None  # set when continuing a run from a checkpoint
-    serving: ModuleType | None = None  # the algorithm's serving module, when this learner serves actors (AW)
 
     def now(self) -> float:
         return time.time() - self.t0

@@ -11,14 +11,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mpirl.algos.apex.builder import ApexBuilder
 from mpirl.algos.apex import memory
-from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import Checked, RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.envs.factory import env_spaces
-from mpirl.job.checks import Checked
-from mpirl.actor_learner.replay_layout import (build_topology, inference, layout, lazy_roles, rank_files,  # noqa: F401
-                                      role_map)
+from mpirl.actor_learner.replay_layout import (build_topology, inference, layout, rank_files, role_map,  # noqa: F401
+                                              roles)
 
 
 class Spaces(NamedTuple):
@@ -56,7 +56,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.apex")
+ROLES: dict[str, RoleLoop] = roles(ApexBuilder())
 
 
 

@@ -14,7 +14,6 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
-from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 from mpirl.actor_learner.counters import Counters
@@ -141,7 +140,3 @@ class ApexTraining(LearnerAlgorithm):
 
     def local_memory(self, capacity: int, rows: int) -> LocalPrioritized:
         return LocalPrioritized(self.ctx, capacity, rows)
-
-
-def run_learner(ctx: RoleContext) -> str:
-    return learner_loop(ctx, ApexTraining).run()

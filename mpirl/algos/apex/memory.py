@@ -101,7 +101,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
         buffer = process + memory + dump + actors_per_buffer * c.recv_depth * message
         learner = process + NUMBA + TRAINING + network + n_buf * (memory + dump)
     if t.served:
-        from mpirl.algos.apex.serving import step_spec
+        from mpirl.envs.games import step_spec
         from mpirl.comm.messages import step_layout
         step = step_layout(step_spec(_Obs(obs_shape, obs_dtype)), cfg.env.envs_per_actor).max_nbytes
         served = math.ceil(n_act / max(t.worker_ranks, 1))
@@ -134,7 +134,7 @@ def estimate(cfg: JobConfig, world_size: int, obs_shape: tuple, obs_dtype, n_act
 
 
 class _Obs:
-    """The spaces :func:`~mpirl.algos.apex.serving.step_spec` reads."""
+    """The spaces :func:`~mpirl.envs.games.step_spec` reads."""
 
     def __init__(self, obs_shape, obs_dtype):
         self.obs_shape, self.obs_dtype = obs_shape, obs_dtype

@@ -1,5 +1,5 @@
 """Ape-X's acting, in two halves that need no MPI: the games (:class:`ApexGames`) and the decisions
-(:class:`ApexDeciding`); what Ape-X gives the actor loop (:mod:`mpirl.actor_learner.actor`), an inference worker
+(:class:`ApexDeciding`); what Ape-X's builder (:mod:`mpirl.algos.apex.builder`) gives the actor loop (:mod:`mpirl.actor_learner.actor`), an inference worker
 (:mod:`mpirl.actor_learner.worker`) and the actors it serves (:mod:`mpirl.actor_learner.env_actor`): SEED RL's layout.
 
 The games are the vector env, the forced actions such as FIRE after a life loss and the rebuild after a
@@ -27,9 +27,8 @@ from mpirl.replay.frames import framed_fields
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ratio import InsertBudget
 from mpirl.actor_learner.actor import insert_budget
-from mpirl.job.context import RoleContext
 from mpirl.actor_learner.experience import Staging, oldest_frame
-from mpirl.envs.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
+from mpirl.envs.games import VectorGames
 from mpirl.envs.outcomes import Outcome
 
 ApexGames = VectorGames  # an Ape-X actor's games: the shared vector games
@@ -63,6 +62,10 @@ class ApexDeciding:
         self.nsteps = [[NStepAccumulator(cfg.apex.n_step, a.gamma) for _ in range(self.E)] for _ in range(self.actors)]
         self.ep_return = np.zeros((self.actors, self.E))
         self.ep_length = np.zeros((self.actors, self.E), dtype=np.int64)
+
+    def holds(self, a: int) -> bool:
+        """No actor waits for a round: each acts with the parameters it has."""
+        return False
 
     def epsilon(self, a: int = 0) -> float:
         return float(self.epsilons[a].mean())
@@ -127,17 +130,3 @@ class ApexDeciding:
 
     def drop(self, rows: int) -> None:
         self.staging.drop(rows)
-
-
-def games(ctx: RoleContext, label: str) -> VectorGames:
-    return VectorGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
-
-
-def deciding(ctx: RoleContext, actors: list[int]) -> ApexDeciding:
-    """The decisions for ``actors`` (world ranks; an actor without a worker: itself): each with its own rank's
-    seed and its Ape-X index among all the job's actors."""
-    import torch
-    torch.set_num_threads(1)
-    everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
-    return ApexDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors],
-                        [everyone.index(a) for a in actors], len(everyone))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mpirl.algos.impala.builder import ImpalaBuilder
 from mpirl.algos.impala.flow import queue_slots
 from mpirl.comm.messages import experience_layout, request_layout, sample_layout
 from mpirl.job.contract import Checked, RoleLoop
@@ -23,8 +24,8 @@ from mpirl.job import memory
 from mpirl.agents.policy_checks import actor_critic_params, actor_critic_spaces
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.actor_learner import replay_layout
-from mpirl.actor_learner.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, lazy_roles, sender_count,
-                                      star_estimate)
+from mpirl.actor_learner.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, roles,
+                                              sender_count, star_estimate)
 
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
     return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
 
 
-ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.impala")
+ROLES: dict[str, RoleLoop] = roles(ImpalaBuilder())
 
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:

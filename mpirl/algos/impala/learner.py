@@ -23,7 +23,6 @@ from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, SourceInputs
 from mpirl.job.context import RoleContext
-from mpirl.actor_learner.learner import Learner
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
@@ -125,7 +124,3 @@ class ImpalaTraining(LearnerAlgorithm):
         for v in self.acc.values():
             v.clear()
         return out
-
-
-def run_learner(ctx: RoleContext) -> str:
-    return Learner(ctx, ImpalaTraining).run()

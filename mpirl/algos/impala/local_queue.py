@@ -1,7 +1,7 @@
 """The learner's own trajectory queue (``topology.buffers = 0``): the actors send straight to the learner.
 
-Its intake is the buffer loop's, run in the learner's process (a local :class:`~mpirl.algos.impala.buffer.
-QueueBuffer`: it receives the actors' messages into the queue and writes ``buffer_0.h5`` as a buffer rank writes
+Its intake is the buffer loop's, run in the learner's process (a local buffer over IMPALA's queue
+(:class:`~mpirl.algos.impala.queue_server.QueueServer`): it receives the actors' messages into the queue and writes ``buffer_0.h5`` as a buffer rank writes
 its file); :class:`LocalQueue` pumps it between train steps and takes each batch from the queue itself, and
 :class:`LocalLinks` tells the loop what the actors' messages said (env steps, episodes, returns).
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 
-from mpirl.algos.impala.buffer import QueueBuffer
+from mpirl.algos.impala.queue_server import QueueServer
+from mpirl.actor_learner.replay_buffer import Buffer
 from mpirl.comm.backoff import Backoff
 from mpirl.metrics.writer import MetricsFile
 from mpirl.actor_learner.batch_sources import Batch, SourceInputs
@@ -24,7 +25,7 @@ from mpirl.actor_learner.counters import Counters
 class LocalLinks:
     """What the loop asks of its lines to the buffers, for the queue in its own process."""
 
-    def __init__(self, buffer: QueueBuffer, counters: Counters, pump_params: Callable[[], None]):
+    def __init__(self, buffer: Buffer, counters: Counters, pump_params: Callable[[], None]):
         """``pump_params``: release the learner's held parameter sends while the last messages come in."""
         self.buffer, self.counters, self.pump_params = buffer, counters, pump_params
         self.env_offset = 0  # a resumed run's actors count on from their last rows before the checkpoint
@@ -76,8 +77,10 @@ class LocalQueue:
 
     def __init__(self, given: SourceInputs):
         self.given, self.batch_size = given, given.cfg.replay.batch_size
-        self.buffer = QueueBuffer(given.ctx)
-        self.queue = self.buffer.server.memory
+        assert given.intake is not None, "a local queue needs the learner's own intake (topology.buffers = 0)"
+        self.buffer: Buffer = given.intake()
+        self.server = cast(QueueServer, self.buffer.server)  # the builder's: a queue
+        self.queue = self.server.memory
         self.links = LocalLinks(self.buffer, given.counters, given.pump_params)
         self.out = {name: np.zeros((self.batch_size, *shape), dtype) for name, (shape, dtype) in given.ctx.spec.items()}
         self.backoff = Backoff()
@@ -92,7 +95,7 @@ class LocalQueue:
             self.buffer.step()
             self.links.absorb()
             self.waited += time.perf_counter() - t
-        server, n = self.buffer.server, self.batch_size
+        server, n = self.server, self.batch_size
         if not server.ready(n):
             return None
         self.backoff.reset()

@@ -1,5 +1,5 @@
 """IMPALA's acting: the shared vector games (:mod:`mpirl.envs.games`) and the decisions (:class:`ImpalaDeciding`),
-what IMPALA gives the actor loop (:mod:`mpirl.actor_learner.actor`).
+what IMPALA's builder (:mod:`mpirl.algos.impala.builder`) gives the actor loop (:mod:`mpirl.actor_learner.actor`).
 
 The decisions sample each game's action from the actor's copy of the policy, and record each game's trajectory:
 ``impala.unroll`` steps with the behaviour policy's log-probability of the action actually taken, rewards,
@@ -22,9 +22,7 @@ from mpirl.agents.actor_critic import ActorCriticPolicy
 from mpirl.algos.impala.flow import SenderWindow, queue_budget
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
-from mpirl.job.context import RoleContext
 from mpirl.actor_learner.experience import Staging
-from mpirl.envs.games import VectorGames, action_shape, step_spec  # noqa: F401 - the serving interface
 from mpirl.envs.outcomes import Outcome
 
 
@@ -157,18 +155,3 @@ class ImpalaDeciding:
 
     def drop(self, rows: int) -> None:
         self.staging.drop(rows)
-
-
-def games(ctx: RoleContext, label: str) -> VectorGames:
-    return VectorGames(ctx.cfg, ctx.spaces, ctx.seed(), label)
-
-
-def deciding(ctx: RoleContext, actors: list[int]) -> ImpalaDeciding:
-    """The decisions for ``actors`` (world ranks), each with its own rank's seed and its delay
-    (``impala.actor_delay_us``, by its index among all the job's actors)."""
-    import torch
-    torch.set_num_threads(1)
-    everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
-    delays = ctx.cfg.impala.actor_delay_us
-    delays = [delays[0] if len(delays) == 1 else delays[everyone.index(a)] for a in actors]
-    return ImpalaDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors], delays)

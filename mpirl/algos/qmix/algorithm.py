@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mpirl.algos.qmix.builder import QmixBuilder
 from mpirl.algos.qmix.envs import env_kwargs, episode_limit
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
 from mpirl.job.contract import Checked, RoleLoop
@@ -23,7 +24,7 @@ from mpirl.replay_job import actor_count, check_world_size, learners
 from mpirl.replay.quotas import max_quota
 from mpirl.job import memory
 from mpirl.actor_learner.replay_layout import (BUFFER, LEARNER, build_topology, inference, layout,  # noqa: F401
-                                      lazy_roles, rank_files, role_map, sender_count, star_estimate)
+                                              rank_files, role_map, roles, sender_count, star_estimate)
 
 
 class Spaces(NamedTuple):
@@ -148,7 +149,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 
-ROLES: dict[str, RoleLoop] = lazy_roles("mpirl.algos.qmix")
+ROLES: dict[str, RoleLoop] = roles(QmixBuilder())
 
 
 

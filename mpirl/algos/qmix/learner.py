@@ -28,7 +28,6 @@ from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.episode_shard import EpisodeShard
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
-from mpirl.actor_learner.learner import learner_loop
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
@@ -208,7 +207,3 @@ class QmixTraining(LearnerAlgorithm):
             self.test()  # the final policy's greedy return: the number a run is judged by
         for game in self.test_games or []:
             game.close()
-
-
-def run_learner(ctx: RoleContext) -> str:
-    return learner_loop(ctx, QmixTraining).run()

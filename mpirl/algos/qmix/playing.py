@@ -166,6 +166,10 @@ class Deciding:
         """The sender's flow control: its share of ``replay.samples_per_insert``'s budget."""
         return insert_budget(self.cfg, topo, self.staging)
 
+    def holds(self, a: int) -> bool:
+        """No actor waits for a round: each acts with the parameters it has."""
+        return False
+
     def epsilon(self, a: int = 0) -> float:
         q = self.cfg.qmix
         return epsilon_schedule(int(self.env_steps[a]), q.epsilon_start, q.epsilon_finish, q.epsilon_anneal_steps)

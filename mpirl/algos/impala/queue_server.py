@@ -1,4 +1,5 @@
-"""The IMPALA buffer: the shared buffer loop (:mod:`mpirl.actor_learner.replay_buffer`) over a trajectory queue.
+"""What an IMPALA buffer serves from: the shared buffer loop (:mod:`mpirl.actor_learner.replay_buffer`) over a
+trajectory queue.
 
 Receiving the actors' messages, relaying parameters and writing the group's metrics are the replay buffers';
 what differs is what the learner is served from (:class:`QueueServer`): each request takes the oldest
@@ -17,8 +18,7 @@ from mpirl.comm.credit import CreditGrants
 from mpirl.comm.layout import Layout
 from mpirl.comm.messages import sample_layout
 from mpirl.replay.trajectory_queue import TrajectoryQueue
-from mpirl.job.context import RoleContext
-from mpirl.actor_learner.replay_buffer import Buffer
+from mpirl.actor_learner.buffer_servers import Buffer, Server
 
 
 class QueueCredit:
@@ -40,7 +40,7 @@ class QueueCredit:
             self.lines.grant(sender, self.windows.granted(sender))
 
 
-class QueueServer:
+class QueueServer(Server):
     """Trajectories first in, first out; a request is served once the queue holds its share."""
 
     prioritized = False  # records arrive without priorities (the message's priority field is ignored)
@@ -94,43 +94,23 @@ class QueueServer:
     def reply_total(self) -> float:
         return float(self.memory.size)
 
+    def arrived(self, source: int, rows: int, final: bool) -> None:
+        """With windows a message's rows count against its sender's, and its last closes the sender's credit line."""
+        if self.credit is not None:
+            self.credit.arrived(source, rows, final)
 
-class QueueBuffer(Buffer):
-    server: QueueServer
-
-    def message_rows(self, games: int) -> int:
-        return games  # one trajectory per game a sender steps, all finished together
+    def turn(self) -> bool:
+        """The credit granted since the last turn, sent."""
+        return self.credit is not None and self.credit.lines.flush()
 
     def columns(self) -> dict:
         return {"replayed": np.int64}  # trajectories served from the replay since the last row
 
     def row(self) -> dict:
-        n, self.server.served_again = self.server.served_again, 0
+        n, self.served_again = self.served_again, 0
         return {"replayed": n}
 
-    def make_server(self, share: int) -> QueueServer:
-        return QueueServer(self, share)
-
-    def on_experience(self, buf: np.ndarray, source: int) -> bool:
-        """A message into the queue; with windows its rows count against its sender's, and its last closes the
-        sender's credit line."""
-        before = self.inserted
-        final = super().on_experience(buf, source)
-        if self.server.credit is not None:
-            self.server.credit.arrived(source, self.inserted - before, final)
-        return final
-
-    def step(self) -> bool:
-        progress = super().step()
-        if self.server.credit is not None:
-            progress = self.server.credit.lines.flush() or progress
-        return progress
-
     def close(self) -> None:
-        if self.server.credit is not None:  # every sender has said goodbye: its line ends before the comm does
-            self.server.credit.lines.finish()
-        super().close()
-
-
-def run_buffer(ctx: RoleContext) -> None:
-    QueueBuffer(ctx).run()
+        """Every sender has said goodbye: its line ends before the communicator does."""
+        if self.credit is not None:
+            self.credit.lines.finish()

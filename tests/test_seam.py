@@ -34,7 +34,8 @@ def test_every_algorithm_offers_the_interface(name):
 
 
 def test_the_shared_wiring_never_names_an_algorithm():
-    paths = sorted([*(PKG / "job").glob("*.py"), *(PKG / "actor_learner").glob("*.py")])
+    paths = sorted(path for family in ("job", "actor_learner", "gradients", "exchange")
+                   for path in (PKG / family).glob("*.py"))
     assert len(paths) > 20
     for path in paths:
         text = path.read_text()
@@ -87,7 +88,8 @@ LAYERS = (
                           "mpirl.envs.*")),
     ("comm", ("mpirl.comm", "mpirl.comm.*")),
     ("job", ("mpirl.job", "mpirl.job.*", "mpirl.launcher")),
-    ("actor_learner", ("mpirl.actor_learner", "mpirl.actor_learner.*")),
+    ("families' loops", ("mpirl.actor_learner", "mpirl.actor_learner.*", "mpirl.gradients", "mpirl.gradients.*",
+                         "mpirl.exchange", "mpirl.exchange.*")),
     ("algos", ("mpirl.algos.*.*",)),
     ("registry", ("mpirl.registry",)),
     ("bench", ("mpirl.bench", "mpirl.bench.*", "mpirl.bench.*.*")),
@@ -192,3 +194,38 @@ def test_the_import_checks_see_an_import_in_any_place():
     assert "mpirl.job.checkpoint" in graph["mpirl.job.context"]  # under TYPE_CHECKING
     assert "mpirl.registry" in graph["mpirl.cli"]  # inside a function
     assert _layer("mpirl.algos.apex.settings") == 0 and _layer("mpirl.algos.apex.learner") == 6
+
+
+def test_a_buffer_rank_of_each_replay_algorithm_imports_no_torch():
+    """What the family's buffer loop asks of an algorithm's builder (its server, its memory) is made without
+    torch: a buffer rank's memory is its replay, not a framework."""
+    code = ("import sys\n"
+            "from mpirl.registry import algorithm\n"
+            "from mpirl.actor_learner import replay_buffer\n"
+            "for name in ('apex', 'qmix', 'impala'):\n"
+            "    roles = algorithm(name).ROLES\n"
+            "    assert set(roles) >= {'learner', 'buffer', 'actor'}, roles\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'pettingzoo'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_actor_learner_builder_makes_its_parts_for_the_loops():
+    """Each replay algorithm's builder is one ActorLearnerBuilder whose acting parts the worker and the actors
+    read the same way: the step rows and the action shape of its own env."""
+    from mpirl.actor_learner.builder import ActorLearnerBuilder
+    from mpirl.algos.apex.builder import ApexBuilder
+    from mpirl.algos.impala.builder import ImpalaBuilder
+    from mpirl.algos.qmix.builder import QmixBuilder
+    from mpirl.registry import algorithm
+
+    cfg = config.JobConfig()
+    checked = algorithm("apex").check(cfg, 3, "")
+    for builder in (ApexBuilder(), ImpalaBuilder()):
+        assert isinstance(builder, ActorLearnerBuilder)
+        assert builder.action_shape(checked.spaces) == ()
+        assert set(builder.step_spec(checked.spaces)) >= {"obs", "taken", "reward", "terminated", "truncated"}
+    assert isinstance(QmixBuilder(), ActorLearnerBuilder)
+    assert ApexBuilder().sender_lag(cfg) == cfg.apex.n_step and ImpalaBuilder().message_rows(cfg, 6) == 6
+    assert QmixBuilder().message_rows(cfg, 6) == cfg.comm.send_batch

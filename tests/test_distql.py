@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from mpirl.agents.tabular import ServerTable, WorkerTable, end_penalty, epsilon_at
-from mpirl.exchange import messages as msg
 from mpirl.envs.discrete import CARTPOLE_BOUNDS, Discretizer
+from mpirl.exchange import messages as msg
 
 from conftest import JOBS, run_cli
 

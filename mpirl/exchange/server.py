@@ -77,8 +77,8 @@ class Server:
 
     def __init__(self, ctx: RoleContext, builder: ExchangeBuilder) -> None:
         cfg = ctx.cfg
-        self.ctx, self.cfg, self.d = ctx, cfg, builder.settings(cfg)
-        d = self.d
+        self.ctx, self.cfg = ctx, cfg
+        self.d = d = builder.settings(cfg)  # the family's settings: the algorithm's section
         self.comm = comm = ctx.topo.comm(LINK)
         self.workers = workers = list(range(1, comm.size))
         S, A = ctx.spaces.n_states, ctx.spaces.n_actions

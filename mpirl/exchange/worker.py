@@ -34,8 +34,8 @@ class Worker:
 
     def __init__(self, ctx: RoleContext, builder: ExchangeBuilder) -> None:
         cfg = ctx.cfg
-        self.ctx, self.builder, self.d = ctx, builder, builder.settings(cfg)
-        d = self.d
+        self.ctx, self.builder = ctx, builder
+        self.d = d = builder.settings(cfg)  # the family's settings: the algorithm's section
         self.comm = ctx.topo.comm(LINK)  # the server is rank 0, this worker rank = its world rank
         me = self.comm.rank
         self.env = builder.make_env(cfg, ctx.seed())

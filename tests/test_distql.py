@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from mpirl.agents.tabular import ServerTable, WorkerTable, end_penalty, epsilon_at
-from mpirl.algos.distql import messages as msg
 from mpirl.envs.discrete import CARTPOLE_BOUNDS, Discretizer
+from mpirl.exchange import messages as msg
 
 from conftest import JOBS, run_cli
 
@@ -159,7 +159,7 @@ def test_a_workers_state_round_trips_through_its_message_and_restores_its_table(
 
 def test_a_greedy_evaluation_that_loops_is_cut_and_counted():
     """CliffWalking sets no step limit: a table whose best action is always 'up' walks to the top row and stays."""
-    from mpirl.algos.distql.server import evaluate
+    from mpirl.exchange.server import evaluate
     from mpirl.config import EnvConfig
     from mpirl.envs.discrete import make_tabular_env
     env = make_tabular_env(EnvConfig(id="CliffWalking-v1"), [8, 8, 8, 12], seed=0)

@@ -53,7 +53,7 @@ def recorded_exchanges(workers: int = 4, episodes: int = 300, tau: int = 10, see
 
 def in_process(reps: int, seconds: float) -> list[Row]:
     from mpirl.agents.tabular import ServerTable
-    from mpirl.algos.distql import messages as msg
+    from mpirl.exchange import messages as msg
     exchanges = recorded_exchanges()
     pairs = sum(len(e[0]) for e in exchanges)
     tables = {}

@@ -1,7 +1,9 @@
 """DistQL behind the algorithm seam: rank 0 the Q-server, ranks 1..N the workers.
 
 Its layout is one link, each worker's exchange with the server: the communicator of that link has the server as
-rank 0 and each worker at its world rank. No rank imports torch: checkpoints are HDF5 (:mod:`mpirl.algos.distql.checkpoint`).
+rank 0 and each worker at its world rank. The loops are the exchange family's (:mod:`mpirl.exchange`), over
+:class:`~mpirl.algos.distql.builder.DistqlBuilder`. No rank imports torch: checkpoints are HDF5
+(:mod:`mpirl.exchange.checkpoint`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from mpirl.agents.tabular import PAIR_BYTES
-from mpirl.algos.distql.messages import exchange_nbytes, reply_nbytes, state_nbytes
+from mpirl.algos.distql.builder import DistqlBuilder
 from mpirl.algos.distql.settings import MAX_TABLE
-from mpirl.job.contract import Checked, RoleLoop, lazy_loop
+from mpirl.exchange.builder import LINK, SERVER, WORKER, roles
+from mpirl.exchange.messages import exchange_nbytes, reply_nbytes, state_nbytes
+from mpirl.job.contract import Checked, RoleLoop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import ConfigError, JobConfig
 from mpirl.job import memory
@@ -20,7 +24,6 @@ from mpirl.job import memory
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-SERVER, WORKER = "server", "worker"
 PROCESS = 80 * memory.MB  # a rank's memory before its tables: Python, numpy, gymnasium, mpi4py, h5py, no torch
 # (peak RSS of a Taxi worker 66 MB, of the server 74 MB before numba, in run.h5's peak_rss_bytes)
 
@@ -98,7 +101,7 @@ def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:
     """Rank 0 the Q-server, the rest workers; each worker exchanges its table's changes with the server."""
-    return Layout({SERVER: (0,), WORKER: tuple(range(1, world_size))}, (Link("exchange", WORKER, SERVER),))
+    return Layout({SERVER: (0,), WORKER: tuple(range(1, world_size))}, (Link(LINK, WORKER, SERVER),))
 
 
 def rank_files(topo: Topology) -> dict[str, str]:
@@ -110,8 +113,7 @@ def role_map(topo: Topology) -> str:
     return f"0 Q-server; {'1' if n == 1 else f'1-{n}'} worker{'s' if n > 1 else ''}"
 
 
-ROLES: dict[str, RoleLoop] = {SERVER: lazy_loop("mpirl.algos.distql.server", "run_server"),
-                              WORKER: lazy_loop("mpirl.algos.distql.worker", "run_worker")}
+ROLES: dict[str, RoleLoop] = roles(DistqlBuilder())
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:

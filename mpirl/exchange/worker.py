@@ -1,12 +1,13 @@
-"""A DistQL worker rank: Q-learning on its own environment, and an exchange with the Q-server after its
-episodes 0, tau, 2 tau, ... and after its last.
+"""A worker rank of the exchange family: learning on its own environment, and an exchange with the server after
+its episodes 0, tau, 2 tau, ... and after its last (DistQL's: Q-learning, its table's pairs to the Q-server).
 
 An exchange sends the pairs changed since the previous one (with the worker's counters and finished
 episodes) and waits, with back-off polling, for the server's reply: at once in ``async`` mode, after every
 worker's same round in ``sync`` mode. The reply's pairs are applied (``all``: the server's whole table,
 ``partial``: the pairs sent). A reply with the checkpoint flag makes the worker send its state (table, counters,
-generators; :mod:`mpirl.algos.distql.checkpoint`); one with the stop flag ends it. A resumed worker starts from
-its state in the checkpoint, or ends at once if it had finished by then.
+generators; :mod:`mpirl.exchange.checkpoint`); one with the stop flag ends it. A resumed worker starts from
+its state in the checkpoint, or ends at once if it had finished by then. What it plays and learns with is its
+algorithm's (:class:`~mpirl.exchange.builder.ExchangeBuilder`).
 """
 
 from __future__ import annotations
@@ -14,33 +15,33 @@ from __future__ import annotations
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from mpirl.agents.tabular import WorkerTable, end_penalty, epsilon_at, play_episode
-from mpirl.algos.distql import messages as msg
-from mpirl.algos.distql.checkpoint import read_worker
 from mpirl.comm.backoff import wait_until
 from mpirl.comm.hub import ask
 from mpirl.envs.delay import Delay
-from mpirl.envs.discrete import make_tabular_env
+from mpirl.exchange import messages as msg
+from mpirl.exchange.builder import LINK, ExchangeBuilder, WorkerTable
+from mpirl.exchange.checkpoint import read_worker
+from mpirl.job.checkpoint import Resume
+from mpirl.job.context import RoleContext
 
 
 class Worker:
     """The worker's loop: its environment, table, buffers and counters, and how it ended (``stop``)."""
 
-    def __init__(self, ctx) -> None:
-        cfg, d = ctx.cfg, ctx.cfg.distql
-        self.ctx, self.d = ctx, d
-        self.comm = ctx.topo.comm("exchange")  # the server is rank 0, this worker rank = its world rank
+    def __init__(self, ctx: RoleContext, builder: ExchangeBuilder) -> None:
+        cfg = ctx.cfg
+        self.ctx, self.builder = ctx, builder
+        self.d = d = builder.settings(cfg)  # the family's settings: the algorithm's section
+        self.comm = ctx.topo.comm(LINK)  # the server is rank 0, this worker rank = its world rank
         me = self.comm.rank
-        self.env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed())
+        self.env = builder.make_env(cfg, ctx.seed())
         self.rng = random.Random(ctx.seed(1))
-        S, A = ctx.spaces.n_states, ctx.spaces.n_actions
-        self.pairs = S * A
-        self.textbook = d.variant == "textbook"
-        self.table = WorkerTable(S, A, d.gamma, d.eta0, d.eta_decay, textbook=self.textbook)
-        self.penalty = end_penalty(cfg.env.id, d.end_penalty)
+        self.pairs = ctx.spaces.n_states * ctx.spaces.n_actions
+        self.table: WorkerTable = builder.make_worker_table(cfg, ctx.spaces)
         delays = d.worker_delay_us
         delay = Delay(1e-6 * delays[me - 1 if len(delays) > 1 else 0])
         self.each_step = delay.step if delay.seconds > 0 else None  # nothing added to an undelayed step
@@ -52,9 +53,9 @@ class Worker:
         self.env_steps = self.rounds = self.played = 0
         self.stop = "done"
 
-    def resume(self) -> bool:
+    def resume(self, resume: Resume) -> bool:
         """This worker's state at the checkpoint being resumed; False when it had finished by then."""
-        saved = read_worker(self.ctx.resume.checkpoint, self.comm.rank)
+        saved = read_worker(Path(resume.checkpoint), self.comm.rank)
         if saved is None:
             return False
         self.table.restore(saved.idx, saved.q, saved.eta)
@@ -69,12 +70,10 @@ class Worker:
         worker."""
         d = self.d
         start = time.perf_counter()
-        eps = epsilon_at(j, d.epsilon, d.epsilon_decay)
-        ret, env_ret, length = play_episode(self.env, self.table, eps, self.rng, self.penalty, self.textbook,
-                                            self.each_step)
-        self.env_steps += length
+        played = self.builder.play_episode(self.ctx.cfg, self.env, self.table, j, self.rng, self.each_step)
+        self.env_steps += played.length
         self.played += 1
-        self.episodes.append((j, ret, env_ret, length, eps))
+        self.episodes.append((j, *played))
         self.compute_s += time.perf_counter() - start
         if self.ctx.preempt is not None:
             self.ctx.preempt.requested()  # a signal here: tell the server, which stops the job
@@ -131,7 +130,7 @@ class Worker:
 
     def run(self) -> str:
         """Episodes until its last or the server's stop (a resumed worker from the checkpoint's), then goodbye."""
-        if self.ctx.resume and not self.resume():  # it had finished: the server knows, and nothing is sent
+        if self.ctx.resume and not self.resume(self.ctx.resume):  # it had finished: the server knows, and nothing is sent
             self.env.close()
             return "finished before the checkpoint"
         try:
@@ -144,5 +143,5 @@ class Worker:
         return self.stop
 
 
-def run_worker(ctx) -> str:
-    return Worker(ctx).run()
+def run_worker(ctx: RoleContext, builder: ExchangeBuilder) -> str:
+    return Worker(ctx, builder).run()

@@ -1,8 +1,8 @@
-"""DistQL's checkpoints: a consistent cut of the Q-server and every worker, in one HDF5 file.
+"""The exchange family's checkpoints (DistQL's): a consistent cut of the server and every worker, in one HDF5 file.
 
 A cut (:class:`Cut`) starts when a checkpoint is due (``checkpoint.every_seconds``) or the run stops (a signal,
 a stop condition). From then on the server's reply to each worker's next exchange carries the checkpoint flag;
-the worker applies it and sends its state (:class:`~mpirl.algos.distql.messages.State`), which the server
+the worker applies it and sends its state (:class:`~mpirl.exchange.messages.State`), which the server
 writes into the file at once. An exchange from a worker already in the cut is held, neither recorded nor merged,
 until the cut is committed: so the server's table holds exactly the exchanges each worker had made when its state
 was taken, and a resumed run counts no episode twice and loses none. The cut is committed (the table, the merge
@@ -24,7 +24,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from mpirl.algos.distql.messages import State
+from mpirl.exchange.builder import ServerTable
+from mpirl.exchange.messages import State
 from mpirl.atomic import commit
 from mpirl.metrics.run_file import plain
 from mpirl.job import checkpoint
@@ -70,7 +71,7 @@ class Cut:
                 return False
         return True
 
-    def commit(self, table, merged: int, finished: set[int], job_time: float, identity: dict, server: dict,
+    def commit(self, table: ServerTable, merged: int, finished: set[int], job_time: float, identity: dict, server: dict,
                returns, keep: int) -> Path:
         """Write the server's part (``finished``: the workers that have played all their episodes), sync, rename
         to ``ckpt-<merges>.h5``; keep the newest ``keep``."""

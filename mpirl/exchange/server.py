@@ -1,21 +1,23 @@
-"""The DistQL Q-server (rank 0): merges the workers' pairs into its table (DistQL Eq. 1) and answers each
-exchange with the whole table (``mode = "all"``) or the pairs sent (``"partial"``).
+"""The server of the exchange family (rank 0; DistQL's Q-server): merges the workers' pairs into its table (the
+algorithm's merge, :class:`~mpirl.exchange.builder.ServerTable`; DistQL Eq. 1) and answers each exchange with the
+whole table (``mode = "all"``) or the pairs sent (``"partial"``). The settings named below are the algorithm's
+section's (DistQL's), which the loop gets from its builder.
 
 The workers' exchanges come through a :class:`~mpirl.comm.hub.Hub` (one pre-posted receive per worker).
 ``exchange = "async"``: each exchange is merged and answered as it arrives (the hub's ``"arrival"`` mode).
 ``"sync"``: the server waits until every worker still playing has sent its round k, merges them in rank order and
 answers all (``"rounds"``); the workers meanwhile wait for their reply.
 
-The run ends when every worker has played ``distql.episodes``, or early: at a stop condition of ``[run]``
+The run ends when every worker has played ``episodes``, or early: at a stop condition of ``[run]``
 (``wall_seconds``, ``env_steps`` over all workers, ``target_return`` over the last ``return_window`` episodes) or
 a signal on any rank (Ctrl-C through ``mpirl launch``, SIGUSR1, SIGTERM: then "preempted", exit 75). Either way
 the stop flag rides in each worker's next reply together with the checkpoint flag: the last cut
-(:mod:`mpirl.algos.distql.checkpoint`) is taken as the workers stop, and ``--resume`` continues from it, as from
+(:mod:`mpirl.exchange.checkpoint`) is taken as the workers stop, and ``--resume`` continues from it, as from
 the cuts taken every ``checkpoint.every_seconds``.
 
 Everything lands in ``qserver.h5``: ``merges``, ``episodes`` and ``workers`` rows (the workers' counters and
 finished episodes travel in their exchanges), ``eval`` rows (greedy episodes of the server's table, each cut at
-``distql.eval_max_steps``), and at the end the table itself (``table/q``, ``eta``, ``seen`` and per-pair
+``eval_max_steps``), and at the end the table itself (``table/q``, ``eta``, ``seen`` and per-pair
 ``merges``). A resumed run drops the rows after its checkpoint and appends.
 """
 
@@ -23,19 +25,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from mpirl.agents.tabular import ServerTable
-from mpirl.algos.distql import messages as msg
-from mpirl.algos.distql.checkpoint import Cut, read_server
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
-from mpirl.envs.discrete import make_tabular_env
-from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.job.checkpoint import identity
+from mpirl.exchange import messages as msg
+from mpirl.exchange.builder import LINK, Environment, ExchangeBuilder, ServerTable
+from mpirl.exchange.checkpoint import Cut, read_server
+from mpirl.job.checkpoint import Resume, identity
+from mpirl.job.context import RoleContext
 from mpirl.job.run_control import RunControl
+from mpirl.metrics.writer import MetricsFile, Rows
 
 MERGES = {"time": np.float64, "worker": np.int32, "round": np.int64, "pairs_in": np.int64, "new_pairs": np.int64,
           "reply_pairs": np.int64, "bytes_in": np.int64, "bytes_out": np.int64, "merge_s": np.float64}
@@ -48,7 +51,7 @@ EVAL = {"time": np.float64, "merges": np.int64, "return_mean": np.float64, "retu
 UNITS = {"time": "s", "merge_s": "s", "compute_s": "s", "wait_s": "s", "bytes_in": "B", "bytes_out": "B"}
 
 
-def evaluate(table: ServerTable, env, episodes: int, rng: np.random.Generator, max_steps: int) -> dict:
+def evaluate(table: ServerTable, env: Environment, episodes: int, rng: np.random.Generator, max_steps: int) -> dict:
     """``episodes`` greedy episodes of the server's table, each cut after ``max_steps`` steps: mean return, its std,
     mean length, and how many were cut."""
     returns, lengths, capped = [], [], 0
@@ -72,15 +75,16 @@ class Server:
     """The Q-server's loop: its table, hub and file, the workers' counters, the cut being taken (``cut``) and the
     stop once decided (``stop_reason``, '' until then)."""
 
-    def __init__(self, ctx) -> None:
-        cfg, d = ctx.cfg, ctx.cfg.distql
-        self.ctx, self.cfg, self.d = ctx, cfg, d
-        self.comm = comm = ctx.topo.comm("exchange")
+    def __init__(self, ctx: RoleContext, builder: ExchangeBuilder) -> None:
+        cfg = ctx.cfg
+        self.ctx, self.cfg = ctx, cfg
+        self.d = d = builder.settings(cfg)  # the family's settings: the algorithm's section
+        self.comm = comm = ctx.topo.comm(LINK)
         self.workers = workers = list(range(1, comm.size))
         S, A = ctx.spaces.n_states, ctx.spaces.n_actions
-        self.table = ServerTable(S, A, d.server_eta, d.eta_decay)
+        self.table = builder.make_server_table(cfg, ctx.spaces)
         self.state_in = np.empty(msg.state_nbytes(S * A), np.uint8)  # one worker's state at a time, during a cut
-        self.eval_env = make_tabular_env(cfg.env, d.bins, seed=ctx.seed(2)) if d.eval_episodes else None
+        self.eval_env = builder.make_env(cfg, ctx.seed(2)) if d.eval_episodes else None
         self.eval_rng = np.random.default_rng(ctx.seed(3))
         self.f = f = MetricsFile(ctx.run_dir / "qserver.h5",
                                  {"role": "qserver", "rank": 0, "n_states": S, "n_actions": A,
@@ -98,7 +102,7 @@ class Server:
         self.returns: deque = deque(maxlen=cfg.run.return_window)  # the last episodes' env returns, over all workers
         self.merged = 0
         if ctx.resume:
-            self.restore()
+            self.restore(ctx.resume)
         # One pre-posted receive per worker still playing (the finished ones of a resumed run have said goodbye); an
         # exchange stays in its inbox until answered: while its round fills up (sync), or held during a cut.
         self.hub: Hub[msg.Exchange] = Hub(comm, workers, msg.EXCHANGE,
@@ -115,9 +119,9 @@ class Server:
         self.status = MPI.Status()
         self.backoff = Backoff(first=20e-6, longest=2e-3)
 
-    def restore(self) -> None:
+    def restore(self, resume: Resume) -> None:
         """The table, counters and generators of the checkpoint; rows after it describe work done again."""
-        saved = read_server(self.ctx.resume.checkpoint)
+        saved = read_server(Path(resume.checkpoint))
         self.table.restore(saved["q"], saved["eta"], saved["seen"], saved["merges"])
         self.merged, self.finished = saved["merged"], set(saved["finished"])
         self.returns.extend(saved["returns"].tolist())
@@ -126,7 +130,7 @@ class Server:
         if self.eval_env is not None:
             self.eval_env.set_rng_state(saved["server"]["eval_env"])
         for rows in self.tables:
-            rows.table.truncate(rows.table.rows_until("time", self.ctx.resume.job_time))
+            rows.table.truncate(rows.table.rows_until("time", resume.job_time))
 
     def record(self, w: int, ex: msg.Exchange) -> None:
         """Worker ``w``'s counters and finished episodes, as its exchange ``ex`` brings them."""
@@ -160,7 +164,9 @@ class Server:
                         reply_pairs=len(idx), bytes_in=self.sizes[w], bytes_out=n, merge_s=merge_s)
 
     def evaluate_now(self) -> None:
+        """An evaluation's row (the server evaluates only with an environment to evaluate on)."""
         d = self.d
+        assert self.eval_env is not None
         self.evals.add(time=self.ctx.now(), merges=self.merged,
                        **evaluate(self.table, self.eval_env, d.eval_episodes, self.eval_rng, d.eval_max_steps))
 
@@ -295,6 +301,6 @@ class Server:
                 self.eval_env.close()
 
 
-def run_server(ctx) -> str:
-    return Server(ctx).run()
+def run_server(ctx: RoleContext, builder: ExchangeBuilder) -> str:
+    return Server(ctx, builder).run()
 

@@ -1,4 +1,4 @@
-"""DistQL's two messages, packed into byte buffers that are allocated once per peer.
+"""The exchange family's messages (DistQL's), packed into byte buffers that are allocated once per peer.
 
 * exchange (worker -> server, tag ``EXCHANGE``): the worker's counters in the header (its stats travel with
   its pairs, as actor stats do), the pairs it changed since its last send (flat index i32, Q f64, eta f64: 20 B

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.agents.dqn import to_tensors
+from mpirl.agents.tensors import to_tensors
 from mpirl.comm.messages import sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, settle_slots
 from mpirl.replay.frames import framed_fields

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from mpirl import config
-from mpirl.agents.dqn import env_epsilons, to_tensors, transition_spec
+from mpirl.agents.dqn import env_epsilons, transition_spec
+from mpirl.agents.tensors import to_tensors
 from mpirl.algos.apex.algorithm import Spaces
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
 from mpirl.comm.messages import sample_layout

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from mpirl.agents.actor_critic import ActorCritic
-from mpirl.agents.dqn import to_tensors
+from mpirl.agents.tensors import to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mpirl.agents.dqn import to_tensors
+from mpirl.agents.tensors import to_tensors
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
 from mpirl.agents.vtrace import vtrace
 

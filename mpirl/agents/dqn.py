@@ -8,14 +8,13 @@ not a time limit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from mpirl.agents.networks import NetworkCopy, build_network
+from mpirl.agents.tensors import pick_precision, to_tensors
+from mpirl.agents.train_step import Fault, GradientPeers, not_finite
 
 
 def transition_spec(obs_shape: tuple[int, ...], obs_dtype) -> dict:
@@ -49,42 +48,6 @@ def env_epsilons(actor_index: int, actors: int, envs_per_actor: int, base: float
     return np.array([apex_epsilon(actor_index * k + j, actors * k, base, alpha) for j in range(k)])
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` runs bfloat16 matrix products natively (AMX / AVX-512 BF16 CPUs, GPUs)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
-    return any(p() for p in probes if p is not None)
-
-
-def pick_precision(name: str, device: torch.device) -> str:
-    if name == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    return name
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Numpy views -> tensors on ``device`` (zero-copy on the CPU).
-
-    Frames once: ``frames`` (F, *frame_shape) with ``<name>_idx`` (n, depth) becomes ``<name>``
-    (n, depth, *frame_shape), one gather on ``device``: only the distinct frames cross to it."""
-    out = {k: torch.as_tensor(v, device=device) for k, v in batch.items() if k != "frames" and not k.endswith("_idx")}
-    if "frames" in batch:
-        frames = torch.as_tensor(batch["frames"], device=device)
-        rows = frames.flatten(1)  # one row a frame: index_select copies rows 3x faster than 84x84 planes
-        for k, v in batch.items():
-            if k.endswith("_idx"):
-                idx = torch.as_tensor(v, device=device).long()
-                out[k[:-4]] = rows.index_select(0, idx.reshape(-1)).view(*idx.shape, *frames.shape[1:])
-    return out
-
-
 @torch.no_grad()
 def td_errors(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
     """|TD| of each transition with the double-DQN target; ``target`` may be ``online``."""
@@ -99,19 +62,6 @@ def n_step_target(online, target, b: dict[str, torch.Tensor]) -> torch.Tensor:
     q_next_target = q_next_online if target is online else target(b["next_obs"])  # actors: one net
     next_q = q_next_target.gather(1, q_next_online.argmax(dim=1, keepdim=True)).squeeze(1)
     return b["reward"] + b["discount"] * (~b["done"]).float() * next_q
-
-
-@dataclass
-class Fault:
-    """Why a train step was skipped: the first thing on the way from the batch to the update that was not finite.
-
-    ``kind``: ``"batch"`` (rewards, discounts or observations), ``"weights"`` (importance weights),
-    ``"parameters"`` (the online network's), ``"q"`` (its Q-values), ``"targets"`` (the n-step targets),
-    ``"loss"`` (its inputs finite, the loss not), ``"gradient"`` or, with several learners, ``"peer"`` (another
-    learner's part of the batch, this one's finite); ``detail``: what and where, in words.
-    """
-    kind: str
-    detail: str
 
 
 # The settings that feed each kind of non-finite batch (see DQNLearner.diagnose), named in the divergence message.
@@ -133,25 +83,6 @@ def divergence(fault: Fault, settings: dict, in_a_row: int, steps: int, skipped:
     tail = f"; the settings that feed it: {feeds}" if feeds else ""
     return (f"the learner {what}: {in_a_row} batches in a row were not finite after train step {steps} "
             f"({skipped} skipped in all); in the last, {fault.detail}{tail}")
-
-
-def _not_finite(t: torch.Tensor) -> int:
-    return int((~torch.isfinite(t)).sum())
-
-
-class GradientPeers(Protocol):
-    """The learners a train step shares its batch with (:class:`mpirl.actor_learner.learner_peers.LearnerPeers`)."""
-
-    total: int  # rows of the whole batch
-
-    def sum_grads(self, params, *losses: torch.Tensor) -> list[torch.Tensor]:
-        """Replace each parameter's ``.grad`` with the sum over the learners; the summed losses."""
-
-    def sum_values(self, values) -> np.ndarray:
-        """A few values summed over the learners (the counts a loss divides by)."""
-
-    def others_part(self) -> str:
-        """After a sum that was not finite: '' if this learner's part was not finite either, else whose was."""
 
 
 class DQNLearner:
@@ -224,19 +155,19 @@ class DQNLearner:
         """
         n = len(w)
         for name in ("reward", "discount", "obs", "next_obs"):
-            if b[name].is_floating_point() and _not_finite(b[name]):
-                return Fault("batch", f"{_not_finite(b[name])} of the batch's {n} {name} values were not finite")
-        if _not_finite(w):
-            return Fault("weights", f"{_not_finite(w)} of the batch's {n} importance weights were not finite")
+            if b[name].is_floating_point() and not_finite(b[name]):
+                return Fault("batch", f"{not_finite(b[name])} of the batch's {n} {name} values were not finite")
+        if not_finite(w):
+            return Fault("weights", f"{not_finite(w)} of the batch's {n} importance weights were not finite")
         for net in ("online", "target"):
-            bad = [k for k, p in getattr(self, net).named_parameters() if _not_finite(p.detach())]
+            bad = [k for k, p in getattr(self, net).named_parameters() if not_finite(p.detach())]
             if bad:
                 return Fault("parameters", f"the {net} network's parameters were not finite ({', '.join(bad)})")
-        if _not_finite(q):
-            return Fault("q", f"{_not_finite(q)} of the online network's {n} Q-values were not finite (its parameters "
+        if not_finite(q):
+            return Fault("q", f"{not_finite(q)} of the online network's {n} Q-values were not finite (its parameters "
                               f"are finite, up to {self._largest_parameter()})")
-        if _not_finite(y):
-            return Fault("targets", f"{_not_finite(y)} of the {n} n-step targets were not finite (n-step rewards up to "
+        if not_finite(y):
+            return Fault("targets", f"{not_finite(y)} of the {n} n-step targets were not finite (n-step rewards up to "
                                     f"{float(b['reward'].abs().max()):g}, the networks' parameters finite)")
         if not torch.isfinite(loss):
             return Fault("loss", f"the loss was {float(loss.detach()):g} though its inputs were finite (|TD| up to "

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from mpirl.agents.dqn import Fault
+from mpirl.agents.train_step import Fault
 
 
 

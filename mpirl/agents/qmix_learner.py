@@ -10,7 +10,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from mpirl.agents.dqn import Fault, GradientPeers
+from mpirl.agents.train_step import Fault, GradientPeers
 from mpirl.agents.qmix import QmixHyper, central_loss, episode_spec, f_pi, step_mask, td_lambda_targets
 from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_input_dim, agent_inputs,
                                         last_action_onehot, mask_unavailable)

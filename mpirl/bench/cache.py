@@ -30,7 +30,8 @@ import time
 
 import numpy as np
 
-from mpirl.agents.dqn import to_tensors, transition_spec
+from mpirl.agents.dqn import transition_spec
+from mpirl.agents.tensors import to_tensors
 from mpirl.bench.replay import INSERT, Ours, Stream
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.comm.messages import dump_layout, sample_layout

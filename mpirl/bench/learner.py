@@ -106,7 +106,7 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
         learner.train(Batch(joined([views], fields), views["priority"], probs, size))
 
     # The bare step: the same network and batch, stacks as tensors on the device beforehand.
-    from mpirl.agents.dqn import to_tensors
+    from mpirl.agents.tensors import to_tensors
     agent = learner.agent
     b = {k: v.clone() for k, v in to_tensors({k: views[k] for k in fields}, device).items()}
     w = torch.as_tensor(importance_weights(views["probs"], size, 0.4), device=device)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mpirl.agents.a3c import A3cModel
-from mpirl.agents.dqn import pick_device
+from mpirl.agents.tensors import pick_device
 from mpirl.algos.a3c import messages as msg
 from mpirl.algos.a3c.exchange import max_episodes
 from mpirl.algos.a3c.progress import Progress

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mpirl.agents.a3c import A3cModel, Rollout
-from mpirl.agents.dqn import pick_device
+from mpirl.agents.tensors import pick_device
 from mpirl.agents.policy_gradient import minibatch_indices
 from mpirl.algos.a3c.exchange import exchange_for
 from mpirl.algos.a3c.settings import min_steps

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from mpirl.agents.dqn import DQNLearner, divergence, pick_device
+from mpirl.agents.dqn import DQNLearner, divergence
+from mpirl.agents.tensors import pick_device
 from mpirl.metrics.writer import MetricsFile
 from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
 from mpirl.job.context import RoleContext

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from mpirl.agents.actor_critic import ImpalaLearner
-from mpirl.agents.dqn import pick_device
+from mpirl.agents.tensors import pick_device
 from mpirl.algos.impala.serving import with_version
 from mpirl.metrics.writer import MetricsFile
 from mpirl.actor_learner.batch_sources import Batch, BatchSource, SourceInputs

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from mpirl.agents.dqn import pick_device
+from mpirl.agents.tensors import pick_device
 from mpirl.agents.qmix import QmixHyper, divergence
 from mpirl.agents.qmix_learner import QMixLearner
 from mpirl.agents.qmix_policy import QMixPolicy

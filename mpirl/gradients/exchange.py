@@ -1,8 +1,9 @@
 """How a worker exchanges its gradients: with the parameter server (:class:`ToServer`, ``async`` and ``sync``) or
 with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.gradients.worker`) sees one protocol:
 
-* ``start()`` — the job's parameters (the server's first reply; under ``allreduce`` rank 0's, broadcast) and this
-  worker's counters (env steps, episodes: a resumed run's, from the checkpoint);
+* ``start()`` — the job's parameters (the server's first reply; under ``allreduce`` rank 0's, broadcast), this
+  worker's counters (env steps, episodes: a resumed run's, from the checkpoint) and the stop ('' while the job goes
+  on: a server that has stopped before a worker's hello tells it so in the reply, and the worker sends nothing);
 * ``preempt(rollout, steps)`` — end the rollout now? (DD-PPO's rule; never with a server);
 * ``finished_rollout(rollout)`` — tell the others (the shared counter);
 * ``update(grad, ...)`` — send one gradient and take the parameters back: the server's reply (and whether it
@@ -54,11 +55,11 @@ class ToServer:
         ask(self.comm, 0, self.out[:nbytes], self.back, msg.GRADIENT, msg.REPLY, first=20e-6, longest=500e-6)
         return msg.unpack_reply(self.back, self.model.n_params)
 
-    def start(self) -> tuple[int, int]:
+    def start(self) -> tuple[int, int, str]:
         reply = self._ask(msg.pack(self.out, msg.HELLO, 0, 0, 0, 0, {}, np.zeros(0), np.zeros(0), None))
         self.model.load(reply.params)
         self.version = reply.version
-        return reply.env_steps, reply.episodes
+        return reply.env_steps, reply.episodes, "stopped by the server" if reply.stop else ""
 
     def preempt(self, rollout: int, steps: int) -> bool:
         return False
@@ -125,13 +126,13 @@ class Peers:
     def version(self) -> int:
         return self.progress.version
 
-    def start(self) -> tuple[int, int]:
+    def start(self) -> tuple[int, int, str]:
         if self.ctx.resume:
             self.progress.restore(self.model)
         params = self.model.flat_params()
         self.comm.Bcast(params, root=0)  # one source of truth, whatever the seeds did
         self.model.load(params)
-        return self.progress.env_steps[self.index], self.progress.episodes[self.index]
+        return self.progress.env_steps[self.index], self.progress.episodes[self.index], ""
 
     def preempt(self, rollout: int, steps: int) -> bool:
         if self.counter is None:

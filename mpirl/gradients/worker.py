@@ -213,8 +213,9 @@ class Worker:
     def run(self) -> str:
         """Rollouts until the stop; then the link's end and the file's last attributes."""
         link = self.link
-        # The parameters (and, resumed, this worker's counters) of the job.
-        self.env_steps, self.n_episodes = link.start()
+        # The parameters (and, resumed, this worker's counters) of the job; a job that has already stopped (its
+        # other workers reached the stop before this one said hello) stops this worker before its first rollout.
+        self.env_steps, self.n_episodes, self.stop = link.start()
         try:
             while not self.stop:
                 self.step()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from mpirl import config
-from mpirl.algos.a3c import messages as msg
-from mpirl.algos.a3c.rules import Rounds, accept, preempted, quorum_of
+from mpirl.gradients import messages as msg
+from mpirl.gradients.rules import Rounds, accept, preempted, quorum_of
 from mpirl.job import checkpoint
 
 from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, wait_for

@@ -4,7 +4,7 @@ against mpi4py's bare blocking ``Allreduce`` of the same buffer, on every rank o
 Run by the benchmark as ``mpiexec -n W python -m mpirl.bench.allreduce_job allreduce OUT.json OPTS``; rank 0
 writes the measurements to OUT.json. OPTS (JSON): ``sizes`` ({label: float32 elements}), ``reps``, ``seconds``.
 
-* ours: exactly the reduction of :meth:`mpirl.algos.a3c.exchange.Peers.update` (``a3c.exchange = "allreduce"``),
+* ours: exactly the reduction of :meth:`mpirl.gradients.exchange.Peers.update` (``a3c.exchange = "allreduce"``),
   :meth:`Peers.reduce`, which is :meth:`mpirl.comm.collectives.Collectives.sum`: the flat float32 gradient summed
   into a preallocated buffer, with MPI's blocking ``Allreduce`` when every rank has a core of its own, else an
   ``Iallreduce`` polled with a short back-off. The mean's 1/W rides in the copy into the parameters' gradients

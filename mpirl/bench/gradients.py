@@ -17,7 +17,7 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
   and ``allreduce`` (W ranks), each a short run of ``run.train_steps`` updates (no target return, no wall clock, no
   final test round). Updates/s from ``updates.h5``: its last version minus its first over the time between its
   first and last rows (the first row is the origin: start-up is behind it). Bytes an update moves: a worker's
-  message and the server's reply (their largest sizes, ``mpirl.algos.a3c.messages``) through the server's link, or
+  message and the server's reply (their largest sizes, ``mpirl.gradients.messages``) through the server's link, or
   the ring's ``2 (W - 1) / W x 4 n_params`` per rank. Scaling efficiency against W = 1 of the same exchange:
   gradients/s (an update is one gradient under ``async``, W averaged under ``allreduce``) over W x the one worker's
   (under ``async`` that one worker waits for the server's reply to each gradient, and the server for the next one:
@@ -134,13 +134,12 @@ def job_bytes(exchange: str, W: int, n_params: int, message: int, reply: int) ->
 def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
              timeout: float = 900) -> tuple[list[Row], list[float]]:
     """The rows, and per repetition the W = 1 job's compute time per gradient (allreduce's if measured)."""
-    from mpirl.algos.a3c.exchange import max_episodes
-    from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+    from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
     if workers[0] != 1:
         raise ValueError(f"workers must start with 1 (the scaling's and the projection's baseline), got {workers}")
     cfg, checked = job_config()
     n = checked.n_params
-    message, reply = message_nbytes(n, max_episodes(cfg)), reply_nbytes(n)
+    message, reply = message_nbytes(n, max_episodes(cfg, cfg.a3c)), reply_nbytes(n)
     rates: dict[tuple, list[float]] = {}
     compute: dict[str, list[float]] = {ex: [] for ex in exchanges}
     with tempfile.TemporaryDirectory() as tmp:
@@ -309,10 +308,9 @@ def measured_costs(reps: int, seconds: float) -> dict[str, dict[str, list[float]
 
 
 def costs_of(nets: dict[str, int], compute: dict[str, float], apply: dict[str, float]) -> dict[str, proj.Costs]:
-    from mpirl.algos.a3c.exchange import max_episodes
-    from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+    from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
     cfg, _ = job_config()
-    return {label: proj.Costs(compute[label], apply[label], 4 * n, message_nbytes(n, max_episodes(cfg)),
+    return {label: proj.Costs(compute[label], apply[label], 4 * n, message_nbytes(n, max_episodes(cfg, cfg.a3c)),
                               reply_nbytes(n)) for label, n in nets.items()}
 
 

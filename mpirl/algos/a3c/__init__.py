@@ -1,3 +1,2 @@
-"""The gradient family (the survey's fourth thing a worker sends): workers compute A2C or PPO gradients on their own
-rollouts and exchange them with a parameter server (A3C and Gorila asynchronously, DPPO in rounds with stragglers)
-or among themselves (DD-PPO's allreduce with straggler preemption)."""
+"""A3C, DPPO and DD-PPO as the gradient family (:mod:`mpirl.gradients`) sees them: its ``[a3c]`` settings, its
+checks and validate line, and its builder (the actor-critic model, its rollouts, A2C's or PPO's gradients)."""

@@ -1,8 +1,8 @@
-"""The gradient family behind the algorithm seam: its checks, layout, roles, rank files and validate line.
+"""A3C (and DPPO, DD-PPO) behind the algorithm seam: its checks, layout, roles, rank files and validate line.
 
-``async``/``sync``: rank 0 the parameter server, ranks 1..W the workers, one link (the workers' gradients into the
-server, its replies back on the same communicator: the server is rank 0 there, each worker at its world rank).
-``allreduce``: every rank a worker, one link of the workers with themselves (their allreduce communicator).
+The ranks are the gradient family's (:mod:`mpirl.gradients.layout`): with ``a3c.exchange`` = ``"async"`` or
+``"sync"`` rank 0 the parameter server and the rest workers; with ``"allreduce"`` every rank a worker. The loops are
+the family's, over :class:`~mpirl.algos.a3c.builder.A3cBuilder`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpirl.algos.a3c.exchange import max_episodes
-from mpirl.algos.a3c.messages import message_nbytes, reply_nbytes
+from mpirl.algos.a3c.builder import A3cBuilder
 from mpirl.algos.a3c.settings import has_server, updates_per_rollout
-from mpirl.comm.topology import Layout, Link, Topology, build
+from mpirl.comm.topology import Layout, Topology, build
 from mpirl.config import ConfigError, JobConfig
-from mpirl.job.contract import Checked, RoleLoop, lazy_loop
+from mpirl.gradients import layout as family
+from mpirl.gradients.layout import SERVER, WORKER, rank_files, role_map, roles  # noqa: F401 - the seam's
+from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
+from mpirl.job.contract import Checked, RoleLoop
 from mpirl.job import memory
 from mpirl.agents.policy_checks import Spaces, actor_critic_params, actor_critic_spaces
 
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 TEAMS = 'set agent.algorithm = "qmix" (it plays teams)'
-
-SERVER, WORKER = "server", "worker"
 
 
 def workers_of(cfg: JobConfig, world_size: int, job_path: str) -> int:
@@ -51,14 +51,15 @@ def estimate(cfg: JobConfig, workers: int, spaces: Spaces, n_params: int) -> mem
     obs = int(np.prod(spaces.obs_shape)) * np.dtype(spaces.obs_dtype).itemsize
     rollout = a.unroll * E * (obs + 40)
     activations = a.unroll * E * 4 * (int(np.prod(spaces.obs_shape)) + 4 * max(cfg.agent.hidden))
-    message = message_nbytes(n_params, max_episodes(cfg))
+    episodes = max_episodes(cfg, a)
+    message = message_nbytes(n_params, episodes)
     worker = (memory.PROCESS + memory.TRAINING + 4 * params + rollout + activations + message
               + reply_nbytes(n_params) + (2 * params if not has_server(cfg) else 0))
     server = memory.PROCESS + memory.TRAINING + 5 * params + workers * (message + reply_nbytes(n_params))
     per_rank, ranks = {WORKER: int(worker)}, {WORKER: workers}
     count = "a3c.workers" if a.workers else memory.WORLD_SIZE
     rollout_key = "a3c.unroll" if a.unroll >= E else "env.envs_per_actor"
-    parts = {WORKER: {rollout_key: rollout + activations + 16 * max_episodes(cfg), "agent.hidden": 6 * params}}
+    parts = {WORKER: {rollout_key: rollout + activations + 16 * episodes, "agent.hidden": 6 * params}}
     if has_server(cfg):
         per_rank[SERVER], ranks[SERVER] = int(server), 1
         parts[SERVER] = {"agent.hidden": 5 * params, count: workers * (message + reply_nbytes(n_params))}
@@ -84,34 +85,14 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
 
 
 def layout(cfg: JobConfig, world_size: int) -> Layout:
-    if has_server(cfg):
-        return Layout({SERVER: (0,), WORKER: tuple(range(1, world_size))}, (Link("gradients", WORKER, SERVER),))
-    return Layout({WORKER: tuple(range(world_size))}, (Link("gradients", WORKER, WORKER),))
+    return family.layout(has_server(cfg), world_size)
 
 
 def build_topology(world: MPI.Comm, cfg: JobConfig) -> Topology:
     return build(world, layout(cfg, world.size), node_local=False)
 
 
-def rank_files(topo: Topology) -> dict[str, str]:
-    workers = topo.layout.ranks[WORKER]
-    return {"updates": "updates.h5", **{f"worker_{r}": f"worker_{r}.h5" for r in workers}}
-
-
-def _span(ranks) -> str:
-    ranks = list(ranks)
-    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
-
-
-def role_map(topo: Topology) -> str:
-    workers = topo.layout.ranks[WORKER]
-    if SERVER in topo.layout.ranks:
-        return f"0 parameter server; {_span(workers)} worker{'s' if len(workers) > 1 else ''}"
-    return f"{_span(workers)} worker{'s' if len(workers) > 1 else ''} (allreduce; 0 writes the updates)"
-
-
-ROLES: dict[str, RoleLoop] = {SERVER: lazy_loop("mpirl.algos.a3c.server", "run_server"),
-                              WORKER: lazy_loop("mpirl.algos.a3c.worker", "run_worker")}
+ROLES: dict[str, RoleLoop] = roles(A3cBuilder())
 
 
 def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:

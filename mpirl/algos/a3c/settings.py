@@ -9,6 +9,7 @@ with ``sync_frac``). ``run.train_steps`` counts updates of the parameters (the s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mpirl.domain import ConfigError, Domain, setting
@@ -55,6 +56,11 @@ class A3cConfig:
     # At the stop the server (rank 0 under allreduce) plays test_episodes games with the final policy.
     test_episodes: int = setting(10, ge=0, le=100_000, why="0: no test round")
 
+    @property
+    def min_steps(self) -> int:
+        """Steps of a rollout a preempted worker keeps at least (allreduce)."""
+        return max(1, math.ceil(self.unroll * self.min_steps_frac))
+
 
 SECTIONS = {"a3c": A3cConfig}
 
@@ -86,8 +92,7 @@ def updates_per_rollout(cfg) -> int:
 
 def min_steps(cfg) -> int:
     """Steps of a rollout a preempted worker keeps at least (allreduce)."""
-    import math
-    return max(1, math.ceil(cfg.a3c.unroll * cfg.a3c.min_steps_frac))
+    return cfg.a3c.min_steps
 
 
 def check(cfg) -> None:

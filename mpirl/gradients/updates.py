@@ -3,18 +3,23 @@
 * ``updates``: a row per gradient the server received (``async``: applied or dropped, its staleness), per round
   (``sync``: the gradients averaged, the drops since the last round) or per update (``allreduce``: rank 0's own
   gradient's statistics, the norm of the average). ``dropped`` and ``env_steps`` are the job's totals then.
-* ``test``: the final policy's test round (``a3c.test_episodes`` games, actions sampled).
+* ``test``: the final policy's test round (the family's ``test_episodes`` games, the builder's
+  :meth:`~mpirl.gradients.builder.GradientBuilder.play_test`).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpirl.algos.a3c.messages import STATS
+from mpirl.agents.test_play import TEST_COLUMNS
+from mpirl.gradients.messages import STATS
 from mpirl.metrics.writer import MetricsFile, Rows
-from mpirl.agents.test_play import TEST_COLUMNS, play_test
+
+if TYPE_CHECKING:
+    from mpirl.gradients.builder import GradientBuilder, GradientModel
 
 F8, I8 = np.float64, np.int64
 UPDATES = {"time": F8, "version": I8, "worker": np.int32, "gradients": I8, "staleness": F8, "applied": np.bool_,
@@ -24,8 +29,8 @@ UNITS = {"time": "s", "compute_s": "s", "seconds": "s"}
 
 
 class UpdateLog:
-    def __init__(self, ctx, n_params: int, attrs: dict):
-        self.ctx = ctx
+    def __init__(self, ctx, builder: GradientBuilder, n_params: int, attrs: dict):
+        self.ctx, self.builder = ctx, builder
         self.file = MetricsFile(ctx.run_dir / "updates.h5", {"rank": ctx.topo.rank, "n_params": n_params, **attrs},
                                 flush_seconds=ctx.cfg.log.flush_seconds, resume=bool(ctx.resume))
         self.updates = Rows(self.file.table("updates", UPDATES, UNITS))
@@ -42,13 +47,12 @@ class UpdateLog:
             self.updates.write()
             self.file.flush()
 
-    def test(self, model, version: int, env_steps: int) -> None:
-        n = self.ctx.cfg.a3c.test_episodes
+    def test(self, model: GradientModel, version: int, env_steps: int) -> None:
+        n = self.builder.settings(self.ctx.cfg).test_episodes
         if not n:
             return
         t0 = time.perf_counter()
-        played = play_test(model.net, self.ctx.cfg, self.ctx.spaces, n, self.ctx.seed() + 1_000_003 + version,
-                           model.device)
+        played = self.builder.play_test(model, self.ctx, n, self.ctx.seed() + 1_000_003 + version)
         self.test_table.append(time=self.ctx.now(), train_steps=version, env_steps=env_steps, **played,
                                seconds=time.perf_counter() - t0)
 

@@ -1,8 +1,9 @@
 """How a worker exchanges its gradients: with the parameter server (:class:`ToServer`, ``async`` and ``sync``) or
-with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.algos.a3c.worker`) sees one protocol:
+with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.gradients.worker`) sees one protocol:
 
-* ``start()`` — the job's parameters (the server's first reply; under ``allreduce`` rank 0's, broadcast) and this
-  worker's counters (env steps, episodes: a resumed run's, from the checkpoint);
+* ``start()`` — the job's parameters (the server's first reply; under ``allreduce`` rank 0's, broadcast), this
+  worker's counters (env steps, episodes: a resumed run's, from the checkpoint) and the stop ('' while the job goes
+  on: a server that has stopped before a worker's hello tells it so in the reply, and the worker sends nothing);
 * ``preempt(rollout, steps)`` — end the rollout now? (DD-PPO's rule; never with a server);
 * ``finished_rollout(rollout)`` — tell the others (the shared counter);
 * ``update(grad, ...)`` — send one gradient and take the parameters back: the server's reply (and whether it
@@ -14,19 +15,21 @@ with its peers (:class:`Peers`, ``allreduce``). The worker's loop (:mod:`mpirl.a
 from __future__ import annotations
 
 import zlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from mpirl.agents.a3c import A3cModel
-from mpirl.algos.a3c import messages as msg
-from mpirl.algos.a3c.progress import Progress
-from mpirl.algos.a3c.rules import preempted
-from mpirl.algos.a3c.updates import UpdateLog
 from mpirl.comm.collectives import Collectives
 from mpirl.comm.counter import SharedCounter, finished_in_round
 from mpirl.comm.hub import ask
+from mpirl.gradients import messages as msg
+from mpirl.gradients.progress import Progress
+from mpirl.gradients.rules import preempted
+from mpirl.gradients.updates import UpdateLog
 from mpirl.job.preemption import PREEMPTED
+
+if TYPE_CHECKING:
+    from mpirl.gradients.builder import GradientBuilder, GradientModel
 
 
 class Outcome(NamedTuple):
@@ -34,20 +37,15 @@ class Outcome(NamedTuple):
     dropped: bool
 
 
-def max_episodes(cfg) -> int:
-    """Episodes one message may carry: every game ending at every step of a rollout."""
-    return cfg.env.envs_per_actor * cfg.a3c.unroll
-
-
 class ToServer:
     lockstep = False  # each worker at its own version; the server stops them
 
-    def __init__(self, ctx, model: A3cModel):
+    def __init__(self, ctx, builder: GradientBuilder, model: GradientModel):
         self.ctx, self.model = ctx, model
         self.comm = ctx.topo.comm("gradients")  # the server is rank 0
         self.index = self.comm.rank - 1
         n = model.n_params
-        self.out = np.empty(msg.message_nbytes(n, max_episodes(ctx.cfg)), np.uint8)
+        self.out = np.empty(msg.message_nbytes(n, msg.max_episodes(ctx.cfg, builder.settings(ctx.cfg))), np.uint8)
         self.back = np.empty(msg.reply_nbytes(n), np.uint8)
         self.version = 0
 
@@ -57,11 +55,11 @@ class ToServer:
         ask(self.comm, 0, self.out[:nbytes], self.back, msg.GRADIENT, msg.REPLY, first=20e-6, longest=500e-6)
         return msg.unpack_reply(self.back, self.model.n_params)
 
-    def start(self) -> tuple[int, int]:
+    def start(self) -> tuple[int, int, str]:
         reply = self._ask(msg.pack(self.out, msg.HELLO, 0, 0, 0, 0, {}, np.zeros(0), np.zeros(0), None))
         self.model.load(reply.params)
         self.version = reply.version
-        return reply.env_steps, reply.episodes
+        return reply.env_steps, reply.episodes, "stopped by the server" if reply.stop else ""
 
     def preempt(self, rollout: int, steps: int) -> bool:
         return False
@@ -90,23 +88,22 @@ class ToServer:
 
 class Peers:
     """DD-PPO: every worker averages its gradient with the others' (``Iallreduce``) and steps its own optimizer;
-    identical parameters on every rank, checked by a hash every ``a3c.check_every`` updates. Ranks on devices of
-    different kinds (a GPU node among CPU nodes, ``agent.device = "auto"``) round the same update differently, so
-    there the check is a re-sync instead: rank 0's parameters broadcast to all, and only a drift beyond rounding
-    (:data:`DRIFT`) fails the job. Every rank keeps the
-    same :class:`Progress` (each rollout's counters and returns are gathered to all), so all decide to stop at the
-    same update; rank 0 adds what only it sees (a preemption notice, the wall clock), writes ``updates.h5`` and the
-    checkpoints."""
+    identical parameters on every rank, checked by a hash every ``check_every`` updates (the family's settings).
+    Ranks on devices of different kinds (a GPU node among CPU nodes, ``agent.device = "auto"``) round the same
+    update differently, so there the check is a re-sync instead: rank 0's parameters broadcast to all, and only a
+    drift beyond rounding (:data:`DRIFT`) fails the job. Every rank keeps the same :class:`Progress` (each
+    rollout's counters and returns are gathered to all), so all decide to stop at the same update; rank 0 adds what
+    only it sees (a preemption notice, the wall clock), writes ``updates.h5`` and the checkpoints."""
 
     FIXED = 4  # stop flag, env steps, episodes, returns carried; then up to run.return_window returns
     DRIFT = 1e-3  # mixed devices: the largest |parameter - rank 0's| a re-sync accepts, relative to rank 0's largest
     lockstep = True  # every rank makes the same updates: the same version everywhere
 
-    def __init__(self, ctx, model: A3cModel):
+    def __init__(self, ctx, builder: GradientBuilder, model: GradientModel):
         self.ctx, self.model, self.cfg = ctx, model, ctx.cfg
         self.comm = ctx.topo.comm("gradients")
         self.index, self.W = self.comm.rank, self.comm.size
-        a = self.cfg.a3c
+        self.settings = a = builder.settings(ctx.cfg)
         self.counter = SharedCounter(self.comm) if a.sync_frac < 1 and self.W > 1 else None
         self.coll = Collectives(self.comm)
         self.sum = np.zeros(model.n_params, np.float32)
@@ -118,7 +115,7 @@ class Peers:
         self.mixed = len(set(devices)) > 1
         attrs = {"role": "worker 0", "exchange": "allreduce", "workers": self.W, "device": str(model.device),
                  "devices": ",".join(devices)}
-        self.log = UpdateLog(ctx, model.n_params, attrs) if self.index == 0 else None
+        self.log = UpdateLog(ctx, builder, model.n_params, attrs) if self.index == 0 else None
         self.hash_in = np.zeros(1, np.int64)
         self.hashes = np.zeros(self.W, np.int64)
         self.drift = np.zeros(1)
@@ -129,19 +126,19 @@ class Peers:
     def version(self) -> int:
         return self.progress.version
 
-    def start(self) -> tuple[int, int]:
+    def start(self) -> tuple[int, int, str]:
         if self.ctx.resume:
             self.progress.restore(self.model)
         params = self.model.flat_params()
         self.comm.Bcast(params, root=0)  # one source of truth, whatever the seeds did
         self.model.load(params)
-        return self.progress.env_steps[self.index], self.progress.episodes[self.index]
+        return self.progress.env_steps[self.index], self.progress.episodes[self.index], ""
 
     def preempt(self, rollout: int, steps: int) -> bool:
         if self.counter is None:
             return False
         done = finished_in_round(self.counter.read(), rollout, self.W)
-        return preempted(done, self.W, self.cfg.a3c.sync_frac, steps, 0)
+        return preempted(done, self.W, self.settings.sync_frac, steps, 0)
 
     def finished_rollout(self, rollout: int) -> None:
         if self.counter is not None:
@@ -157,7 +154,7 @@ class Peers:
                          env_steps=self.progress.total_env_steps, applied_norm=norm,
                          **{k: stats.get(k, float("nan")) for k in msg.STATS})
             self.log.flush_if_due()
-        every = self.cfg.a3c.check_every
+        every = self.settings.check_every
         if every and v % every == 0:
             self.check_same()
         return Outcome("", False)
@@ -231,5 +228,7 @@ class Peers:
             self.log.close()
 
 
-def exchange_for(ctx, model: A3cModel) -> ToServer | Peers:
-    return Peers(ctx, model) if ctx.cfg.a3c.exchange == "allreduce" else ToServer(ctx, model)
+def exchange_for(ctx, builder: GradientBuilder, model: GradientModel) -> ToServer | Peers:
+    """The peers under ``allreduce``, else the server."""
+    link = Peers if builder.settings(ctx.cfg).exchange == "allreduce" else ToServer
+    return link(ctx, builder, model)

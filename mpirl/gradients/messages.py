@@ -1,4 +1,4 @@
-"""What a worker and the parameter server say to each other (``a3c.exchange`` = ``"async"`` or ``"sync"``).
+"""What a worker and the parameter server say to each other (the family's ``exchange`` = ``"async"`` or ``"sync"``).
 
 A worker's message: a header of 16 int64 and 8 float64, the episodes it finished since its last message (return
 and length, float64, up to ``max_episodes``), then its gradient (float32, ``n_params``; absent from a hello or a
@@ -8,9 +8,13 @@ names. Sizes are fixed by the job; a message is sent at its used length and rece
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpirl.config import JobConfig
+    from mpirl.gradients.builder import GradientSettings
 
 GRADIENT, REPLY = 31, 32  # tags on the gradients link's communicator
 HELLO, GRAD, BYE = 0, 1, 2  # what a message is
@@ -38,6 +42,12 @@ class Reply(NamedTuple):
     env_steps: int  # a hello's answer: the worker's env steps at the checkpoint resumed from
     episodes: int
     params: np.ndarray  # float32 view
+
+
+def max_episodes(cfg: JobConfig, settings: GradientSettings) -> int:
+    """Episodes one message may carry: every game ending at every step of a rollout (``settings``: the family's
+    section of ``cfg``)."""
+    return cfg.env.envs_per_actor * settings.unroll
 
 
 def message_nbytes(n_params: int, max_episodes: int) -> int:

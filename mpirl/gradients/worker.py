@@ -1,10 +1,10 @@
 """A worker of the gradient family: plays its own games with its own copy of the actor-critic, computes the
-gradients of its rollouts and exchanges them (:mod:`mpirl.algos.a3c.exchange`).
+gradients of its rollouts and exchanges them (:mod:`mpirl.gradients.exchange`).
 
-Its loop reads top to bottom: a rollout of ``a3c.unroll`` steps of its ``env.envs_per_actor`` games (under
-``allreduce`` ended early when DD-PPO's straggler rule says so), its advantages, then each gradient the loss asks
-for is sent and the parameters that come back (or the average every peer applies) replace the worker's. The stop
-comes in a reply (server) or from the peers' shared progress (allreduce).
+Its loop reads top to bottom: a rollout of ``unroll`` steps (the family's settings) of its ``env.envs_per_actor``
+games (under ``allreduce`` ended early when DD-PPO's straggler rule says so), its advantages, then each gradient the
+builder's passes ask for is sent and the parameters that come back (or the average every peer applies) replace the
+worker's. The stop comes in a reply (server) or from the peers' shared progress (allreduce).
 
 Its file ``worker_<rank>.h5``: ``rollouts`` (one row a rollout: steps, preempted, env steps, version, the seconds
 computing and waiting for the exchange, gradients sent and dropped) and ``episodes`` (return, length).
@@ -18,14 +18,11 @@ import zlib
 import numpy as np
 import torch
 
-from mpirl.agents.a3c import A3cModel, Rollout
-from mpirl.agents.tensors import pick_device
-from mpirl.agents.policy_gradient import minibatch_indices
-from mpirl.algos.a3c.exchange import exchange_for
-from mpirl.algos.a3c.settings import min_steps
 from mpirl.envs.delay import Delay
-from mpirl.metrics.writer import MetricsFile, Rows
 from mpirl.envs.games import VectorGames
+from mpirl.gradients.builder import GradientBuilder, GradientModel, GradientRollout
+from mpirl.gradients.exchange import exchange_for
+from mpirl.metrics.writer import MetricsFile, Rows
 
 F8, I8 = np.float64, np.int64
 ROLLOUTS = {"time": F8, "rollout": I8, "steps": I8, "preempted": np.bool_, "env_steps": I8, "version": I8,
@@ -39,13 +36,13 @@ class Games:
     lost life, a lost life cutting the return where ``env.terminal_on_life_loss`` says so, the games rebuilt when
     one raises) and its episodes' bookkeeping."""
 
-    def __init__(self, ctx, delay_s: float):
+    def __init__(self, ctx, delay_s: float, reward_scale: float):
         cfg = ctx.cfg
         self.games = VectorGames(cfg, ctx.spaces, ctx.seed(), f"worker rank {ctx.topo.rank}")
         self.obs = self.games.start().rows["obs"].copy()
         E = cfg.env.envs_per_actor
         self.ret, self.length = np.zeros(E), np.zeros(E, np.int64)
-        self.clip, self.scale = cfg.agent.reward_clip, cfg.a3c.reward_scale
+        self.clip, self.scale = cfg.agent.reward_clip, reward_scale
         self.delay = Delay(delay_s)
         self.finished: list[tuple[float, int]] = []  # (return, length) since they were last taken
 
@@ -53,7 +50,7 @@ class Games:
     def env_errors(self) -> int:
         return self.games.env_errors
 
-    def play(self, model: A3cModel, ro: Rollout, rng: np.random.Generator, stop_early) -> bool:
+    def play(self, model: GradientModel, ro: GradientRollout, rng: np.random.Generator, stop_early) -> bool:
         """Fill ``ro``; True when ``stop_early(steps)`` ended it before ``ro.T`` steps."""
         preempted = False
         t = 0
@@ -107,25 +104,23 @@ class Games:
 
 
 class Worker:
-    """The worker's loop: its model, link (:func:`~mpirl.algos.a3c.exchange.exchange_for`), games and file, its
+    """The worker's loop: its model, link (:func:`~mpirl.gradients.exchange.exchange_for`), games and file, its
     counters, and the stop once it comes (``stop``, '' until then)."""
 
-    def __init__(self, ctx) -> None:
-        cfg, a = ctx.cfg, ctx.cfg.a3c
+    def __init__(self, ctx, builder: GradientBuilder) -> None:
+        cfg, a = ctx.cfg, builder.settings(ctx.cfg)
         torch.set_num_threads(cfg.agent.torch_threads)
-        self.ctx, self.cfg, self.a = ctx, cfg, a
-        self.model = model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a,
-                                      pick_device(cfg.agent.device), seed=cfg.run.seed,
-                                      optimizer=a.exchange == "allreduce")
-        self.link = exchange_for(ctx, model)
+        self.ctx, self.cfg, self.a, self.builder = ctx, cfg, a, builder
+        self.model = model = builder.make_model(ctx, optimizer=a.exchange == "allreduce")
+        self.link = exchange_for(ctx, builder, model)
         self.me = me = self.link.index  # among the workers
         delays = a.worker_delay_us
-        self.games = Games(ctx, 1e-6 * delays[me if len(delays) > 1 else 0])
+        self.games = Games(ctx, 1e-6 * delays[me if len(delays) > 1 else 0], a.reward_scale)
         self.rng = np.random.default_rng(ctx.seed(1))
         self.E, T = cfg.env.envs_per_actor, a.unroll
-        self.ro = Rollout(T, self.E, ctx.spaces.obs_shape, ctx.spaces.obs_dtype)
+        self.ro = builder.make_rollout(ctx)
         self.grad = np.zeros(model.n_params, np.float32)
-        self.shortest = min_steps(cfg)
+        self.shortest = a.min_steps
         self.f = MetricsFile(ctx.run_dir / f"worker_{ctx.topo.rank}.h5",
                              {"role": "worker", "rank": ctx.topo.rank, "worker": me, "exchange": a.exchange,
                               "loss": a.loss, "n_params": model.n_params, "unroll": T, "envs": self.E,
@@ -190,11 +185,9 @@ class Worker:
     def send_gradients(self, rets: np.ndarray, lens: np.ndarray) -> None:
         """Each gradient the loss asks for of the rollout, sent (the episodes ``rets``, ``lens`` with the first),
         and the parameters that come back taken; a stop that comes back ends it."""
-        cfg, a, link, model = self.cfg, self.a, self.link, self.model
+        cfg, link, model = self.cfg, self.link, self.model
         prepared = model.prepare(self.ro)
-        passes = a.epochs if a.loss == "ppo" else 1
-        for _ in range(passes):
-            parts = minibatch_indices(prepared.n, a.minibatches, self.rng) if a.loss == "ppo" else [None]
+        for parts in self.builder.passes(cfg, prepared.n, self.rng):
             for idx in parts:
                 if link.lockstep and cfg.run.train_steps and link.version >= cfg.run.train_steps:
                     break  # every rank at the same version: all stop updating here, none past the limit
@@ -220,8 +213,9 @@ class Worker:
     def run(self) -> str:
         """Rollouts until the stop; then the link's end and the file's last attributes."""
         link = self.link
-        # The parameters (and, resumed, this worker's counters) of the job.
-        self.env_steps, self.n_episodes = link.start()
+        # The parameters (and, resumed, this worker's counters) of the job; a job that has already stopped (its
+        # other workers reached the stop before this one said hello) stops this worker before its first rollout.
+        self.env_steps, self.n_episodes, self.stop = link.start()
         try:
             while not self.stop:
                 self.step()
@@ -235,5 +229,5 @@ class Worker:
             self.f.close()
 
 
-def run_worker(ctx) -> str:
-    return Worker(ctx).run()
+def run_worker(ctx, builder: GradientBuilder) -> str:
+    return Worker(ctx, builder).run()

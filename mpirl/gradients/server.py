@@ -1,11 +1,12 @@
-"""The parameter server (rank 0 under ``a3c.exchange`` = ``"async"`` or ``"sync"``): it holds the parameters and the
-optimizer, applies the workers' gradients and answers each with the parameters and their version.
+"""The parameter server (rank 0 when the family's ``exchange`` is ``"async"`` or ``"sync"``): it holds the
+parameters and the optimizer, applies the workers' gradients and answers each with the parameters and their
+version.
 
 The workers' messages come through a :class:`~mpirl.comm.hub.Hub` (one pre-posted receive per worker, ``Testsome``,
 arrival order). A message stays in its worker's inbox until answered, so a synchronous round's gradients are read
-there when the round closes. The rules (:mod:`mpirl.algos.a3c.rules`):
+there when the round closes. The rules (:mod:`mpirl.gradients.rules`):
 
-* ``async`` (A3C, Gorila): each gradient is applied as it arrives unless it is more than ``a3c.max_staleness``
+* ``async`` (A3C, Gorila): each gradient is applied as it arrives unless it is more than ``max_staleness``
   updates old (then dropped and counted); the worker is answered at once with the parameters after it.
 * ``sync`` (DPPO): gradients of the current version join the round; once ``workers - stragglers`` are in, they
   are averaged in rank order, applied, and the round's workers answered. A gradient of an older version (a
@@ -21,37 +22,34 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpirl.agents.a3c import A3cModel
-from mpirl.agents.tensors import pick_device
-from mpirl.algos.a3c import messages as msg
-from mpirl.algos.a3c.exchange import max_episodes
-from mpirl.algos.a3c.progress import Progress
-from mpirl.algos.a3c.rules import Rounds, accept
-from mpirl.algos.a3c.updates import UpdateLog
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
+from mpirl.gradients import messages as msg
+from mpirl.gradients.builder import GradientBuilder
+from mpirl.gradients.progress import Progress
+from mpirl.gradients.rules import Rounds, accept
+from mpirl.gradients.updates import UpdateLog
 from mpirl.job.preemption import PREEMPTED
 
 
 class Server:
     """The server's loop: its model, progress, hub and log, and the stop once decided (``stop``, '' until then)."""
 
-    def __init__(self, ctx) -> None:
-        cfg, a = ctx.cfg, ctx.cfg.a3c
+    def __init__(self, ctx, builder: GradientBuilder) -> None:
+        cfg, a = ctx.cfg, builder.settings(ctx.cfg)
         torch.set_num_threads(cfg.agent.torch_threads)
         self.ctx, self.a = ctx, a
         comm = ctx.topo.comm("gradients")
         workers = list(range(1, comm.size))
-        self.model = A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, a,
-                              pick_device(cfg.agent.device), seed=cfg.run.seed, optimizer=True)
+        self.model = builder.make_model(ctx, optimizer=True)
         self.n = n = self.model.n_params
         self.progress = Progress(ctx, workers)
         if ctx.resume:
             self.progress.restore(self.model)
-        self.log = UpdateLog(ctx, n, {"role": "server", "exchange": a.exchange, "workers": len(workers),
+        self.log = UpdateLog(ctx, builder, n, {"role": "server", "exchange": a.exchange, "workers": len(workers),
                                       "device": str(self.model.device)})
-        self.hub: Hub[None] = Hub(comm, workers, msg.GRADIENT, msg.message_nbytes(n, max_episodes(cfg)), msg.REPLY,
-                                  msg.reply_nbytes(n))
+        self.hub: Hub[None] = Hub(comm, workers, msg.GRADIENT, msg.message_nbytes(n, msg.max_episodes(cfg, a)),
+                                  msg.REPLY, msg.reply_nbytes(n))
         self.rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None
         self.total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
         self.stop = ""
@@ -165,5 +163,5 @@ class Server:
             self.log.close()
 
 
-def run_server(ctx) -> str:
-    return Server(ctx).run()
+def run_server(ctx, builder: GradientBuilder) -> str:
+    return Server(ctx, builder).run()

@@ -5,10 +5,9 @@ exposes for it."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import RoleLoop, lazy_loop
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
@@ -123,9 +122,7 @@ def roles(builder: ActorLearnerBuilder) -> dict[str, RoleLoop]:
     The actors run :mod:`mpirl.actor_learner.actor`; with inference workers (``topology.workers``) the workers run
     :mod:`mpirl.actor_learner.worker` and the actors :mod:`mpirl.actor_learner.env_actor`."""
     def loop(module: str, func: str) -> RoleLoop:
-        def run(ctx: RoleContext) -> str | None:
-            return getattr(importlib.import_module(f"mpirl.actor_learner.{module}"), func)(ctx, builder)
-        return run
+        return lazy_loop(f"mpirl.actor_learner.{module}", func, builder)
 
     local_actor, env_actor = loop("actor", "run_actor"), loop("env_actor", "run_env_actor")
 

@@ -16,19 +16,16 @@ answers with its values (DistQL's tabular Q-learning workers and Q-server). The 
 
 from __future__ import annotations
 
-import importlib
 import random
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Generic, NamedTuple, Protocol, TypeVar
+from typing import Callable, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from mpirl.comm.topology import LinkKind
 from mpirl.config import JobConfig
 
-if TYPE_CHECKING:
-    from mpirl.job.context import RoleContext
-    from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import RoleLoop, lazy_loop
 
 SERVER, WORKER = "server", "worker"  # the family's roles: rank 0 the server, the rest workers
 LINK: LinkKind = "exchange"  # the link of each worker with the server (the server rank 0 of its communicator)
@@ -186,8 +183,5 @@ class ExchangeBuilder(ABC, Generic[T]):
 def roles(builder: ExchangeBuilder) -> dict[str, RoleLoop]:
     """Role name -> loop for an algorithm of the family, each over the algorithm's ``builder``; a loop's module is
     imported when its rank starts (a rank imports only its own loop)."""
-    def loop(module: str, func: str) -> RoleLoop:
-        def run(ctx: RoleContext) -> str | None:
-            return getattr(importlib.import_module(f"mpirl.exchange.{module}"), func)(ctx, builder)
-        return run
-    return {SERVER: loop("server", "run_server"), WORKER: loop("worker", "run_worker")}
+    return {SERVER: lazy_loop("mpirl.exchange.server", "run_server", builder),
+            WORKER: lazy_loop("mpirl.exchange.worker", "run_worker", builder)}

@@ -6,15 +6,13 @@ worker, one link of the workers with themselves (their allreduce communicator). 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from mpirl.comm.topology import Layout, Link, Topology
-from mpirl.job.contract import RoleLoop
+from mpirl.job.contract import RoleLoop, lazy_loop
 
 if TYPE_CHECKING:
     from mpirl.gradients.builder import GradientBuilder
-    from mpirl.job.context import RoleContext
 
 SERVER, WORKER = "server", "worker"
 
@@ -48,8 +46,5 @@ def role_map(topo: Topology) -> str:
 def roles(builder: GradientBuilder) -> dict[str, RoleLoop]:
     """Role name -> loop for an algorithm of the family, each loop over the algorithm's ``builder``; a loop's
     module is imported when its rank starts (a rank imports only its own loop)."""
-    def loop(module: str, func: str) -> RoleLoop:
-        def run(ctx: RoleContext) -> str | None:
-            return getattr(importlib.import_module(f"mpirl.gradients.{module}"), func)(ctx, builder)
-        return run
-    return {SERVER: loop("server", "run_server"), WORKER: loop("worker", "run_worker")}
+    return {SERVER: lazy_loop("mpirl.gradients.server", "run_server", builder),
+            WORKER: lazy_loop("mpirl.gradients.worker", "run_worker", builder)}

@@ -17,6 +17,7 @@ asks whether an algorithm has something, and never names one.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
@@ -43,11 +44,11 @@ class Checked(NamedTuple):
 RoleLoop = Callable[["RoleContext"], "str | None"]  # a rank's loop; returns why it stopped
 
 
-def lazy_loop(module: str, func: str) -> RoleLoop:
-    """The loop ``func`` of ``module``, imported when its rank starts (a rank imports only its own loop)."""
+def lazy_loop(module: str, func: str, builder: object) -> RoleLoop:
+    """The loop ``func(ctx, builder)`` of ``module``, imported when its rank starts (a rank imports only its own
+    loop: a buffer rank never imports torch); ``builder``: the algorithm's, for its family's loop."""
     def run(ctx: "RoleContext") -> "str | None":
-        import importlib
-        return getattr(importlib.import_module(module), func)(ctx)
+        return getattr(importlib.import_module(module), func)(ctx, builder)
     return run
 
 

@@ -4,7 +4,7 @@
 
 *Ours* is the Ape-X learner's code from a batch as the buffers send it to the
 update: the reply's views joined into a batch (:func:`mpirl.actor_learner.shard_links.joined`),
-importance weights, :func:`mpirl.agents.dqn.to_tensors` (with frames once: the
+importance weights, :func:`mpirl.agents.tensors.to_tensors` (with frames once: the
 stacks rebuilt by one gather on the device), the double-DQN step of
 :class:`mpirl.agents.dqn.DQNLearner`, and the bookkeeping of
 :meth:`ApexTraining.train <mpirl.algos.apex.learner.ApexTraining.train>`.

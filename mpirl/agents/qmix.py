@@ -154,7 +154,7 @@ FEEDS = {"batch": ("env",),
          "weights": ("loss_weights", "central_hidden", "lr"),
          "loss": ("lr", "grad_clip", "loss_weights"),
          "gradient": ("lr", "grad_clip", "optimizer", "loss_weights"),
-         "peer": ()}  # another learner's part (dqn.Fault): that learner's message names the settings
+         "peer": ()}  # another learner's part (train_step.Fault): that learner's message names the settings
 
 
 def divergence(fault: Fault, hp: QmixHyper, in_a_row: int, steps: int, skipped: int) -> str:

@@ -15,7 +15,7 @@ does. The same stream, the same draws, three ways:
 Bytes are the messages' bytes (what the learner's ``bytes_in`` counts), over ``steps`` batches after a warm-up of
 as many (the cache starts empty, as in a job; the warm-up's batches are not counted). The rebuild time is the
 learner's side of a batch: replies joined into one batch and its stacks gathered into tensors on the CPU
-(:func:`~mpirl.agents.dqn.to_tensors`), with the cache and without, in turns. Parameter broadcasts are the same for
+(:func:`~mpirl.agents.tensors.to_tensors`), with the cache and without, in turns. Parameter broadcasts are the same for
 both placements and are not counted (a job's ``bytes_out``).
 
 Shapes: the Breakout small jobs' (capacity 32,768, batch 64, samples per insert 4, ``n_replay`` 128) and the paper's

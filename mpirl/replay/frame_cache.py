@@ -20,7 +20,7 @@ empty cache on both sides.
 
 On the learner the cache is one uint8 tensor on its device: ``buffers x C`` cached frames, then a scratch area for the
 misses of the current batch. A batch's stacks are indices into the whole table, so the train step gathers them with
-one ``index_select`` (:func:`mpirl.agents.dqn.to_tensors`), and only the misses cross to the device.
+one ``index_select`` (:func:`mpirl.agents.tensors.to_tensors`), and only the misses cross to the device.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class FrameStream:
 
     def batch(self, records: dict[str, np.ndarray], framed: dict) -> dict[str, np.ndarray]:
         """``records`` with each ``<name>_fid`` field as ``<name>_idx`` into ``frames`` = the ring (no copy):
-        the form :func:`mpirl.agents.dqn.to_tensors` rebuilds stacks from (the actor's priorities)."""
+        the form :func:`mpirl.agents.tensors.to_tensors` rebuilds stacks from (the actor's priorities)."""
         out = {k: v for k, v in records.items() if not k.endswith("_fid")}
         mask = len(self.ring) - 1
         for name in framed:

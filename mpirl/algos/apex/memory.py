@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
+from mpirl.comm.messages import experience_layout, request_layout, sample_layout
 from mpirl.config import JobConfig
 from mpirl.replay_job import actor_count
 from mpirl.replay.frame_cache import cache_slots

@@ -59,8 +59,11 @@ class Policy(Protocol):
 class Budget(Protocol):
     """A sender's flow control: over it, the sender holds back."""
 
-    def over(self, made: int, versions: int) -> bool:
-        """True while ``made`` records after ``versions`` parameter versions are more than its share."""
+    def over(self, sent: int, version: int) -> bool:
+        """True while ``sent`` records at parameter ``version`` are more than its share."""
+
+    def close(self) -> None:
+        """The sender is done: whatever the budget holds open (a credit line) ends."""
 
 
 class Deciding(Protocol):
@@ -103,8 +106,8 @@ class Deciding(Protocol):
     def epsilon(self, a: int = 0) -> float:
         """Actor ``a``'s exploration, for its rows (NaN where the policy explores by sampling)."""
 
-    def budget(self, topo: Topology) -> Any:
-        """The sender's flow control (:class:`Budget`: the insert budget, or a queue's window)."""
+    def budget(self, topo: Topology) -> Budget:
+        """The sender's flow control: the insert budget, or a queue's window."""
 
     def observe(self, a: int, outcome: Outcome) -> None:
         """What actor ``a``'s last actions led to: the records it completes are staged."""

@@ -223,6 +223,13 @@ def test_sync_with_a_straggler_left_behind_drops_its_gradients_and_the_rounds_go
     assert slow["dropped"][-1] >= 1 and u["dropped"][-1] >= slow["dropped"][-1]
     fast = r["workers"][1]["rollouts"]
     assert len(fast["rollout"]) > len(slow["rollout"])  # the fast ones were not held back
+    info = run_cli("info", str(job.run_dir))  # the per-rank table says the same
+    assert info.returncode == 0, info.stderr
+    lines = info.stdout.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.split()[:2] == ["rank", "rollouts"])
+    rows = {int(line.split()[0]): line.split() for line in lines[top + 1:top + 5]}
+    assert sorted(rows) == [1, 2, 3, 4], info.stdout
+    assert [int(rows[4][k].replace(",", "")) for k in (1, 7)] == [len(slow["rollout"]), slow["dropped"][-1]]
 
 
 @pytest.mark.mpi

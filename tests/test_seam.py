@@ -229,3 +229,16 @@ def test_every_actor_learner_builder_makes_its_parts_for_the_loops():
     assert isinstance(QmixBuilder(), ActorLearnerBuilder)
     assert ApexBuilder().sender_lag(cfg) == cfg.apex.n_step and ImpalaBuilder().message_rows(cfg, 6) == 6
     assert QmixBuilder().message_rows(cfg, 6) == cfg.comm.send_batch
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A loop that grows past a screen is split into named steps (issue 39: no function in mpirl/ over 80 lines)."""
+    import ast
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split these into named steps: " + ", ".join(long)

@@ -4,6 +4,7 @@ the same."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -24,3 +25,11 @@ def fmt_bytes(x: Any) -> str:
         if abs(x) < 1024 or unit == "GiB":
             return f"{x:,.0f} {unit}" if unit == "B" else f"{x:,.1f} {unit}"
         x /= 1024
+
+
+def table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
+    """A table's lines: its columns' names, then one line per row of cells already formatted, each cell right-aligned
+    to its column's width and the cells one space apart."""
+    def line(cells: Sequence[str]) -> str:
+        return indent + " ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns, strict=True))
+    return [line([name for name, _ in columns])] + [line(row) for row in rows]

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run
-from mpirl.metrics.formatting import fmt
+from mpirl.metrics.formatting import fmt, table
 
 NAN = float("nan")
 
@@ -101,12 +101,11 @@ def format_summary(s: dict[str, Any]) -> str:
         t = s["test"]
         out.append(f"test       after {fmt(t['train_steps'])} updates: return {fmt(t['return_mean'], ',.1f')} ± "
                    f"{fmt(t['return_std'], ',.1f')} over {fmt(t['episodes'])} episodes")
-    out.append(f"  {'rank':>5} {'rollouts':>9} {'env steps':>10} {'episodes':>9} {'wait %':>7} {'preempted':>10} "
-               f"{'gradients':>10} {'dropped':>8} {'last 20':>8}")
-    for w in s["workers"]:
-        out.append(f"  {w['rank']:>5} {w['rollouts']:>9,} {w['env_steps']:>10,} {w['episodes']:>9,} "
-                   f"{fmt(100 * w['wait_share'], '.1f'):>7} {w['preempted']:>10,} {w['gradients']:>10,} "
-                   f"{w['dropped']:>8,} {fmt(w['last20_return'], ',.1f'):>8}")
+    columns = [("rank", 5), ("rollouts", 9), ("env steps", 10), ("episodes", 9), ("wait %", 7), ("preempted", 10),
+               ("gradients", 10), ("dropped", 8), ("last 20", 8)]
+    out += table(columns, ([str(w["rank"]), f"{w['rollouts']:,}", f"{w['env_steps']:,}", f"{w['episodes']:,}",
+                            fmt(100 * w["wait_share"], ".1f"), f"{w['preempted']:,}", f"{w['gradients']:,}",
+                            f"{w['dropped']:,}", fmt(w["last20_return"], ",.1f")] for w in s["workers"]))
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
 

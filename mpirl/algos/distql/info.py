@@ -11,7 +11,7 @@ import numpy as np
 
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run
-from mpirl.metrics.formatting import fmt, fmt_bytes
+from mpirl.metrics.formatting import fmt, fmt_bytes, table
 
 NAN = float("nan")
 
@@ -109,12 +109,12 @@ def format_summary(s: dict[str, Any]) -> str:
     if tb:
         out.append(f"table      {tb['seen']:,} of {tb['pairs']:,} pairs seen "
                    f"({100 * tb['seen'] / max(tb['pairs'], 1):.1f} %), {fmt(tb['merges_per_pair'], ',.1f')} merges each")
-    out.append(f"  {'worker':>6} {'episodes':>9} {'env steps':>10} {'compute':>9} {'wait':>8} {'wait %':>7} "
-               f"{'last 100':>9} {'torch':>6}")
-    for w in s["workers"]:
-        out.append(f"  {w['worker']:>6} {w['episodes']:>9,} {w['env_steps']:>10,} {fmt(w['compute_s'], ',.1f', ' s'):>9} "
-                   f"{fmt(w['wait_s'], ',.1f', ' s'):>8} {fmt(100 * w['wait_share'], '.1f'):>7} "
-                   f"{fmt(w['last100_return'], ',.1f'):>9} {'yes' if w['torch_imported'] else 'no':>6}")
+    columns = [("worker", 6), ("episodes", 9), ("env steps", 10), ("compute", 9), ("wait", 8), ("wait %", 7),
+               ("last 100", 9), ("torch", 6)]
+    out += table(columns, ([str(w["worker"]), f"{w['episodes']:,}", f"{w['env_steps']:,}",
+                            fmt(w["compute_s"], ",.1f", " s"), fmt(w["wait_s"], ",.1f", " s"),
+                            fmt(100 * w["wait_share"], ".1f"), fmt(w["last100_return"], ",.1f"),
+                            "yes" if w["torch_imported"] else "no"] for w in s["workers"]))
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
 

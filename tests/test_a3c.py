@@ -162,7 +162,7 @@ def _returns_rose(r: dict) -> None:
     assert ret[:20].mean() < 60 and ret[-20:].mean() >= 150, (ret[:20].mean(), ret[-20:].mean())
 
 
-LEARN = ("run.wall_seconds=0", "run.env_steps=2000000", "run.target_return=195")
+LEARN = ("run.wall_seconds=0", "run.env_steps=2000000")
 
 
 @pytest.mark.learning
@@ -182,11 +182,14 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
     # machine is (with the job's 0.6, a loaded CI machine cut other rollouts and once ended on a policy that plays
     # like random); preemption has its own tests below.
     steady = ["a3c.sync_frac=1.0"] if exchange == "allreduce" else []
-    job = run_mpi(n, tmp_path, *LEARN, f'a3c.exchange="{exchange}"', "a3c.check_every=10", *ppo, *steady, job=JOB,
-                  timeout=1800, stall=300)
+    # async stops at 475: at 195 a lucky window once ended a fresh clone's run on a policy whose test round played
+    # 54 (async runs differ with the load); allreduce's run is the same everywhere and its policy at 195 plays 212.
+    target = 475 if exchange == "async" else 195
+    job = run_mpi(n, tmp_path, *LEARN, f"run.target_return={target}", f'a3c.exchange="{exchange}"',
+                  "a3c.check_every=10", *ppo, *steady, job=JOB, timeout=1800, stall=300)
     assert job.proc.returncode == 0, job.output
     r = _read(job.run_dir)
-    assert r["status"] == "completed" and "reached 195" in r["reason"], (r["reason"], job.output[-2000:])
+    assert r["status"] == "completed" and f"reached {target}" in r["reason"], (r["reason"], job.output[-2000:])
     _returns_rose(r)
     u = r["updates"]
     assert np.all(np.diff(u["version"]) >= 0) and u["applied"].any()

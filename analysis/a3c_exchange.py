@@ -42,7 +42,11 @@ Per configuration it prints the medians over seeds (with their range) of:
 * dropped: the share of the gradients sent that were not applied;
 * staleness (``async`` only): the mean and largest staleness, in versions, of the applied gradients;
 * preempted (``allreduce`` only): the share of the workers' rollouts ended early;
-* the last worker's env steps/s over the mean of the others'.
+* the last worker's env steps/s over the mean of the others';
+* the final policy's test round: the mean return of the games the run played with its last parameters
+  (``updates/test``), and how many runs' rounds fell under 60 (random play: about 22). The stop reads a window of
+  training episodes that lags the parameters, so a policy that collapsed inside it can still stop a run
+  (docs/a3c.md).
 
 Then every run in one line. It writes ``table.txt`` beside the runs. With several runs of one seed and
 configuration under ``<out>``, the newest counts.
@@ -80,7 +84,8 @@ METRICS = [("seconds_to_475", "seconds to 475"), ("env_steps_to_475", "env steps
            ("wait_fast", "wait share, fast workers (mean)"), ("wait_slow", "wait share, the last worker"),
            ("dropped", "gradients dropped / sent"), ("stale_mean", "staleness, mean (async)"),
            ("stale_max", "staleness, largest (async)"), ("preempted", "rollouts preempted (allreduce)"),
-           ("slow_ratio", "last worker's steps/s / others'")]
+           ("slow_ratio", "last worker's steps/s / others'"), ("test_return", "final policy's test round")]
+LOW_TEST = 60.0  # a final test round under this plays about as random play does (CartPole: about 22)
 RUN_NAME = re.compile(r"^s(\d+)-(\d{8}-\d{6})(?:-(\d+))?$")
 
 
@@ -132,6 +137,7 @@ def measure(run_dir: Path) -> dict:
         attrs = dict(f.attrs)
         job = dict(f["job"].attrs)
         u = _columns(f["updates/updates"])
+        test = f["updates/test/return_mean"][()] if "test" in f["updates"] else np.zeros(0)
     ws = workers(run_dir)
     exchange = str(job["a3c.exchange"])
     reason = str(attrs.get("stop_reason", ""))
@@ -159,6 +165,7 @@ def measure(run_dir: Path) -> dict:
         "preempted": (float(sum(np.sum(w["preempted"]) for w in ws)) / n_rollouts
                       if exchange == "allreduce" and n_rollouts else NAN),
         "slow_ratio": rates[-1] / float(np.mean(others)) if others and np.isfinite(rates[-1]) else NAN,
+        "test_return": float(test[-1]) if len(test) else NAN,
     }
 
 
@@ -234,8 +241,9 @@ def table(rows: dict[str, list[dict]], configs: list[str]) -> str:
         for i, (_, label) in enumerate(METRICS):
             lines.append(f"  {label:34} " + "  ".join(f"{cells[c][i]:>{width[c]}}" for c in cols))
         missed = {c: sum(np.isnan(r["seconds_to_475"]) for r in rows.get(c, [])) for c in cols}
+        low = {c: sum(r["test_return"] < LOW_TEST for r in rows.get(c, [])) for c in cols}
         lines.append("  runs: " + ", ".join(f"{c[:-len(kind) - 1]} {len(rows.get(c, []))} ({missed[c]} did not reach "
-                                            f"475)" for c in cols))
+                                            f"475, {low[c]} tested under {LOW_TEST:g})" for c in cols))
         lines.append("")
     lines.append("  (medians over seeds [range]; a run that did not reach 475 counts nowhere in the first two rows; "
                  "'-': not measured there)")

@@ -216,7 +216,7 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
         assert test["return_mean"][0] > 60, test  # the final policy, the same in every run: 212
     # Async's final policy is not asserted: the window decides the stop, and its 20 episodes (up to 500 steps each)
     # were played over the last ~120 updates, so a policy that collapses in those updates can still stop the run.
-    # docs/a3c.md counts how often: 1 final test round near random play in 49 runs to 475 on this 2-core VM.
+    # docs/a3c.md counts how often: 1 final test round near random play in 81 runs to 475 on this 2-core VM.
 
 
 @pytest.mark.mpi

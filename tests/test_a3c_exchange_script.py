@@ -17,7 +17,7 @@ ax = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ax)
 
 
-def fake_run(path, exchange="async", reached=True, delay=(0,)):
+def fake_run(path, exchange="async", reached=True, delay=(0,), test=None):
     """4 workers (ranks 1-4 under a server, 0-3 under allreduce), 3 rollouts each; the last one slower."""
     path.mkdir(parents=True)
     ranks = range(4) if exchange == "allreduce" else range(1, 5)
@@ -41,6 +41,8 @@ def fake_run(path, exchange="async", reached=True, delay=(0,)):
         g["version"] = np.array([1, 2, 3])
         g["staleness"] = np.array([0.0, 2.0, 40.0])
         g["applied"] = np.array([True, True, False])
+        if test is not None:
+            f.create_group("test")["return_mean"] = np.array([test])
     with h5py.File(path / "run.h5", "w") as f:
         f.attrs["status"] = "completed"
         f.attrs["stop_reason"] = ("mean return of the last 20 episodes reached 475" if reached
@@ -73,7 +75,7 @@ def test_an_async_run_measured(tmp_path):
     assert m["wait_fast"] == pytest.approx(0.5 / 2.0) and m["wait_slow"] == pytest.approx(0.2 / 2.0)
     assert m["dropped"] == pytest.approx(2 / 12)
     assert m["stale_mean"] == pytest.approx(1.0) and m["stale_max"] == 2.0  # the dropped one (40) is not applied
-    assert math.isnan(m["preempted"])
+    assert math.isnan(m["preempted"]) and math.isnan(m["test_return"])  # no test round recorded
 
 
 def test_allreduce_counts_preemptions_and_no_staleness_and_a_missed_target(tmp_path):
@@ -105,3 +107,13 @@ def test_the_table_shows_medians_ranges_and_not_reached(tmp_path):
     assert equal.split()[-2:] == ["16.5", "[12.5,20.5]"]  # the median and the range
     assert slowed.endswith("not reached")
     assert "every run:" in text
+
+
+def test_the_table_counts_final_policies_that_tested_like_random_play(tmp_path):
+    good = ax.measure(fake_run(tmp_path / "a" / "s1-20260101-000000", test=500.0))
+    collapsed = ax.measure(fake_run(tmp_path / "b" / "s2-20260101-000000", test=19.6))
+    assert (good["test_return"], collapsed["test_return"]) == (500.0, pytest.approx(19.6))
+    text = ax.table({"async-equal": [good, collapsed]}, ["async-equal"])
+    row = next(line for line in text.splitlines() if line.strip().startswith("final policy's test round"))
+    assert row.split()[-2:] == ["259.8", "[19.6,500]"]
+    assert "async 2 (0 did not reach 475, 1 tested under 60)" in text

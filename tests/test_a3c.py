@@ -172,10 +172,10 @@ LEARN = ("run.wall_seconds=0", "run.env_steps=2000000")
 # tested below on short jobs.
 @pytest.mark.parametrize("exchange,loss", [("async", "a2c"), ("allreduce", "ppo")])
 def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
-    """Every rank exits 0 and returns rise from random play (about 22) past 195 over 20 episodes (this machine:
-    475 in 7-15 s with every exchange). What each exchange promises shows in the files: async applies gradients a
-    few updates stale, sync none, allreduce keeps every rank's parameters identical and its ranks in lockstep; PPO
-    makes epochs x minibatches gradients a rollout."""
+    """Every rank exits 0 and returns rise from random play (about 22) to the target over 20 episodes (async A2C:
+    475, allreduce PPO: 195; this machine: 475 in 7-15 s with every exchange). What each exchange promises shows in
+    the files: async applies gradients a few updates stale, allreduce keeps every rank's parameters identical and its
+    ranks in lockstep; PPO makes epochs x minibatches gradients a rollout. (Sync's rounds: the straggler test.)"""
     ppo = ['a3c.loss="ppo"', "a3c.epochs=2", "a3c.minibatches=2", "a3c.gae_lambda=0.95"] if loss == "ppo" else []
     n = 4 if exchange == "allreduce" else 5
     # allreduce without preemption (sync_frac 1): every rollout full length, so the run is the same however loaded the
@@ -197,8 +197,6 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
         assert u["staleness"][ok].max() >= 1 and u["staleness"][ok].max() <= 32
         assert np.all(u["staleness"][~ok] > 32) and u["dropped"][-1] == (~ok).sum()
         assert set(u["worker"].tolist()) == {1, 2, 3, 4}  # a row a gradient, each worker's
-    elif exchange == "sync":
-        assert np.all(u["staleness"] == 0) and np.all(u["gradients"] == 4)  # rounds of every worker (D = 0)
     else:
         crcs = {w["attrs"]["params_crc32"] for w in r["workers"].values()}
         versions = {int(w["attrs"]["version"]) for w in r["workers"].values()}
@@ -211,7 +209,8 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
         assert ro["gradients"][-1] <= per_rollout * len(ro["rollout"])
         assert ro["gradients"][-1] >= per_rollout * (len(ro["rollout"]) - 1)
     test = r["test"]
-    assert test["episodes"].tolist() == [10] and 8 <= test["return_mean"][0] <= 500, test  # every game: 8-500 steps
+    # the round ran: 10 games, each CartPole step worth 1, so the mean return is the mean length (8 to 500 steps)
+    assert test["episodes"].tolist() == [10] and test["return_mean"][0] == test["length_mean"][0] >= 8, test
     if exchange == "allreduce":
         assert test["return_mean"][0] > 60, test  # the final policy, the same in every run: 212
     # Async's final policy is not asserted: the window decides the stop, and its 20 episodes (up to 500 steps each)
@@ -230,7 +229,7 @@ def test_sync_with_a_straggler_left_behind_drops_its_gradients_and_the_rounds_go
     r = _read(job.run_dir)
     assert r["reason"] == "train_steps 150 reached"
     u = r["updates"]
-    assert u["version"][-1] == 150 and np.all(u["gradients"] >= 3)
+    assert u["version"][-1] == 150 and np.all(u["gradients"] >= 3) and np.all(u["staleness"] == 0)  # never stale
     slow = r["workers"][4]["rollouts"]
     assert slow["dropped"][-1] >= 1 and u["dropped"][-1] >= slow["dropped"][-1]
     fast = r["workers"][1]["rollouts"]

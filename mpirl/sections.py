@@ -146,6 +146,13 @@ class AgentConfig:
     # images smaller than 36x36, the Nature-DQN convolutions from 36x36 up (84x84 Atari stacks). For
     # images the dueling streams are hidden[-1] wide.
     network: str = setting("auto", choices=("auto", "mlp", "minatar", "nature"))
+    # The actor-critics (IMPALA, a3c): the activation between an MLP's layers (convolutions keep ReLU) and whether
+    # the value shares the policy's torso (false: a network of its own, the same widths, as SB3's and CleanRL's
+    # PPO for MuJoCo).
+    activation: str = setting("relu", choices=("relu", "tanh"))
+    shared_torso: bool = setting(True)
+    # A Gaussian policy's (Box actions) log standard deviation at the start, the same in every dimension; learned.
+    log_std_init: float = setting(0.0, ge=-10, le=5)
     # Train steps between target-network copies.
     target_update: int = setting(250, ge=1)
     # The gradient's global norm is clipped to this before each step.

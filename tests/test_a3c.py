@@ -122,7 +122,7 @@ def _refusal(n: int, *sets: str) -> config.ConfigError:
     (1, [], "world size"),
     (5, ["a3c.worker_delay_us=[0, 0]"], "a3c.worker_delay_us"),
     (5, ['a3c.exchange="dpp"'], "a3c.exchange"),
-    (5, ['env.id="Pendulum-v1"'], "env.id"),
+    (5, ['env.id="tests.odd_spaces_env:DictActions-v0"'], "env.id"),
     (5, ["impala.unroll=20"], "impala"),
     (5, ["replay.batch_size=64"], "replay.batch_size"),
     (5, ["run.wall_seconds=0", "run.target_return=475"], "run"),

@@ -7,6 +7,9 @@ import math
 import os
 import signal
 
+from types import SimpleNamespace
+
+import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from mpirl.agents.actor_critic import trajectory_spec
 from mpirl.algos.impala.flow import Windows, queue_budget, queue_slots, window
 from mpirl.algos.impala.serving import version_of, with_version
 from mpirl.replay.trajectory_queue import QueueFull, TrajectoryQueue
+from mpirl.envs.actions import action_spec, discrete
 from mpirl.envs.outcomes import Outcome
 
 from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, train_steps, wait_for
@@ -199,13 +203,13 @@ def test_windows_give_each_message_back_to_its_sender_oldest_first():
 
 # ---------------------------------------------------------------- the actors' trajectories
 class _Spaces:
-    obs_shape, obs_dtype, n_actions = (4,), np.dtype(np.float32), 2
+    obs_shape, obs_dtype, action = (4,), np.dtype(np.float32), discrete(2)
 
 
 def _outcome(obs, reward=0.0, terminated=(), truncated=(), final=None, taken=(0, 0), fresh=False):
     n = len(obs)
     rows = {"obs": np.asarray(obs, np.float32), "final_obs": np.asarray(final if final is not None else obs, np.float32),
-            "taken": np.asarray(taken, np.int64), "reward": np.full(n, reward, np.float32),
+            "taken": np.asarray(taken), "reward": np.full(n, reward, np.float32),
             "terminated": np.isin(np.arange(n), terminated), "truncated": np.isin(np.arange(n), truncated),
             "life_lost": np.zeros(n, bool)}
     return Outcome(rows, fresh)
@@ -241,7 +245,7 @@ def test_a_trajectory_crossing_an_episode_end_keeps_terminated_and_truncated_apa
     assert rec["action"].tolist() == [[1, 0, 1, 0], [0, 1, 1, 0]]
     assert rec["version"].tolist() == [7, 7]
     for t in range(4):  # the behaviour policy's log-probability of the action taken, from the obs it was taken on
-        want = d.policy.log_probs(o[t].astype(np.float32))[np.arange(2), rec["action"][:, t]]
+        want = d.policy.outputs(o[t].astype(np.float32))[np.arange(2), rec["action"][:, t]]
         assert rec["logp"][:, t] == pytest.approx(want, rel=1e-5)
     assert sorted(d.episodes) == [(2.0, 2), (3.0, 3)]  # returns unclipped, lengths in steps
     d.drop(2)
@@ -251,6 +255,42 @@ def test_a_trajectory_crossing_an_episode_end_keeps_terminated_and_truncated_apa
     d.observe(0, s)
     assert d.traj["obs"][0, :2, 0].tolist() == [4, 5]  # the next trajectory starts where the last ended
     assert d.traj["version"].tolist() == [8, 8]  # ... and records the version its first action was chosen with
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.MultiDiscrete([3, 2])],
+                         ids=["box", "multidiscrete"])
+def test_the_learners_pass_reproduces_the_actors_log_probabilities_of_continuous_and_multidiscrete_actions(space):
+    """Trajectories recorded by the actors' decisions (a Gaussian's samples, past the bounds too, stored unclipped;
+    two categoricals) give, through the learner's network with the same parameters, the log-probabilities the
+    actors stored."""
+    import torch
+    from mpirl.agents.actor_critic import actor_critic
+    from mpirl.algos.impala.serving import ImpalaDeciding
+    cfg = load("impala.unroll=4", "env.envs_per_actor=2", "agent.log_std_init=0.5")
+    act = action_spec(space, "test")
+    spaces = SimpleNamespace(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action=act)
+    spec = trajectory_spec((4,), np.float32, 4, act)
+    d = ImpalaDeciding(cfg, spaces, spec, [1])
+    flat = with_version(0.3 * np.random.default_rng(0).normal(size=d.policy.n_params).astype(np.float32), 3)
+    d.policy.load_flat(flat)
+    net = actor_critic((4,), act, cfg.agent)
+    torch.nn.utils.vector_to_parameters(torch.as_tensor(flat[:-1]), net.parameters())
+    rng = np.random.default_rng(1)
+    prev = _outcome(rng.normal(size=(2, 4)), fresh=True, taken=np.zeros((2, *act.shape), act.dtype))
+    d.observe(0, prev)
+    for _ in range(4):
+        actions = d.decide([0], [prev])
+        prev = _outcome(rng.normal(size=(2, 4)), 1.0, taken=actions)
+        d.observe(0, prev)
+    rec, _ = d.take(2)
+    assert rec["action"].shape == (2, 4, *act.shape) and rec["action"].dtype == act.dtype
+    if act.continuous:
+        assert np.abs(rec["action"]).max() > 1  # some samples past the bounds, stored as sampled
+    obs = torch.as_tensor(rec["obs"][:, :-1].reshape(8, 4))
+    with torch.no_grad():
+        out, _ = net(obs)
+        logp, _ = net.log_prob_entropy(out, torch.as_tensor(rec["action"].reshape(8, *act.shape)))
+    assert np.allclose(logp.numpy().reshape(2, 4), rec["logp"], rtol=1e-5, atol=1e-5)
 
 
 def test_the_version_rides_the_broadcast_exactly_past_float32s_integers():
@@ -283,7 +323,7 @@ def _refusal(n: int, *sets: str) -> config.ConfigError:
     (["topology.buffers=2", "replay.batch_size=33"], "replay.batch_size"),
     (["impala.exchange=\"sync\"", "comm.n_update=1"], "replay.batch_size"),
     (["impala.exchange=\"sync\"", "replay.batch_size=16", "comm.n_update=4"], "comm.n_update"),
-    (["env.id=\"Pendulum-v1\""], "env.id"),
+    (["env.id=\"tests.odd_spaces_env:DictActions-v0\""], "env.id"),
     (["apex.n_step=3"], "apex"),
     (["replay.alpha=0.5"], "replay.alpha"),
     (["topology.buffers=0", "topology.workers=1"], "topology.workers"),
@@ -298,11 +338,11 @@ def test_a_world_whose_actors_do_not_spread_evenly_over_the_queues_is_refused():
     assert err.key == "world size" and "same number of actors" in err.message, err.message
 
 
-def test_continuous_actions_are_exit_2_saying_they_are_not_supported_yet():
-    """The whole path once, from the command line: exit 2, the key and the reason, no traceback."""
-    proc = run_cli("validate", str(JOB), "-n", "4", "--set", 'env.id="Pendulum-v1"')
-    assert proc.returncode == 2 and "env.id" in proc.stderr and "not supported yet" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_an_action_space_no_policy_takes_is_exit_2_naming_env_id():
+    """The whole path once, from the command line: Dict actions are exit 2, the key and the reason, no traceback."""
+    proc = run_cli("validate", str(JOB), "-n", "4", "--set", 'env.id="tests.odd_spaces_env:DictActions-v0"')
+    assert proc.returncode == 2 and "env.id" in proc.stderr and "Dict" in proc.stderr, proc.stderr
+    assert "Discrete, MultiDiscrete and Box" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # ---------------------------------------------------------------- a whole job

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from mpirl.agents.actor_critic import ActorCritic
+from mpirl.agents.distributions import categorical_log_prob_entropy
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, minibatch_indices, ppo_losses
 
 # ---------------------------------------------------------------------------------------------------------------- gae
@@ -156,6 +157,9 @@ class TableNet(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.logits[obs], self.values[obs]
+
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return categorical_log_prob_entropy(out, (out.shape[-1],), actions)
 
 
 # Two observations: pi(.|0) = (1/4, 3/4) (logits 0, ln 3), pi(.|1) = (1/2, 1/2); V = 1, 2.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpirl import config
@@ -224,7 +225,7 @@ def test_every_actor_learner_builder_makes_its_parts_for_the_loops():
     checked = algorithm("apex").check(cfg, 3, "")
     for builder in (ApexBuilder(), ImpalaBuilder()):
         assert isinstance(builder, ActorLearnerBuilder)
-        assert builder.action_shape(checked.spaces) == ()
+        assert builder.action_field(checked.spaces) == ((), np.dtype(np.int64))
         assert set(builder.step_spec(checked.spaces)) >= {"obs", "taken", "reward", "terminated", "truncated"}
     assert isinstance(QmixBuilder(), ActorLearnerBuilder)
     assert ApexBuilder().sender_lag(cfg) == cfg.apex.n_step and ImpalaBuilder().message_rows(cfg, 6) == 6

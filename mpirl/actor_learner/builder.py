@@ -138,8 +138,9 @@ class ActorLearnerBuilder(ABC):
         dtype) per game."""
 
     @abstractmethod
-    def action_shape(self, spaces: Any) -> tuple[int, ...]:
-        """The shape of one game's action (``()`` for one discrete action, ``(agents,)`` for a team)."""
+    def action_field(self, spaces: Any) -> tuple[tuple[int, ...], np.dtype]:
+        """One game's action as it is stored and sent: ``(shape, dtype)`` (``((), int64)`` for one discrete
+        action, ``((agents,), int64)`` for a team, float32 of the space's shape for continuous actions)."""
 
     @abstractmethod
     def make_games(self, ctx: RoleContext, label: str) -> Games:
@@ -181,8 +182,9 @@ class VectorGamesBuilder(ActorLearnerBuilder):
         from mpirl.envs.games import step_spec
         return step_spec(spaces)
 
-    def action_shape(self, spaces: Any) -> tuple[int, ...]:
-        return ()  # one discrete action per game
+    def action_field(self, spaces: Any) -> tuple[tuple[int, ...], np.dtype]:
+        from mpirl.envs.games import action_field
+        return action_field(spaces)
 
     def make_games(self, ctx: RoleContext, label: str) -> Games:
         from mpirl.envs.games import VectorGames

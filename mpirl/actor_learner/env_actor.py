@@ -21,7 +21,7 @@ def run_env_actor(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
     cfg, topo = ctx.cfg, ctx.topo
     E = cfg.env.envs_per_actor
     step_lay = step_layout(builder.step_spec(ctx.spaces), E)
-    act_lay = actions_layout(builder.action_shape(ctx.spaces), E)
+    act_lay = actions_layout(builder.action_field(ctx.spaces), E)
     ring = SendRing(topo.serve, dest=0, tag=TAG_STEP, nbytes=step_lay.max_nbytes, size=2)
     answers = RecvPool(topo.serve, [0], TAG_ACTIONS, act_lay.max_nbytes, depth=1)
     games = builder.make_games(ctx, f"actor rank {topo.rank}")

@@ -156,7 +156,7 @@ class Worker:
         self.actors = topo.served_by(topo.rank)
         m, self.E = len(self.actors), cfg.env.envs_per_actor
         self.step_lay = step_layout(builder.step_spec(ctx.spaces), self.E)
-        self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(builder.action_shape(ctx.spaces), self.E))
+        self.requests = Requests(topo.serve, m, self.step_lay, actions_layout(builder.action_field(ctx.spaces), self.E))
         self.deciding = builder.make_deciding(ctx, self.actors)
         if ctx.resume:  # count on from the steps this worker had served before the checkpoint
             self.deciding.env_steps[:] = ctx.resume.actor_steps.get(topo.rank, 0) // max(m, 1)

@@ -13,19 +13,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpirl.agents.actor_critic import ActorCritic
+from mpirl.agents.actor_critic import actor_critic, as_spec
+from mpirl.agents.distributions import actor_outputs, log_prob, sample
 from mpirl.agents.tensors import to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
+from mpirl.envs.actions import ActionSpec
 
 
 class Rollout:
     """Preallocated ``[T, E]`` arrays of one rollout; ``steps`` of them filled (a preempted rollout has fewer)."""
 
-    def __init__(self, T: int, E: int, obs_shape: tuple, obs_dtype):
+    def __init__(self, T: int, E: int, obs_shape: tuple, obs_dtype, action: ActionSpec | int = 1):
         self.T, self.E = T, E
+        spec = as_spec(action)
         self.obs = np.zeros((T, E, *obs_shape), obs_dtype)
-        self.action = np.zeros((T, E), np.int64)
+        self.action = np.zeros((T, E, *spec.shape), spec.dtype)
         self.logp = np.zeros((T, E), np.float32)
         self.value = np.zeros((T, E), np.float32)
         self.reward = np.zeros((T, E), np.float32)
@@ -51,7 +54,7 @@ class Prepared:
         T, E = b["reward"].shape
         self.n = T * E
         self.obs = b["obs"].reshape(T * E, *b["obs"].shape[2:])
-        self.action = b["action"].reshape(-1)
+        self.action = b["action"].reshape(T * E, *b["action"].shape[2:])
         self.logp = b["logp"].reshape(-1)
         self.advantages = adv.reshape(-1)
         self.returns = ret.reshape(-1)
@@ -60,11 +63,12 @@ class Prepared:
 class A3cModel:
     """The network, and (``optimizer=True``) the optimizer that applies gradients to it."""
 
-    def __init__(self, obs_shape, n_actions: int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
+    def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
                  optimizer: bool):
         torch.manual_seed(seed)  # every rank the same seed: the same initial parameters
         self.device, self.cfg, self.agent_cfg = device, a3c_cfg, agent_cfg
-        self.net = ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
+        self.spec = as_spec(action)
+        self.net = actor_critic(obs_shape, self.spec, agent_cfg).to(device)
         self.params = list(self.net.parameters())
         self.n_params = sum(p.numel() for p in self.params)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -81,19 +85,20 @@ class A3cModel:
     @torch.no_grad()
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sampled actions, their log-probabilities and the values of ``obs``."""
-        logits, values = self.net(torch.as_tensor(obs, device=self.device))
-        logp_all = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
-        actions = np.argmax(logp_all + rng.gumbel(size=logp_all.shape), axis=1)
-        logp = logp_all[np.arange(len(actions)), actions].astype(np.float32)
+        out, values = self.net(torch.as_tensor(obs, device=self.device))
+        actions, logp = sample(self.spec, actor_outputs(self.spec, out), self._log_std(), rng)
         return actions, logp, values.float().cpu().numpy()
+
+    def _log_std(self) -> np.ndarray | None:
+        ls = self.net.log_std
+        return None if ls is None else ls.detach().double().cpu().numpy()
 
     @torch.no_grad()
     def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """The policy's log-probabilities of ``actions`` in ``obs`` (an action the games forced, such as FIRE after
         a lost life, in place of the sampled one)."""
-        logits, _ = self.net(torch.as_tensor(obs, device=self.device))
-        logp_all = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
-        return logp_all[np.arange(len(actions)), np.asarray(actions)].astype(np.float32)
+        out, _ = self.net(torch.as_tensor(obs, device=self.device))
+        return log_prob(self.spec, actor_outputs(self.spec, out), self._log_std(), actions)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

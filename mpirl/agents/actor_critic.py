@@ -2,10 +2,16 @@
 
 The torso is the Q-networks' (:mod:`mpirl.agents.networks`: the MLP for vectors, MinAtar's convolution for small
 images, Nature's for 84x84 stacks, chosen from the observation), followed by one ``hidden[-1]``-wide layer shared by
-a policy head (logits over the actions) and a value head.
+a policy head and a value head. The policy head's outputs and the action distribution they define depend on the
+action space (:mod:`mpirl.agents.distributions`): logits of one categorical per discrete dimension, or a diagonal
+Gaussian's means with a learned state-independent log standard deviation (``agent.log_std_init`` at the start).
+``agent.shared_torso = false`` gives the value its own torso and layer of the same widths (SB3's and CleanRL's
+networks for MuJoCo); ``agent.activation = "tanh"`` puts tanh between an MLP's layers (convolutions keep ReLU).
 
 A trajectory record (:func:`trajectory_spec`) holds ``unroll`` steps of one game: the ``unroll + 1`` observations
-(the last one bootstraps), the actions taken, the rewards, the behaviour policy's log-probability of each action,
+(the last one bootstraps), the actions taken (as the :class:`~mpirl.envs.actions.ActionSpec` stores one: an int64,
+int64 per dimension, or the unclipped float32 sample), the rewards, the behaviour policy's log-probability of each
+action,
 terminated and truncated apart, the behaviour policy's value of the final observation where a step was truncated
 (a time limit; what Sample Factory bootstraps with too) and the parameter version the actions were chosen with.
 """
@@ -18,17 +24,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from mpirl.agents.distributions import actor_outputs, log_prob_entropy
 from mpirl.agents.tensors import to_tensors
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
 from mpirl.agents.vtrace import vtrace
+from mpirl.envs.actions import ActionSpec, discrete
 
 
-def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int) -> dict:
-    """Field name -> (per-record shape, dtype) of one trajectory of ``unroll`` steps."""
-    T = int(unroll)
+def as_spec(action: ActionSpec | int) -> ActionSpec:
+    """An :class:`ActionSpec`, or a number of discrete actions as one."""
+    return action if isinstance(action, ActionSpec) else discrete(int(action))
+
+
+def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: ActionSpec | int = 1) -> dict:
+    """Field name -> (per-record shape, dtype) of one trajectory of ``unroll`` steps (actions of ``action``:
+    one discrete action by default)."""
+    T, spec = int(unroll), as_spec(action)
     return {
         "obs": ((T + 1, *obs_shape), np.dtype(obs_dtype)),
-        "action": ((T,), np.dtype(np.int64)),
+        "action": ((T, *spec.shape), spec.dtype),
         "reward": ((T,), np.dtype(np.float32)),
         "logp": ((T,), np.dtype(np.float32)),
         "terminated": ((T,), np.dtype(np.bool_)),
@@ -38,38 +52,75 @@ def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int) -> dict:
     }
 
 
-class ActorCritic(nn.Module):
-    """Torso -> a shared ``hidden[-1]`` layer -> policy logits and a value."""
+def _body(obs_shape: tuple, n_outputs: int, hidden: list[int], choice: str, activation: str) -> nn.Sequential:
+    """The Q-network's torso for ``obs_shape`` and one ``hidden[-1]``-wide layer after it."""
+    q = build_network(obs_shape, n_outputs, hidden, choice)  # its torso; its dueling head is not used
+    torso = q.torso
+    if activation == "tanh" and network_for(tuple(obs_shape), choice) == "mlp":
+        torso = nn.Sequential(*(nn.Tanh() if isinstance(m, nn.ReLU) else m for m in torso))
+    act = nn.Tanh() if activation == "tanh" and network_for(tuple(obs_shape), choice) == "mlp" else nn.ReLU()
+    return nn.Sequential(torso, nn.Linear(q.head.value[0].in_features, hidden[-1]), act)
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: list[int], choice: str = "auto"):
+
+class ActorCritic(nn.Module):
+    """Torso -> a ``hidden[-1]`` layer -> the policy head's outputs and (from the same layer, or with
+    ``shared_torso = False`` from a network of its own) a value."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action: ActionSpec | int, hidden: list[int], choice: str = "auto",
+                 *, activation: str = "relu", shared_torso: bool = True, log_std_init: float = 0.0):
         super().__init__()
+        self.spec = spec = as_spec(action)
         self.kind = network_for(tuple(obs_shape), choice)
-        q = build_network(obs_shape, n_actions, hidden, choice)  # its torso; its dueling head is not used
-        self.torso = q.torso
-        features = q.head.value[0].in_features
-        self.shared = nn.Sequential(nn.Linear(features, hidden[-1]), nn.ReLU())
-        self.policy = nn.Linear(hidden[-1], n_actions)
+        body = _body(obs_shape, spec.n_outputs, hidden, choice, activation)
+        self.torso, self.shared = body[0], nn.Sequential(*body[1:])
+        self.policy = nn.Linear(hidden[-1], spec.n_outputs)
         self.value = nn.Linear(hidden[-1], 1)
+        self.critic = None if shared_torso else _body(obs_shape, spec.n_outputs, hidden, choice, activation)
+        self.log_std = nn.Parameter(torch.full((spec.size,), float(log_std_init))) if spec.continuous else None
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy head outputs [N, n_outputs], V(x) [N])``."""
         x = obs.flatten(1) if self.kind == "mlp" else image_floats(obs)
-        h = self.shared(self.torso(x.to(self.value.weight.dtype)))
-        return self.policy(h), self.value(h).squeeze(-1)
+        x = x.to(self.value.weight.dtype)
+        h = self.shared(self.torso(x))
+        return self.policy(h), self.value(h if self.critic is None else self.critic(x)).squeeze(-1)
+
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log pi(a|x) [N], entropy of pi(.|x) [N])`` of the outputs ``out`` [N, n_outputs] and ``actions``."""
+        return log_prob_entropy(self.spec, out, self.log_std, actions)
+
+
+def actor_critic(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg) -> ActorCritic:
+    """The network ``[agent]`` describes."""
+    a = agent_cfg
+    return ActorCritic(obs_shape, action, a.hidden, a.network, activation=a.activation, shared_torso=a.shared_torso,
+                       log_std_init=a.log_std_init)
 
 
 class ActorCriticPolicy(NetworkCopy):
-    """An actor's copy of the network: the policy's log-probabilities (actions are sampled from them) and values of
-    final observations."""
+    """An actor's copy of the network: the head's outputs as the actors sample from them
+    (:func:`~mpirl.agents.distributions.actor_outputs`; with ``log_std`` for a Gaussian) and values of final
+    observations."""
 
-    def __init__(self, obs_shape, n_actions: int, agent_cfg):
-        super().__init__(ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network))
-        self.n_actions = n_actions
+    def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg):
+        super().__init__(actor_critic(obs_shape, action, agent_cfg))
+        self.spec = as_spec(action)
+        self.log_std: np.ndarray | None = None
+        self._read_log_std()
+
+    def _read_log_std(self) -> None:
+        if self.net.log_std is not None:
+            self.log_std = self.net.log_std.detach().double().cpu().numpy().copy()
+
+    def load_flat(self, params) -> None:
+        super().load_flat(params)
+        self._read_log_std()
 
     @torch.no_grad()
-    def log_probs(self, obs: np.ndarray) -> np.ndarray:
-        """float64 ``(k, n_actions)``: the policy's log-probabilities of every action, per observation."""
-        logits, _ = self.net(torch.as_tensor(obs))
-        return torch.log_softmax(logits.double(), dim=1).numpy()
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        """float64 ``(k, n_outputs)``: per observation, each categorical's log-probabilities or the means."""
+        out, _ = self.net(torch.as_tensor(obs))
+        return actor_outputs(self.spec, out)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
@@ -92,15 +143,16 @@ def impala_losses(net: nn.Module, b: dict[str, torch.Tensor], gamma: float, rho_
     ``entropy_coef`` x the policy's entropy; means over the batch's steps."""
     obs = b["obs"]
     B, T1 = obs.shape[:2]
-    logits, values = net(obs.reshape(B * T1, *obs.shape[2:]))
-    logits, values = logits.view(B, T1, -1)[:, :-1], values.view(B, T1)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(2, b["action"].unsqueeze(-1)).squeeze(-1)
+    out, values = net(obs.reshape(B * T1, *obs.shape[2:]))
+    out, values = out.view(B, T1, -1)[:, :-1], values.view(B, T1)
+    T = T1 - 1
+    logp, ent = net.log_prob_entropy(out.reshape(B * T, -1), b["action"].reshape(B * T, *b["action"].shape[2:]))
+    logp, ent = logp.view(B, T), ent.view(B, T)
     targets = vtrace(b["logp"], logp.detach(), b["reward"], values[:, :-1].detach(), values[:, -1].detach(),
                      b["terminated"], b["truncated"], b["final_value"], gamma, rho_bar, c_bar, lam)
     policy = -(targets.advantages * logp).mean()
     value = 0.5 * (targets.vs - values[:, :-1]).pow(2).mean()
-    entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+    entropy = ent.mean()
     total = policy + value_coef * value - entropy_coef * entropy
     return Losses(total, policy, value, entropy, targets.rho_clipped, targets.advantages.abs().mean())
 
@@ -108,10 +160,11 @@ def impala_losses(net: nn.Module, b: dict[str, torch.Tensor], gamma: float, rho_
 class ImpalaLearner:
     """The learner's network, optimizer (Adam or RMSProp) and one train step on a batch of trajectories."""
 
-    def __init__(self, obs_shape, n_actions: int, agent_cfg, impala_cfg, device: torch.device, seed: int = 0):
+    def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, impala_cfg, device: torch.device,
+                 seed: int = 0):
         torch.manual_seed(seed)
         self.device = device
-        self.net = ActorCritic(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
+        self.net = actor_critic(obs_shape, action, agent_cfg).to(device)
         c = self.cfg = impala_cfg
         self.gamma, self.grad_clip = agent_cfg.gamma, agent_cfg.grad_clip
         if c.optimizer == "rmsprop":  # IMPALA's: RMSProp with a large epsilon

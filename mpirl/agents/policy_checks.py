@@ -1,6 +1,6 @@
-"""Checks shared by the actor-critic algorithms (IMPALA, the gradient family): a single-agent environment with
-discrete actions, and an actor-critic network that can take its observations. No MPI; torch only on its meta
-device, to count parameters."""
+"""Checks shared by the actor-critic algorithms (IMPALA, the gradient family): a single-agent environment whose
+actions a policy here samples (Discrete, MultiDiscrete, Box: :mod:`mpirl.envs.actions`), and an actor-critic
+network that can take its observations. No MPI; torch only on its meta device, to count parameters."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.config import ConfigError, JobConfig
-from mpirl.envs.factory import env_spaces
+from mpirl.envs.actions import ActionSpec
+from mpirl.envs.factory import policy_env_spaces
 
 
 class Spaces(NamedTuple):
     obs_shape: tuple
     obs_dtype: np.dtype
-    n_actions: int
+    action: ActionSpec
 
 
 def actor_critic_spaces(cfg: JobConfig, name: str, teams: str) -> Spaces:
@@ -24,20 +25,13 @@ def actor_critic_spaces(cfg: JobConfig, name: str, teams: str) -> Spaces:
     if cfg.env.id == "predator_prey" or cfg.env.id.split(".")[0] in ("pettingzoo", "mpe2"):
         raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and {name} plays "
                                     f"single-agent Gymnasium ones; {teams}")
-    try:
-        obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    except ConfigError as err:
-        if "action space" in err.message:  # the policy here is categorical
-            raise ConfigError("env.id", f"{err.message.split(';')[0]}; {name} here samples from a categorical "
-                                        "policy and continuous actions are not supported yet: choose an environment "
-                                        "with Discrete actions") from None
-        raise
-    return Spaces(tuple(obs_shape), np.dtype(obs_dtype), int(n_actions))
+    obs_shape, obs_dtype, action = policy_env_spaces(cfg.env)
+    return Spaces(tuple(obs_shape), np.dtype(obs_dtype), action)
 
 
 def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
     """The actor-critic's parameters, counted on torch's meta device (a ConfigError for a shape it cannot take)."""
-    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.actor_critic import actor_critic
     from mpirl.agents.networks import network_for, parameter_count, shapes_only
     try:
         network_for(spaces.obs_shape, cfg.agent.network)
@@ -45,8 +39,7 @@ def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
         key = "env.id" if cfg.agent.network == "auto" else "agent.network"
         raise ConfigError(key, f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: {err}") from None
     try:
-        return parameter_count(shapes_only(lambda: ActorCritic(spaces.obs_shape, spaces.n_actions, cfg.agent.hidden,
-                                                               cfg.agent.network)))
+        return parameter_count(shapes_only(lambda: actor_critic(spaces.obs_shape, spaces.action, cfg.agent)))
     except RuntimeError as err:  # a layer refused the shape
         first = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError("env.id", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype} and the network "

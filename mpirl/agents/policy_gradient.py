@@ -79,17 +79,16 @@ class PGLosses(NamedTuple):
 
 
 def _evaluate(net: nn.Module, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(log pi(a|x) [N], entropy of pi(.|x) [N], V(x) [N])`` of a flat batch."""
-    logits, values = net(obs)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(1, actions.long().reshape(-1, 1)).squeeze(1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    """``(log pi(a|x) [N], entropy of pi(.|x) [N], V(x) [N])`` of a flat batch (the network's action
+    distribution: :meth:`mpirl.agents.actor_critic.ActorCritic.log_prob_entropy`)."""
+    out, values = net(obs)
+    logp, entropy = net.log_prob_entropy(out, actions)
     return logp, entropy, values
 
 
 def a2c_losses(net: nn.Module, obs: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor, value_coef: float,
                entropy_coef: float) -> PGLosses:
-    """A2C's losses of a flat batch: ``obs`` [N, ...], ``actions`` [N] (integers), ``advantages`` and ``returns``
+    """A2C's losses of a flat batch: ``obs`` [N, ...], ``actions`` [N, *action shape], ``advantages`` and ``returns``
     [N] (from :func:`gae`; no gradient flows through them); means over the batch."""
     logp, entropy, values = _evaluate(net, obs, actions)
     adv = advantages.detach().to(logp.dtype)

@@ -1,15 +1,22 @@
-"""A test round: games played with a policy network (actions sampled, as the actors act), stepped together, on the
-shared single-agent games (:class:`~mpirl.envs.games.VectorGames`: forced FIRE, rebuilt when a game raises)."""
+"""A test round: games played with a policy network, stepped together, on the shared single-agent games
+(:class:`~mpirl.envs.games.VectorGames`: forced FIRE, rebuilt when a game raises). Categorical policies' actions are
+sampled, as the actors act; a Gaussian policy plays its means (the deterministic policy, as SB3's evaluation and the
+MuJoCo literature report), clipped to the action space's bounds by the games."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from mpirl.agents.distributions import actor_outputs, sample
 from mpirl.envs.games import VectorGames
+
+if TYPE_CHECKING:
+    from mpirl.agents.actor_critic import ActorCritic
 
 F8, I8 = np.float64, np.int64
 # A test round's row (the learner's or the server's ``test`` table): when, after how much training, what it played.
@@ -18,11 +25,13 @@ TEST_COLUMNS = {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F
 MAX_TEST_STEPS = 108_000  # steps of one test round at most (30 minutes of Atari play); unfinished games not counted
 
 
-def play_test(net: torch.nn.Module, cfg, spaces, n: int, seed: int, device: torch.device) -> dict:
-    """``n`` episodes of ``net`` (``net(obs) -> (logits, values)``) on the job's environment, one game each: the
+def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.device) -> dict:
+    """``n`` episodes of ``net`` (an :class:`~mpirl.agents.actor_critic.ActorCritic`) on the job's environment, one
+    game each: the
     finished games' mean return, its std, their mean length and how many finished. Games that raise are rebuilt
     (the failure printed and counted in ``env_errors``); the episodes they were playing are played again."""
     rng = np.random.default_rng(seed)
+    spec = net.spec
     one_each = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, envs_per_actor=n))
     games = VectorGames(one_each, spaces, int(rng.integers(2**31)), "test round")
     ret, length, done = np.zeros(n), np.zeros(n, np.int64), np.zeros(n, bool)
@@ -30,9 +39,13 @@ def play_test(net: torch.nn.Module, cfg, spaces, n: int, seed: int, device: torc
         out = games.start()
         for _ in range(MAX_TEST_STEPS):
             with torch.no_grad():
-                logits, _ = net(torch.as_tensor(out.rows["obs"], device=device))
-            logp = torch.log_softmax(logits.double(), dim=1).cpu().numpy()
-            out = games.step(np.argmax(logp + rng.gumbel(size=logp.shape), axis=1))
+                head, _ = net(torch.as_tensor(out.rows["obs"], device=device))
+            outputs = actor_outputs(spec, head)
+            if spec.continuous:
+                actions = outputs.astype(np.float32).reshape(n, *spec.shape)
+            else:
+                actions, _ = sample(spec, outputs, None, rng)
+            out = games.step(actions)
             o = out.rows
             if out.fresh:  # rebuilt: the unfinished episodes start over
                 ret[~done], length[~done] = 0.0, 0

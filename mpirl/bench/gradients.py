@@ -279,7 +279,7 @@ def measured_costs(reps: int, seconds: float) -> dict[str, dict[str, list[float]
     before = _threads(cfg.agent.torch_threads)
     try:
         cpu = torch.device("cpu")
-        mlp = A3cModel(checked.spaces.obs_shape, checked.spaces.n_actions, cfg.agent, cfg.a3c, cpu, 1, True)
+        mlp = A3cModel(checked.spaces.obs_shape, checked.spaces.action, cfg.agent, cfg.a3c, cpu, 1, True)
         shape, actions, hidden, network = NATURE
         cnn = A3cModel(shape, actions, dataclasses.replace(cfg.agent, hidden=hidden, network=network), cfg.a3c, cpu,
                        1, True)

@@ -123,5 +123,7 @@ def step_layout(step_spec: dict, games: int) -> Layout:
     return Layout(header, step_spec, games)
 
 
-def actions_layout(action_shape: tuple, games: int) -> Layout:
-    return Layout({"seq": 1, "stop": 1, "param_version": 1}, {"actions": (tuple(action_shape), I64)}, games)
+def actions_layout(action_field: tuple, games: int) -> Layout:
+    """An inference worker's answer: ``action_field`` is one game's action, ``(shape, dtype)``."""
+    shape, dtype = action_field
+    return Layout({"seq": 1, "stop": 1, "param_version": 1}, {"actions": (tuple(shape), np.dtype(dtype))}, games)

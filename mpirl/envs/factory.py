@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from mpirl.config import ConfigError, EnvConfig
+from mpirl.envs.actions import ActionSpec, action_spec, discrete
 from mpirl.envs.atari import ale_spaces, is_ale_id
 from mpirl.envs.images import channels_first_shape, channels_last
 
@@ -56,23 +57,37 @@ def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
         env = gym.make(cfg.id, **kwargs)
     except Exception as err:  # a registered env whose dependencies are missing, etc.
         raise ConfigError("env.id", f"cannot create {cfg.id!r}: {err}") from None
+    if isinstance(env.observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        env = gym.wrappers.FlattenObservation(env)  # one vector, in the space's order (Gymnasium's flatten)
     if seed is not None:
         env.action_space.seed(seed)
     return env
 
 
-def spaces_of(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(observation shape, observation dtype, number of actions) of a built env as the actor hands its
-    observations on (images channels first: :mod:`mpirl.envs.images`), validated for DQN."""
-    obs, act = env.observation_space, env.action_space
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ConfigError("env.id", f"{cfg.id!r} has action space {act}; DQN needs a Discrete one")
+def _obs_spaces(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype]:
+    obs = env.observation_space
     if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError("env.id", f"{cfg.id!r} has observation space {obs}; mpirl needs a Box")
+        raise ConfigError("env.id", f"{cfg.id!r} has observation space {obs}; mpirl needs a Box (Dict and Tuple "
+                                    "ones are flattened)")
     shape = tuple(obs.shape)
     if channels_last(shape, cfg.channels):
         shape = channels_first_shape(shape)
-    return shape, np.dtype(obs.dtype), int(act.n)
+    return shape, np.dtype(obs.dtype)
+
+
+def spaces_of(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(observation shape, observation dtype, number of actions) of a built env as the actor hands its
+    observations on (images channels first: :mod:`mpirl.envs.images`), validated for DQN."""
+    act = env.action_space
+    if not isinstance(act, gym.spaces.Discrete):
+        raise ConfigError("env.id", f"{cfg.id!r} has action space {act}; DQN needs a Discrete one")
+    return (*_obs_spaces(env, cfg), int(act.n))
+
+
+def policy_spaces_of(env: gym.Env, cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, ActionSpec]:
+    """(observation shape, observation dtype, :class:`~mpirl.envs.actions.ActionSpec`) of a built env, for the
+    policies that sample their actions (IMPALA, the gradient family): Discrete, MultiDiscrete and Box actions."""
+    return (*_obs_spaces(env, cfg), action_spec(env.action_space, cfg.id))
 
 
 def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -85,5 +100,17 @@ def env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, int]:
     env = make_env(cfg)
     try:
         return spaces_of(env, cfg)
+    finally:
+        env.close()
+
+
+def policy_env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, ActionSpec]:
+    """:func:`policy_spaces_of` of the job's env id (Atari games: their minimal action set)."""
+    if is_ale_id(cfg.id):
+        shape, dtype, n = ale_spaces(cfg)
+        return shape, dtype, discrete(n)
+    env = make_env(cfg)
+    try:
+        return policy_spaces_of(env, cfg)
     finally:
         env.close()

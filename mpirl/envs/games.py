@@ -17,15 +17,18 @@ from mpirl.envs.vector import AtariVector, GymVector, make_vector
 from mpirl.envs.outcomes import Outcome, count_failure
 
 
+def action_field(spaces) -> tuple[tuple, np.dtype]:
+    """One game's action, ``(shape, dtype)``: the spaces' :class:`~mpirl.envs.actions.ActionSpec` where they have
+    one (the sampling policies), else one discrete action (DQN)."""
+    action = getattr(spaces, "action", None)
+    return (tuple(action.shape), action.dtype) if action is not None else ((), np.dtype(np.int64))
+
+
 def step_spec(spaces) -> dict:
     obs = (tuple(spaces.obs_shape), np.dtype(spaces.obs_dtype))
-    return {"obs": obs, "final_obs": obs, "taken": ((), np.dtype(np.int64)), "reward": ((), np.dtype(np.float32)),
+    return {"obs": obs, "final_obs": obs, "taken": action_field(spaces), "reward": ((), np.dtype(np.float32)),
             "terminated": ((), np.dtype(np.bool_)), "truncated": ((), np.dtype(np.bool_)),
             "life_lost": ((), np.dtype(np.bool_))}
-
-
-def action_shape(spaces) -> tuple:
-    return ()
 
 
 class VectorGames:

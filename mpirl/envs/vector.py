@@ -31,7 +31,7 @@ import numpy as np
 
 from mpirl.config import EnvConfig
 from mpirl.envs.atari import ale_game, atari_options, import_ale, is_ale_id
-from mpirl.envs.factory import env_spaces, make_env, spaces_of
+from mpirl.envs.factory import env_spaces, make_env, policy_spaces_of
 from mpirl.envs.images import channels_last, to_channels_first
 
 
@@ -71,8 +71,8 @@ class GymVector:
     """k gymnasium environments stepped in sequence in this process.
 
     Attributes: ``num_envs`` (k), ``obs_shape`` (tuple), ``obs_dtype`` (np.dtype),
-    ``n_actions`` (int; the action space must be Discrete). Image observations come out channels
-    first (:mod:`mpirl.envs.images`).
+    ``action`` (an :class:`~mpirl.envs.actions.ActionSpec`) and ``n_actions`` (Discrete spaces: their size; 0
+    otherwise). Image observations come out channels first (:mod:`mpirl.envs.images`).
     """
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int = 0):
@@ -80,7 +80,10 @@ class GymVector:
         seeds = env_seeds(seed, num_envs)
         self.envs = [make_env(cfg, seed=int(s)) for s in seeds]
         self.num_envs = num_envs
-        self.obs_shape, self.obs_dtype, self.n_actions = spaces_of(self.envs[0], cfg)
+        self.obs_shape, self.obs_dtype, self.action = policy_spaces_of(self.envs[0], cfg)
+        self.n_actions = self.action.nvec[0] if self.action.kind == "discrete" else 0
+        # Discrete actions from 0 go to the env as ints (the common case, kept fast); others through the spec.
+        self._to_env = int if self.action.kind == "discrete" and not self.action.start else self.action.to_env
         self.move_channels = channels_last(self.envs[0].observation_space.shape, cfg.channels)
 
     def reset(self, seed: int | None = None) -> np.ndarray:
@@ -90,13 +93,14 @@ class GymVector:
         return self._stack([env.reset(seed=int(s))[0] for env, s in zip(self.envs, seeds)])
 
     def step(self, actions: np.ndarray) -> StepResult:
-        """Step env i with ``actions[i]`` ((k,) integer array); reset the envs that ended."""
-        k = self.num_envs
+        """Step env i with ``actions[i]`` ((k, *action shape): integers, or floats clipped to the space's bounds
+        here); reset the envs that ended."""
+        k, to_env = self.num_envs, self._to_env
         reward = np.zeros(k, np.float32)
         terminated, truncated = np.zeros(k, bool), np.zeros(k, bool)
         last, resets = [], {}
         for i, env in enumerate(self.envs):
-            o, reward[i], terminated[i], truncated[i], _ = env.step(int(actions[i]))
+            o, reward[i], terminated[i], truncated[i], _ = env.step(to_env(actions[i]))
             last.append(o)
             if terminated[i] or truncated[i]:
                 resets[i] = env.reset()[0]

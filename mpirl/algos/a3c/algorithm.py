@@ -104,7 +104,7 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
                                                                                   else "")}[a.exchange]
     loss = (f"PPO ({a.epochs} epochs x {a.minibatches} minibatches)" if a.loss == "ppo" else "A2C")
     return (f"{'1 server, ' if has_server(cfg) else ''}{W} worker(s); {loss} gradients, {how}, on {cfg.env.id}: obs "
-            f"{s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; rollouts of {a.unroll} steps x "
+            f"{s.obs_shape} {s.obs_dtype}, {s.action.describe()}; rollouts of {a.unroll} steps x "
             f"{cfg.env.envs_per_actor} games, {updates_per_rollout(cfg)} gradient(s) each; {checked.n_params:,} "
             f"parameters ({4 * checked.n_params / 1e6:.2f} MB a gradient)")
 

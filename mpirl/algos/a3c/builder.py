@@ -24,12 +24,13 @@ class A3cBuilder(GradientBuilder):
         from mpirl.agents.a3c import A3cModel
         from mpirl.agents.tensors import pick_device
         cfg = ctx.cfg
-        return A3cModel(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, cfg.a3c, pick_device(cfg.agent.device),
+        return A3cModel(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.a3c, pick_device(cfg.agent.device),
                         seed=cfg.run.seed, optimizer=optimizer)
 
     def make_rollout(self, ctx: RoleContext) -> GradientRollout:
         from mpirl.agents.a3c import Rollout
-        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, ctx.spaces.obs_shape, ctx.spaces.obs_dtype)
+        s = ctx.spaces
+        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, s.obs_dtype, s.action)
 
     def passes(self, cfg: JobConfig, n: int, rng: np.random.Generator) -> Iterator[list[np.ndarray | None]]:
         """A2C: one gradient of the whole rollout; PPO: ``a3c.epochs`` passes of ``a3c.minibatches``."""

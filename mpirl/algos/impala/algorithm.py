@@ -125,7 +125,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                                                f"set replay.batch_size = {n_act * cfg.env.envs_per_actor}, got "
                                                f"{cfg.replay.batch_size}")
     spaces = actor_critic_spaces(cfg, "IMPALA", TEAMS)
-    spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll)
+    spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll, spaces.action)
     n_params = actor_critic_params(spaces, cfg)
     # The broadcast carries the version after the parameters (mpirl.algos.impala.learner).
     return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
@@ -178,7 +178,7 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     queues = f"{t.buffers} queue(s)" if t.buffers else "its queue"
     return (f"1 learner, {queues}{inference(t)}, {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
             f"{cfg.impala.exchange}) on "
-            f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.n_actions} actions; trajectories of "
+            f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.action.describe()}; trajectories of "
             f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")
 
 

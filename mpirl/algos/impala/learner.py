@@ -41,7 +41,7 @@ class ImpalaTraining(LearnerAlgorithm):
                  peers: LearnerPeers | None = None):
         super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
-        self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.n_actions, cfg.agent, cfg.impala,
+        self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.impala,
                                    pick_device(cfg.agent.device), seed=ctx.seed())
         self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
 

@@ -19,6 +19,7 @@ from collections import deque
 import numpy as np
 
 from mpirl.agents.actor_critic import ActorCriticPolicy
+from mpirl.agents.distributions import log_prob, sample
 from mpirl.algos.impala.flow import SenderWindow, queue_budget
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
@@ -53,7 +54,8 @@ class ImpalaDeciding:
     def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int], delays_us: list[float] | None = None):
         self.cfg, self.spec = cfg, spec
         self.E, self.actors, self.T = cfg.env.envs_per_actor, len(seeds), cfg.impala.unroll
-        self.policy = VersionedPolicy(spaces.obs_shape, spaces.n_actions, cfg.agent)
+        self.action = spaces.action
+        self.policy = VersionedPolicy(spaces.obs_shape, spaces.action, cfg.agent)
         self.rngs = [np.random.default_rng(s) for s in seeds]
         self.delays = [d * 1e-6 for d in (delays_us or [0.0] * self.actors)]  # seconds added to each step, per actor
         self.send_batch = self.E  # an actor's games finish their trajectories together: one message
@@ -67,7 +69,10 @@ class ImpalaDeciding:
         self.sync = cfg.impala.exchange == "sync"
         self.done_with = np.full(self.actors, -1, dtype=np.int64)  # the version of each actor's last trajectories
         self.started = np.zeros(self.actors, dtype=bool)
-        self.logp = np.zeros((rows, spaces.n_actions))  # the behaviour policy's log-probabilities at the last decision
+        # At each game's last decision: the policy's outputs (a categorical's log-probabilities) and the sampled
+        # action's log-probability (a Gaussian's: nothing forces another action on a continuous game).
+        self.out = np.zeros((rows, spaces.action.n_outputs))
+        self.sampled_logp = np.zeros(rows, np.float32)
         self.episodes: deque = deque()
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
         self.ep_return = np.zeros(rows)
@@ -107,7 +112,10 @@ class ImpalaDeciding:
         tr["action"][r, t] = taken
         reward = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
         tr["reward"][r, t] = reward * self.cfg.impala.reward_scale
-        tr["logp"][r, t] = self.logp[r][np.arange(self.E), taken]
+        if self.action.continuous:
+            tr["logp"][r, t] = self.sampled_logp[r]
+        else:  # the action taken (a forced FIRE, say) under the policy it was decided with
+            tr["logp"][r, t] = log_prob(self.action, self.out[r], None, taken)
         tr["terminated"][r, t], tr["truncated"][r, t] = terminated, truncated
         tr["final_value"][r, t] = 0.0
         if truncated.any():  # a time limit: the episode's final observation's value bootstraps
@@ -135,16 +143,16 @@ class ImpalaDeciding:
     def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
         """Actions for the listed actors' games from one forward pass; each actor samples with its own stream."""
         obs = outcomes[0].rows["obs"] if len(outcomes) == 1 else np.concatenate([o.rows["obs"] for o in outcomes])
-        logp = self.policy.log_probs(obs)
-        out = np.empty(len(logp), dtype=np.int64)
+        outputs = self.policy.outputs(obs)
+        out = np.empty((len(outputs), *self.action.shape), dtype=self.action.dtype)
         for i, a in enumerate(actors):
             if self.delays[a]:
                 time.sleep(self.delays[a])
             part, r = slice(i * self.E, (i + 1) * self.E), self.rows(a)
             if self.t[a] == 0:  # a trajectory's first action: the version it is acted with (an actor of a
                 self.traj["version"][r] = self.policy.version  # synchronous round has waited for it by now)
-            self.logp[r] = logp[part]
-            out[part] = np.argmax(logp[part] + self.rngs[a].gumbel(size=logp[part].shape), axis=1)
+            self.out[r] = outputs[part]
+            out[part], self.sampled_logp[r] = sample(self.action, outputs[part], self.policy.log_std, self.rngs[a])
         return out
 
     def take(self, rows: int) -> tuple[dict, np.ndarray]:

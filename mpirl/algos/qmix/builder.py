@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mpirl.actor_learner.buffer_servers import Buffer, Server, placement_server
 from mpirl.actor_learner.builder import ActorLearnerBuilder, Deciding, Games
 from mpirl.job.context import RoleContext
@@ -20,8 +22,8 @@ class QmixBuilder(ActorLearnerBuilder):
         from mpirl.algos.qmix.playing import step_spec
         return step_spec(spaces)
 
-    def action_shape(self, spaces: Any) -> tuple[int, ...]:
-        return (spaces.n_agents,)  # one action per agent of the team
+    def action_field(self, spaces: Any) -> tuple[tuple[int, ...], np.dtype]:
+        return (spaces.n_agents,), np.dtype(np.int64)  # one action per agent of the team
 
     def make_games(self, ctx: RoleContext, label: str) -> Games:
         from mpirl.algos.qmix.playing import Games as TeamGames

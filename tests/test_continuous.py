@@ -1,0 +1,76 @@
+"""Continuous actions through whole jobs: PPO (the gradient family, allreduce) and IMPALA on Pendulum-v1 with a
+Gaussian policy, their returns rising from random play's (about -1,200) to a target, and the final deterministic
+policy's test round above random play's too."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+
+from conftest import JOBS, run_mpi
+
+
+def _random_play(episodes: int = 30) -> float:
+    """Pendulum-v1's mean return under uniformly random actions (its seeds fixed here)."""
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(0)
+    total = 0.0
+    for i in range(episodes):
+        env.reset(seed=i)
+        done = False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += r
+            done = term or trunc
+    env.close()
+    return total / episodes
+
+
+RANDOM = _random_play()
+
+
+def test_random_play_on_pendulum_is_far_below_the_targets():
+    assert -1600 < RANDOM < -900, RANDOM
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+def test_ppo_with_a_gaussian_policy_learns_pendulum(tmp_path):
+    """jobs/pendulum_ppo.toml (allreduce PPO, 2 workers) to -300 over 20 episodes: about 60 k env steps here."""
+    job = run_mpi(2, tmp_path, "run.target_return=-300", "run.wall_seconds=0", "run.env_steps=1500000",
+                  job=JOBS / "pendulum_ppo.toml", timeout=1200, stall=300)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and "reached -300" in f.attrs["stop_reason"], f.attrs["stop_reason"]
+        test = {k: f["updates/test"][k][()] for k in f["updates/test"]}
+        times, returns = [], []
+        for name in f:
+            if name.startswith("worker_"):
+                times.append(f[name]["episodes"]["time"][()])
+                returns.append(f[name]["episodes"]["return"][()])
+    ret = np.concatenate(returns)[np.argsort(np.concatenate(times), kind="stable")]
+    assert ret[:8].mean() < RANDOM + 400 and ret[-20:].mean() > -450, (ret[:8].mean(), ret[-20:].mean())
+    # The deterministic policy (the means) over 10 episodes: well above random play.
+    assert test["episodes"].tolist() == [10] and test["return_mean"][0] > RANDOM + 500, (test, RANDOM)
+
+
+@pytest.mark.learning
+@pytest.mark.mpi
+def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
+    """jobs/impala_pendulum.toml (4 ranks) to -400 over 20 episodes: V-trace on the Gaussian's log-densities."""
+    job = run_mpi(4, tmp_path, "run.target_return=-400", "run.wall_seconds=0", "run.env_steps=4000000",
+                  job=JOBS / "impala_pendulum.toml", timeout=1200, stall=300)
+    assert job.proc.returncode == 0, job.output
+    with h5py.File(job.run_dir / "learner.h5", "r") as f:
+        window = f["train"]["return_mean20"][()]
+        test = {k: f["test"][k][()] for k in f["test"]}
+    with h5py.File(job.run_dir / "run.h5", "r") as f:
+        assert f.attrs["status"] == "completed" and "reached -400" in f.attrs["stop_reason"], f.attrs["stop_reason"]
+    seen = window[~np.isnan(window)]
+    assert seen[0] < RANDOM + 400 and seen[-1] >= -400, (seen[0], seen[-1])
+    assert test["episodes"].tolist() == [10] and test["return_mean"][-1] > RANDOM + 400, (test, RANDOM)
+    assert not math.isnan(test["return_std"][-1])

@@ -1,0 +1,177 @@
+"""The sampling policies' action distributions and action spaces (no MPI): the Gaussian's and the categoricals'
+log-probabilities and entropies against ``torch.distributions``, the actors' numpy side against the learners' torch
+side, clipping at the env while the stored action and its log-probability are the unclipped sample, and the spaces
+taken (Discrete with a start, MultiDiscrete, Box of any shape, bounded or not, Dict observations) and refused."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical, Independent, Normal
+
+import tests.odd_spaces_env  # noqa: F401 - registers the environments
+from mpirl.agents.actor_critic import ActorCritic, trajectory_spec
+from mpirl.agents.distributions import (actor_outputs, categorical_log_prob_entropy, gaussian_entropy,
+                                        gaussian_log_prob, log_prob, log_prob_entropy, sample)
+from mpirl.config import ConfigError, EnvConfig
+from mpirl.envs.actions import action_spec, discrete
+from mpirl.envs.factory import make_env, policy_env_spaces
+from mpirl.envs.vector import GymVector
+
+BOX = action_spec(gym.spaces.Box(-2, 2, (3,), np.float32), "box")
+MULTI = action_spec(gym.spaces.MultiDiscrete([3, 4]), "multi")
+
+
+# ------------------------------------------------------------------ the Gaussian, against torch.distributions
+def test_the_gaussian_log_probability_by_hand_and_against_torch():
+    """N(0, 1) at 1: -1/2 - log(2 pi)/2 per dimension; then random means, log stds and points against
+    ``Independent(Normal)``; the entropy sum(log std) + D (1 + log 2 pi) / 2 likewise."""
+    one = gaussian_log_prob(torch.zeros(1, 2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64),
+                            torch.ones(1, 2, dtype=torch.float64))
+    assert one.item() == pytest.approx(2 * (-0.5 - 0.5 * math.log(2 * math.pi)), abs=1e-12)
+    assert gaussian_entropy(torch.tensor([0.0, math.log(2.0)], dtype=torch.float64), 1).item() == pytest.approx(
+        1 + math.log(2 * math.pi) + math.log(2.0), abs=1e-12)
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    log_std = torch.randn(3, generator=g, dtype=torch.float64)
+    x = mean + 3 * torch.randn(7, 3, generator=g, dtype=torch.float64)  # far out too
+    ref = Independent(Normal(mean, log_std.exp().expand(7, 3)), 1)
+    assert torch.allclose(gaussian_log_prob(mean, log_std, x), ref.log_prob(x), atol=1e-12)
+    assert torch.allclose(gaussian_entropy(log_std, 7), ref.entropy(), atol=1e-12)
+    logp, ent = log_prob_entropy(BOX, mean, log_std, x)
+    assert torch.allclose(logp, ref.log_prob(x), atol=1e-12) and torch.allclose(ent, ref.entropy(), atol=1e-12)
+
+
+def test_the_categoricals_of_a_multidiscrete_space_against_torch():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    actions = torch.stack([torch.randint(3, (5,), generator=g), torch.randint(4, (5,), generator=g)], 1)
+    first, second = Categorical(logits=logits[:, :3]), Categorical(logits=logits[:, 3:])
+    logp, ent = categorical_log_prob_entropy(logits, (3, 4), actions)
+    assert torch.allclose(logp, first.log_prob(actions[:, 0]) + second.log_prob(actions[:, 1]), atol=1e-12)
+    assert torch.allclose(ent, first.entropy() + second.entropy(), atol=1e-12)
+    one = Categorical(logits=logits[:, :3])  # one Discrete dimension: actions [N]
+    logp, ent = categorical_log_prob_entropy(logits[:, :3], (3,), actions[:, 0])
+    assert torch.allclose(logp, one.log_prob(actions[:, 0]), atol=1e-12)
+    assert torch.allclose(ent, one.entropy(), atol=1e-12)
+
+
+# ------------------------------------------------------------------ the actors' side agrees with the learners'
+@pytest.mark.parametrize("spec", [discrete(4), MULTI, BOX], ids=["discrete", "multidiscrete", "box"])
+def test_an_actors_stored_log_probability_is_what_the_learner_computes_from_the_stored_action(spec):
+    """The actor samples in numpy (float64, its own generator) and stores the action as its spec's dtype; the
+    learner recomputes the log-probability in torch from the stored action: the same number (float32's rounding)."""
+    net = ActorCritic((5,), spec, [16], log_std_init=-0.5).double()
+    obs = torch.as_tensor(np.random.default_rng(2).normal(size=(64, 5)))
+    out, _ = net(obs)
+    log_std = None if net.log_std is None else net.log_std.detach().numpy()
+    actions, logp = sample(spec, actor_outputs(spec, out), log_std, np.random.default_rng(3))
+    assert actions.shape == (64, *spec.shape) and actions.dtype == spec.dtype and logp.dtype == np.float32
+    stored = torch.as_tensor(actions)
+    again, _ = net.log_prob_entropy(out, stored)
+    assert np.allclose(again.detach().numpy(), logp, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(log_prob(spec, actor_outputs(spec, out), log_std, actions), logp)
+
+
+def test_a_gaussian_samples_past_the_bounds_the_env_gets_them_clipped_and_the_record_keeps_the_sample():
+    """Means at 0.9 and a wide policy: about half the samples fall outside [-1, 1]. The env receives them clipped
+    (ClippedBox asserts so); the stored action is the unclipped sample, and its log-probability is the sample's,
+    not the clipped action's."""
+    spec = action_spec(gym.spaces.Box(-1, 1, (2,), np.float32), "ClippedBox-v0")
+    out, log_std = np.full((256, 2), 0.9), np.zeros(2)
+    actions, logp = sample(spec, out, log_std, np.random.default_rng(4))
+    outside = np.abs(actions) > 1
+    assert 0.3 < outside.mean() < 0.7
+    clipped = np.stack([spec.to_env(a) for a in actions])
+    assert np.all(np.abs(clipped) <= 1) and np.array_equal(clipped[~outside], actions[~outside])
+    want = Independent(Normal(torch.as_tensor(out), torch.ones(256, 2, dtype=torch.float64)), 1).log_prob(
+        torch.as_tensor(actions, dtype=torch.float64)).numpy()
+    assert np.allclose(logp, want, atol=1e-5)
+    assert not np.allclose(logp, log_prob(spec, out, log_std, clipped), atol=1e-3)
+    vec = GymVector(EnvConfig(id="tests.odd_spaces_env:ClippedBox-v0"), 256, seed=0)
+    try:
+        vec.reset()
+        step = vec.step(actions)  # ClippedBox asserts that every action it receives is inside its bounds
+        assert np.allclose(step.reward, -np.square(clipped - 0.5).sum(1))
+    finally:
+        vec.close()
+
+
+# ------------------------------------------------------------------ spaces
+def test_the_spaces_taken_and_how_their_actions_reach_the_env():
+    pend = policy_env_spaces(EnvConfig(id="Pendulum-v1"))[2]
+    assert pend.kind == "box" and pend.shape == (1,) and pend.bounded and pend.dtype == np.float32
+    assert pend.to_env(np.array([5.0])).tolist() == [2.0]
+    free = policy_env_spaces(EnvConfig(id="tests.odd_spaces_env:UnboundedBox-v0"))[2]
+    assert free.shape == (2, 2) and not free.bounded and free.n_outputs == 4
+    assert free.to_env(np.arange(4.0) * 100).tolist() == [[0, 100], [200, 300]]  # as sampled, in its shape
+    multi = policy_env_spaces(EnvConfig(id="tests.odd_spaces_env:MultiDiscreteActions-v0"))[2]
+    assert multi.kind == "multidiscrete" and multi.nvec == (3, 4) and multi.n_outputs == 7
+    start = policy_env_spaces(EnvConfig(id="tests.odd_spaces_env:StartOneCartPole-v0"))[2]
+    assert start == action_spec(gym.spaces.Discrete(2, start=1), "x") and start.to_env(np.int64(0)) == 1
+    vec = GymVector(EnvConfig(id="tests.odd_spaces_env:StartOneCartPole-v0"), 2, seed=0)
+    try:
+        vec.reset()
+        vec.step(np.array([0, 1]))  # the env asserts it gets 1 and 2
+    finally:
+        vec.close()
+    shape, dtype, act = policy_env_spaces(EnvConfig(id="tests.odd_spaces_env:DictObservation-v0"))
+    assert shape == (5,) and act == discrete(2)  # Box(2) and Discrete(3) one-hot, flattened by Gymnasium
+    assert make_env(EnvConfig(id="tests.odd_spaces_env:DictObservation-v0")).observation_space.shape == (5,)
+    assert trajectory_spec((3,), np.float32, 5, pend)["action"] == ((5, 1), np.dtype(np.float32))
+    assert trajectory_spec((3,), np.float32, 5, multi)["action"] == ((5, 2), np.dtype(np.int64))
+    assert trajectory_spec((3,), np.float32, 5)["action"] == ((5,), np.dtype(np.int64))
+
+
+@pytest.mark.parametrize("space,says", [
+    (gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), "Discrete, MultiDiscrete and Box"),
+    (gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))), "Discrete, MultiDiscrete and Box"),
+    (gym.spaces.MultiBinary(3), "Discrete, MultiDiscrete and Box"),
+    (gym.spaces.Box(0, 5, (2,), np.int64), "integer boxes"),
+])
+def test_an_action_space_no_policy_takes_is_refused_naming_env_id(space, says):
+    with pytest.raises(ConfigError) as err:
+        action_spec(space, "Some-v0")
+    assert err.value.key == "env.id" and says in err.value.message and "Some-v0" in err.value.message
+
+
+# ------------------------------------------------------------------ learning a little, no MPI
+def test_a_few_a2c_steps_on_a_multidiscrete_bandit_raise_the_paying_choices():
+    """MultiDiscreteActions pays 1 for each dimension at its last choice; a few A2C gradients on rollouts of the
+    real env (through the gradient family's model) raise the probability of both."""
+    from mpirl.agents.a3c import A3cModel, Rollout
+    cfg = EnvConfig(id="tests.odd_spaces_env:MultiDiscreteActions-v0")
+    shape, dtype, spec = policy_env_spaces(cfg)
+    agent = SimpleNamespace(hidden=[16], network="auto", activation="relu", shared_torso=True, log_std_init=0.0,
+                            lr=3e-2, adam_eps=1e-8, grad_clip=10.0, gamma=0.0)
+    a3c = SimpleNamespace(optimizer="adam", loss="a2c", value_coef=0.5, entropy_coef=0.0, gae_lambda=1.0)
+    model = A3cModel(shape, spec, agent, a3c, torch.device("cpu"), seed=0, optimizer=True)
+    vec, rng = GymVector(cfg, 8, seed=0), np.random.default_rng(0)
+
+    def p_best(obs) -> float:
+        out = actor_outputs(spec, model.net(torch.as_tensor(obs))[0])
+        return float(np.exp(out[:, 2] + out[:, 3 + 3]).mean())
+
+    try:
+        obs = vec.reset()
+        before = p_best(obs)
+        grad = np.zeros(model.n_params, np.float32)
+        for _ in range(30):
+            ro = Rollout(4, 8, shape, dtype, spec)
+            for t in range(4):
+                actions, logp, values = model.act(obs, rng)
+                step = vec.step(actions)
+                ro.obs[t], ro.action[t], ro.logp[t], ro.value[t] = obs, actions, logp, values
+                ro.reward[t], ro.terminated[t] = step.reward, step.terminated
+                obs = step.obs
+            ro.steps = 4
+            assert model.gradient(model.prepare(ro), None, grad) is not None
+            model.apply(grad)
+        assert p_best(obs) > max(0.5, 3 * before), (before, p_best(obs))
+    finally:
+        vec.close()

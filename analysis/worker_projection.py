@@ -73,7 +73,7 @@ def main() -> None:
     games.close()
 
     request = step_layout(step_spec(ch.spaces), E).nbytes(E)
-    answer = actions_layout((ch.spaces.n_agents,), E).nbytes(E)
+    answer = actions_layout(((ch.spaces.n_agents,), np.int64), E).nbytes(E)
     t_pass = {}
     for b in BATCHES:
         deciding = Deciding(cfg, ch.spaces, ch.spec, list(range(b)))

@@ -153,6 +153,13 @@ class AgentConfig:
     shared_torso: bool = setting(True)
     # A Gaussian policy's (Box actions) log standard deviation at the start, the same in every dimension; learned.
     log_std_init: float = setting(0.0, ge=-10, le=5)
+    # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
+    # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the
+    # discounted return (gamma); each then clipped to +- its clip (SB3's VecNormalize, defaults alike).
+    normalize_obs: bool = setting(False)
+    normalize_reward: bool = setting(False)
+    normalized_obs_clip: float = setting(10.0, gt=0, le=1e6)
+    normalized_reward_clip: float = setting(10.0, gt=0, le=1e6)
     # Train steps between target-network copies.
     target_update: int = setting(250, ge=1)
     # The gradient's global norm is clipped to this before each step.

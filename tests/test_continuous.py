@@ -74,3 +74,49 @@ def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
     assert seen[0] < RANDOM + 400 and seen[-1] >= -400, (seen[0], seen[-1])
     assert test["episodes"].tolist() == [10] and test["return_mean"][-1] > RANDOM + 400, (test, RANDOM)
     assert not math.isnan(test["return_std"][-1])
+
+
+def _stats(ckpt_path) -> dict:
+    from mpirl.job import checkpoint
+    st = checkpoint.load(ckpt_path)["model"]["normalization"]
+    return {k: {kk: np.asarray(vv) for kk, vv in v.items()} for k, v in st.items()}
+
+
+@pytest.mark.mpi
+def test_normalisation_statistics_are_the_jobs_and_survive_kill_9_and_resume(tmp_path):
+    """Pendulum with observations and rewards normalised (a server and 2 workers): the checkpoint holds the job's
+    statistics -- every observation the workers acted on counted once (up to the rollouts still in flight), the
+    means of Pendulum's cos, sin and angular velocity -- kill -9 of a worker ends the job, and --resume goes on
+    from the checkpoint's statistics: the count keeps growing from there instead of starting over."""
+    import os
+    import signal
+
+    from conftest import finish, ranks_of, start_mpi, wait_for
+    from mpirl.job import checkpoint
+    from test_a3c import version_of
+    out = tmp_path / "runs"
+    sets = ("run.target_return=nan", "run.wall_seconds=0", "run.env_steps=0", "checkpoint.every_steps=40",
+            "log.flush_seconds=0.2", 'a3c.exchange="async"', "a3c.workers=2", "a3c.unroll=64",
+            'a3c.loss="a2c"', "a3c.epochs=1", "a3c.minibatches=1", "agent.normalize_obs=true",
+            "agent.normalize_reward=true")
+    with start_mpi(3, out, "run.train_steps=1000000", *sets, job=JOBS / "pendulum_ppo.toml") as job:
+        wait_for(job, lambda: version_of(out) >= 100, "100 updates (checkpoints every 40)")
+        os.kill(ranks_of(job.pid)[2], signal.SIGKILL)
+        code, text = finish(job, 120)
+    assert code != 0 and "signal 9" in text, text[-3000:]
+    run_dir = next(out.glob("*/run.h5")).parent
+    last = checkpoint.checkpoints(run_dir)[-1]
+    done = int(last.name[5:15])
+    st = _stats(last)
+    # each update is one rollout of 64 steps x 4 games from one worker; the rollouts in flight are not counted yet
+    assert done * 256 - 2 * 256 <= st["obs"]["count"] <= done * 256 + 2 * 256, (st["obs"]["count"], done)
+    assert st["ret"]["count"] == st["obs"]["count"]
+    mean, var = st["obs"]["mean"], st["obs"]["var"]
+    assert -1 <= mean[0] <= 1 and -1 <= mean[1] <= 1 and np.all(var > 0) and var[2] > 1, (mean, var)
+    assert st["ret"]["var"][0] > 0
+    job = run_mpi(3, out, f"run.train_steps={done + 20}", *sets, job=JOBS / "pendulum_ppo.toml",
+                  args=("--resume", str(run_dir)))
+    assert job.proc.returncode == 0, job.output
+    final = _stats(checkpoint.checkpoints(run_dir)[-1])
+    grown = final["obs"]["count"] - st["obs"]["count"]
+    assert 0 < grown <= 22 * 256, (final["obs"]["count"], st["obs"]["count"])  # on from the checkpoint's

@@ -148,7 +148,8 @@ def test_a_few_a2c_steps_on_a_multidiscrete_bandit_raise_the_paying_choices():
     cfg = EnvConfig(id="tests.odd_spaces_env:MultiDiscreteActions-v0")
     shape, dtype, spec = policy_env_spaces(cfg)
     agent = SimpleNamespace(hidden=[16], network="auto", activation="relu", shared_torso=True, log_std_init=0.0,
-                            lr=3e-2, adam_eps=1e-8, grad_clip=10.0, gamma=0.0)
+                            lr=3e-2, adam_eps=1e-8, grad_clip=10.0, gamma=0.0, normalize_obs=False,
+                            normalize_reward=False, normalized_obs_clip=10.0, normalized_reward_clip=10.0)
     a3c = SimpleNamespace(optimizer="adam", loss="a2c", value_coef=0.5, entropy_coef=0.0, gae_lambda=1.0)
     model = A3cModel(shape, spec, agent, a3c, torch.device("cpu"), seed=0, optimizer=True)
     vec, rng = GymVector(cfg, 8, seed=0), np.random.default_rng(0)
@@ -175,3 +176,41 @@ def test_a_few_a2c_steps_on_a_multidiscrete_bandit_raise_the_paying_choices():
         assert p_best(obs) > max(0.5, 3 * before), (before, p_best(obs))
     finally:
         vec.close()
+
+
+# ------------------------------------------------------------------ running statistics
+def test_running_statistics_folded_in_pieces_equal_one_pass_and_normalise():
+    """Moments counted in pieces and folded in any grouping (Chan's update) give one pass's mean and variance; the
+    normalisation clips; the rewards are divided by the spread of each game's discounted return, which restarts where
+    an episode ends."""
+    from mpirl.agents.running_stats import Moments, Normalization, RunningStats
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(1000, 2)) * [3.0, 0.01] + [50.0, -2.0]
+    stats = RunningStats((2,))
+    for part in np.array_split(x, 7):
+        m, out = Moments((2,)), np.zeros(5)
+        m.add(part)
+        m.take(out)
+        stats.fold(out)
+        assert not m.values.any()  # taken: counting starts afresh
+    assert stats.count == 1000 and np.allclose(stats.mean, x.mean(0)) and np.allclose(stats.var, x.var(0))
+    norm = Normalization((2,), obs=True, reward=True, gamma=0.5, obs_clip=5.0, reward_clip=10.0)
+    norm.obs.load(stats.flat())
+    z = norm.normalize(x)
+    assert z.dtype == np.float32 and np.allclose(z.mean(0), 0, atol=1e-5) and np.allclose(z.std(0), 1, atol=1e-4)
+    assert norm.normalize(np.array([[1e6, -1e6]])).tolist() == [[5.0, -5.0]]  # clipped
+    norm.ret.load(np.array([10.0, 0.0, 4.0]))  # std 2
+    assert norm.rewards(np.array([1.0, 2.0]), np.array([False, True])).tolist() == [0.5, 1.0]
+    norm.rewards(np.array([1.0, 1.0]), np.array([False, False]))
+    out = np.zeros(norm.n_moments)
+    norm.take_moments(out)
+    # the returns counted: game 0 1 then 1.5; game 1 2 then (restarted) 1
+    assert out[-3:].tolist() == [4.0, 1 + 2 + 1.5 + 1, 1 + 4 + 2.25 + 1]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_moments_merged_across_ranks_equal_one_pass_over_all_their_data(ranks):
+    from conftest import ROOT, run_mpi_script
+    code, text = run_mpi_script(ranks, ROOT / "tests" / "stats_job.py", timeout=120)
+    assert code == 0 and f"ok {ranks}" in text, text

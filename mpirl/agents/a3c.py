@@ -6,6 +6,15 @@ advantages and returns with GAE (:func:`~mpirl.agents.policy_gradient.gae`: ``la
 and then, for each gradient the loss asks for (A2C: one over the whole rollout; PPO: ``epochs`` passes of
 ``minibatches``), the flat float32 gradient of its loss (:meth:`A3cModel.gradient`). Applying one
 (:meth:`A3cModel.apply`) clips it to ``agent.grad_clip`` and steps the optimizer (Adam or RMSProp). No MPI here.
+
+**Normalisation** (``agent.normalize_obs``, ``agent.normalize_reward``; :mod:`mpirl.agents.running_stats`) rides
+the same vectors, so every exchange carries it without a message of its own: the flat parameters end with the
+job's statistics (count, means, variances), and a gradient ends with the *moments* the worker counted since its
+last gradient (its rollout's observations and discounted returns; zeros in a rollout's later gradients). Applying a
+gradient folds its moments into the statistics (Chan's update) -- unscaled: ``scale`` turns a sum of gradients into
+their mean, and the moments of several workers are already their union's -- and a gradient dropped for staleness
+still gives its moments (:meth:`A3cModel.fold`). A worker normalises with the statistics it last loaded; the
+rollout keeps the normalised observations and rewards it acted and learns on (SB3's ``VecNormalize`` alike).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from mpirl.agents.distributions import actor_outputs, log_prob, sample
 from mpirl.agents.tensors import to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
+from mpirl.agents.running_stats import Normalization
 from mpirl.envs.actions import ActionSpec
 
 
@@ -64,13 +74,15 @@ class A3cModel:
     """The network, and (``optimizer=True``) the optimizer that applies gradients to it."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
-                 optimizer: bool):
+                 optimizer: bool, obs_shift: np.ndarray | None = None):
         torch.manual_seed(seed)  # every rank the same seed: the same initial parameters
         self.device, self.cfg, self.agent_cfg = device, a3c_cfg, agent_cfg
         self.spec = as_spec(action)
         self.net = actor_critic(obs_shape, self.spec, agent_cfg).to(device)
         self.params = list(self.net.parameters())
-        self.n_params = sum(p.numel() for p in self.params)
+        self.norm = normalization(obs_shape, agent_cfg, obs_shift)
+        self.n_net = sum(p.numel() for p in self.params)
+        self.n_params = self.n_net + self.norm.n_stats  # what travels: the network's, then the statistics
         self.optimizer: torch.optim.Optimizer | None = None
         if optimizer:
             c = a3c_cfg
@@ -82,6 +94,19 @@ class A3cModel:
         self.fault = ""
 
     # -- playing
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """Observations to act on: counted for the statistics and normalised (as they are without
+        ``agent.normalize_obs``)."""
+        return self.norm.observe(obs)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Observations normalised, not counted (final observations of truncated episodes, the bootstrap's)."""
+        return self.norm.normalize(obs)
+
+    def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """Rewards as the loss takes them (``agent.normalize_reward``: scaled by the discounted return's spread)."""
+        return self.norm.rewards(reward, ended)
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sampled actions, their log-probabilities and the values of ``obs``."""
@@ -128,7 +153,8 @@ class A3cModel:
         if not (torch.isfinite(losses.total) and torch.isfinite(norm)):
             self.fault = f"the loss was {float(losses.total.detach()):g} and the gradient's norm {float(norm):g}"
             return None
-        flat_grad(self.params, out)
+        flat_grad(self.params, out[:self.n_net])
+        self.norm.take_moments(out[self.n_net:])
         return {"loss": float(losses.total.detach()), "policy_loss": float(losses.policy.detach()),
                 "value_loss": float(losses.value.detach()), "entropy": float(losses.entropy.detach()),
                 "grad_norm": float(norm), "clip_fraction": float(losses.clip_fraction),
@@ -138,30 +164,61 @@ class A3cModel:
         """Step the optimizer with the flat gradient ``scale`` x ``grad`` (clipped to ``agent.grad_clip``); its norm
         before clipping."""
         assert self.optimizer is not None, "a model without an optimizer applies no gradient"
-        set_flat_grad(self.params, grad, scale)
+        set_flat_grad(self.params, grad[:self.n_net], scale)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.agent_cfg.grad_clip)
         self.optimizer.step()
+        self.fold(grad)
         return float(norm)
+
+    def fold(self, grad: np.ndarray) -> None:
+        """The moments a gradient (or the sum of several) carries, folded into the statistics; the network
+        untouched (a gradient the server drops still tells what its worker saw)."""
+        if self.norm.on:
+            self.norm.fold(grad[self.n_net:])
 
     # -- parameters
     def load(self, flat: np.ndarray) -> None:
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.as_tensor(flat, device=self.device), self.params)
+            torch.nn.utils.vector_to_parameters(torch.as_tensor(flat[:self.n_net], device=self.device), self.params)
+        if self.norm.on:
+            self.norm.load_stats(flat[self.n_net:])
 
     def flat_params(self, out: np.ndarray | None = None) -> np.ndarray:
         """The parameters as one float32 vector: a new one, or written into ``out`` (and returned)."""
         if out is None:
-            return torch.nn.utils.parameters_to_vector(self.params).detach().cpu().numpy()
-        flat_values(self.params, out)
+            out = np.empty(self.n_params, np.float32)
+        flat_values(self.params, out[:self.n_net])
+        if self.norm.on:
+            self.norm.stats_flat(out[self.n_net:])
         return out
 
     def state(self) -> dict:
-        out = {"net": self.net.state_dict()}
+        out = {"net": self.net.state_dict(), "normalization": _tensors(self.norm.state())}
         if self.optimizer is not None:
             out["optimizer"] = self.optimizer.state_dict()
         return out
 
     def restore(self, st: dict) -> None:
         self.net.load_state_dict(st["net"])
+        self.norm.restore(_arrays(st.get("normalization", {})))
         if self.optimizer is not None and "optimizer" in st:
             self.optimizer.load_state_dict(st["optimizer"])
+
+
+def normalization(obs_shape: tuple, agent_cfg, obs_shift: np.ndarray | None = None) -> Normalization:
+    """The statistics ``[agent]`` asks for (none by default); ``obs_shift``: the observations' reference, the same on
+    every rank (:func:`mpirl.envs.factory.reference_observation`)."""
+    a = agent_cfg
+    return Normalization(obs_shape, a.normalize_obs, a.normalize_reward, a.gamma, a.normalized_obs_clip,
+                         a.normalized_reward_clip, obs_shift)
+
+
+def _tensors(tree: dict) -> dict:
+    """numpy arrays as tensors (a checkpoint loads with ``weights_only``, which takes tensors, not arrays)."""
+    return {k: _tensors(v) if isinstance(v, dict) else torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+            for k, v in tree.items()}
+
+
+def _arrays(tree: dict) -> dict:
+    return {k: _arrays(v) if isinstance(v, dict) else v.cpu().numpy() if isinstance(v, torch.Tensor) else v
+            for k, v in tree.items()}

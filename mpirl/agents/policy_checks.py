@@ -44,3 +44,15 @@ def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
         first = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError("env.id", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype} and the network "
                                     f"for that shape cannot take it ({first}); choose another environment") from None
+
+
+def normalization_values(spaces: Spaces, cfg: JobConfig) -> int:
+    """Values the job's running statistics add to the parameters (``agent.normalize_obs``, ``normalize_reward``), or
+    a ConfigError for observations they cannot normalise (images are scaled by the network already)."""
+    a = cfg.agent
+    if a.normalize_obs and not np.issubdtype(spaces.obs_dtype, np.floating):
+        raise ConfigError("agent.normalize_obs", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: "
+                                                 "only float observations are normalised (images are scaled to "
+                                                 "[0, 1] by the network); set agent.normalize_obs = false")
+    size = int(np.prod(spaces.obs_shape))
+    return (1 + 2 * size if a.normalize_obs else 0) + (3 if a.normalize_reward else 0)

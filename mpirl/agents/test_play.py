@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -25,11 +25,13 @@ TEST_COLUMNS = {"time": F8, "train_steps": I8, "env_steps": I8, "return_mean": F
 MAX_TEST_STEPS = 108_000  # steps of one test round at most (30 minutes of Atari play); unfinished games not counted
 
 
-def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.device) -> dict:
+def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.device,
+              normalize: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """``n`` episodes of ``net`` (an :class:`~mpirl.agents.actor_critic.ActorCritic`) on the job's environment, one
     game each: the
     finished games' mean return, its std, their mean length and how many finished. Games that raise are rebuilt
-    (the failure printed and counted in ``env_errors``); the episodes they were playing are played again."""
+    (the failure printed and counted in ``env_errors``); the episodes they were playing are played again.
+    ``normalize``: the job's observation normalisation, as the policy was trained with (not counted)."""
     rng = np.random.default_rng(seed)
     spec = net.spec
     one_each = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, envs_per_actor=n))
@@ -39,7 +41,8 @@ def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.de
         out = games.start()
         for _ in range(MAX_TEST_STEPS):
             with torch.no_grad():
-                head, _ = net(torch.as_tensor(out.rows["obs"], device=device))
+                obs = out.rows["obs"] if normalize is None else normalize(out.rows["obs"])
+                head, _ = net(torch.as_tensor(obs, device=device))
             outputs = actor_outputs(spec, head)
             if spec.continuous:
                 actions = outputs.astype(np.float32).reshape(n, *spec.shape)

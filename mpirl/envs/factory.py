@@ -114,3 +114,13 @@ def policy_env_spaces(cfg: EnvConfig) -> tuple[tuple[int, ...], np.dtype, Action
         return policy_spaces_of(env, cfg)
     finally:
         env.close()
+
+
+def reference_observation(cfg: EnvConfig) -> np.ndarray:
+    """The first observation of a game of the job's env seeded 0: the same on every rank without a message (the
+    running statistics' shift, :mod:`mpirl.agents.running_stats`)."""
+    env = make_env(cfg, seed=0)
+    try:
+        return np.asarray(env.reset(seed=0)[0], np.float64)
+    finally:
+        env.close()

@@ -91,6 +91,18 @@ class GradientModel(Protocol):
     def values(self, obs: np.ndarray) -> np.ndarray:
         """The values of ``obs``."""
 
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """Raw observations to act on: counted for the job's statistics, returned normalised (or as they are)."""
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Raw observations normalised with the statistics as they are, not counted."""
+
+    def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """Rewards as the loss takes them (the return's spread counted); ``ended``: the games whose episode ended."""
+
+    def fold(self, grad: np.ndarray) -> None:
+        """The statistics' moments a gradient carries, folded in without applying the gradient."""
+
     def prepare(self, rollout: Any) -> Prepared:
         """The :class:`GradientRollout` its builder made, filled, with its advantages and returns."""
 
@@ -100,7 +112,8 @@ class GradientModel(Protocol):
         why) when it is not finite."""
 
     def apply(self, grad: np.ndarray, scale: float = 1.0) -> float:
-        """Step the optimizer with ``grad`` times ``scale``: the norm it was clipped from."""
+        """Step the optimizer with ``grad`` times ``scale`` (a sum of gradients into their mean) and fold the
+        moments it carries, unscaled: the norm it was clipped from."""
 
     def load(self, flat: np.ndarray) -> None:
         """The parameters, as one flat vector."""

@@ -76,8 +76,8 @@ class Server:
         for w in members:
             same = self.answer(w, False, same)
 
-    def applied(self, grad: np.ndarray) -> float:
-        norm = self.model.apply(grad)
+    def applied(self, grad: np.ndarray, scale: float = 1.0) -> float:
+        norm = self.model.apply(grad, scale)
         self.progress.version += 1
         return norm
 
@@ -98,8 +98,7 @@ class Server:
             m = msg.unpack(self.hub.inbox(w), self.hub.nbytes_in(w))
             total[:] += m.grad
             stats.append(m.stats)
-        total[:] /= len(members)
-        norm = self.applied(total)
+        norm = self.applied(total, 1.0 / len(members))  # their mean (the moments they carry: their sum)
         self.logged(-1, len(members), 0.0, True, norm,
                     {k: float(np.mean([s[k] for s in stats])) for k in msg.STATS})
         self.answer_all(members)
@@ -116,7 +115,11 @@ class Server:
             self.answer(w, False)  # not applied: the job has stopped
         elif rounds is None:
             ok, staleness = accept(progress.version, m.version, self.a.max_staleness)
-            norm = self.applied(m.grad) if ok else float("nan")
+            if ok:
+                norm = self.applied(m.grad)
+            else:
+                norm = float("nan")
+                self.model.fold(m.grad)  # what the worker saw counts, whatever its gradient's age
             progress.dropped += not ok
             self.logged(w, 1, float(staleness), ok, norm, {k: m.stats.get(k, float("nan")) for k in msg.STATS})
             self.answer(w, not ok)
@@ -125,6 +128,7 @@ class Server:
                 self.close_round()
         else:
             progress.dropped += 1
+            self.model.fold(m.grad)
             self.answer(w, True)
 
     def check_stop(self) -> None:

@@ -58,7 +58,7 @@ class Games:
             if stop_early(t):
                 preempted = True
                 break
-            obs = self.obs
+            obs = model.observe(self.obs)  # counted for the job's statistics and normalised (when they are on)
             actions, logp, values = model.act(obs, rng)
             out = self.games.step(actions)
             if self.delay.seconds:
@@ -76,13 +76,13 @@ class Games:
             if not np.array_equal(o["taken"], actions):  # a forced FIRE was played: the rollout holds it
                 ro.action[t], ro.logp[t] = o["taken"], model.log_prob(obs, o["taken"])
             reward = o["reward"] if not self.clip else np.clip(o["reward"], -self.clip, self.clip)
-            ro.reward[t] = reward * self.scale
             cut = o["terminated"] | o["life_lost"]  # a lost life ends the return where the env says so
             ended = o["terminated"] | o["truncated"]
+            ro.reward[t] = model.rewards(reward, ended) * self.scale
             ro.terminated[t], ro.truncated[t] = cut, o["truncated"] & ~cut
             trunc = ro.truncated[t]
             if trunc.any():
-                ro.final_value[t][trunc] = model.values(o["final_obs"][trunc])
+                ro.final_value[t][trunc] = model.values(model.normalize(o["final_obs"][trunc]))
             self.ret += o["reward"]
             self.length += 1
             for e in np.flatnonzero(ended):
@@ -92,7 +92,7 @@ class Games:
         else:
             t = ro.T
         ro.steps = t
-        ro.bootstrap[:] = model.values(self.obs)
+        ro.bootstrap[:] = model.values(model.normalize(self.obs))
         return preempted
 
     def take(self) -> list[tuple[float, int]]:

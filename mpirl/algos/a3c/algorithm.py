@@ -19,7 +19,7 @@ from mpirl.gradients.layout import SERVER, WORKER, rank_files, role_map, roles  
 from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
 from mpirl.job.contract import Checked, RoleLoop
 from mpirl.job import memory
-from mpirl.agents.policy_checks import Spaces, actor_critic_params, actor_critic_spaces
+from mpirl.agents.policy_checks import Spaces, actor_critic_params, actor_critic_spaces, normalization_values
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -80,7 +80,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
         raise ConfigError("a3c.worker_delay_us", f"must hold one value for every worker or one per worker ({W}), "
                                                  f"got {len(a.worker_delay_us)}: {a.worker_delay_us}")
     spaces = actor_critic_spaces(cfg, "the gradient family (agent.algorithm = \"a3c\")", TEAMS)
-    n_params = actor_critic_params(spaces, cfg)
+    n_params = actor_critic_params(spaces, cfg) + normalization_values(spaces, cfg)  # the statistics travel too
     return Checked(spaces, {}, n_params, estimate(cfg, W, spaces, n_params))
 
 

@@ -23,9 +23,11 @@ class A3cBuilder(GradientBuilder):
     def make_model(self, ctx: RoleContext, optimizer: bool) -> GradientModel:
         from mpirl.agents.a3c import A3cModel
         from mpirl.agents.tensors import pick_device
+        from mpirl.envs.factory import reference_observation
         cfg = ctx.cfg
+        shift = reference_observation(cfg.env) if cfg.agent.normalize_obs else None
         return A3cModel(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.a3c, pick_device(cfg.agent.device),
-                        seed=cfg.run.seed, optimizer=optimizer)
+                        seed=cfg.run.seed, optimizer=optimizer, obs_shift=shift)
 
     def make_rollout(self, ctx: RoleContext) -> GradientRollout:
         from mpirl.agents.a3c import Rollout
@@ -47,4 +49,4 @@ class A3cBuilder(GradientBuilder):
         from mpirl.agents.a3c import A3cModel
         from mpirl.agents.test_play import play_test
         assert isinstance(model, A3cModel)
-        return play_test(model.net, ctx.cfg, ctx.spaces, episodes, seed, model.device)
+        return play_test(model.net, ctx.cfg, ctx.spaces, episodes, seed, model.device, model.normalize)

@@ -1,0 +1,196 @@
+"""Running mean and variance of observations and of discounted returns, merged across ranks: what SB3's
+``VecNormalize`` keeps for one process, kept here for a whole job.
+
+A rank that plays counts what it saw as **moments** (:class:`Moments`: the count, the sum and the sum of squares of
+``x - shift``, per observation number), which add: the sum of several ranks' moments is the moments of all their
+data together, so an MPI sum (an allreduce, or a server adding what each worker sent) merges them exactly. Whoever
+holds the job's statistics (:class:`RunningStats`: count, mean, variance in float64) folds moments in with Chan et
+al.'s parallel update (1979), which equals one pass over all the data. The moments travel as float32 (inside a
+gradient vector), so they are taken about a ``shift`` every rank knows without a message -- for observations, the
+job's reference observation (the first one of a game seeded 0) -- rather than about 0: sums of squares about 0 of
+values far from 0 (an observation near 100 with spread 0.1) would lose the variance to float32's rounding. The
+statistics themselves stay float64 where they are kept and travel as float32 only to be used.
+
+:class:`Normalization` is the pair a policy uses: observations ``clip((x - mean) / sqrt(var + eps), -c, c)`` and
+rewards divided by the standard deviation of each game's discounted return ``R_t = gamma R_{t-1} + r_t`` (reset where
+an episode ends), then clipped -- SB3's ``VecNormalize(norm_obs, norm_reward)`` with its defaults (eps 1e-8, clips
+10). ``shift``: the observations' reference (every rank the same). No MPI, no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EPS = 1e-8
+
+
+class Moments:
+    """Count, sum and sum of squares of the rows of ``shape`` (less ``shift``) seen since the last :meth:`take`."""
+
+    def __init__(self, shape: tuple, shift: np.ndarray | None = None):
+        self.shape = tuple(shape)
+        self.size = int(np.prod(shape)) if shape else 1
+        self.shift = np.zeros(self.size) if shift is None else np.asarray(shift, np.float64).reshape(self.size)
+        self.values = np.zeros(1 + 2 * self.size)  # float64 while counting
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float64).reshape(-1, self.size) - self.shift
+        self.values[0] += len(x)
+        self.values[1:1 + self.size] += x.sum(0)
+        self.values[1 + self.size:] += np.square(x).sum(0)
+
+    def take(self, out: np.ndarray) -> None:
+        """Write the moments into ``out`` (``1 + 2 size`` values) and start counting afresh."""
+        out[:] = self.values
+        self.values[:] = 0.0
+
+    @property
+    def nbytes_f32(self) -> int:
+        return 4 * len(self.values)
+
+
+class RunningStats:
+    """Count, mean and variance (population) of everything folded in so far, float64."""
+
+    def __init__(self, shape: tuple):
+        self.shape = tuple(shape)
+        self.size = int(np.prod(shape)) if shape else 1
+        self.count = 0.0
+        self.mean = np.zeros(self.size)
+        self.var = np.ones(self.size)  # before any data: the identity normalisation
+
+    @property
+    def n_values(self) -> int:
+        """Values in :meth:`flat`: the count, the means, the variances."""
+        return 1 + 2 * self.size
+
+    def fold(self, moments: np.ndarray, shift: np.ndarray | float = 0.0) -> None:
+        """Chan's parallel update with the data ``moments`` (count, sums, sums of squares about ``shift``) describe."""
+        m = np.asarray(moments, np.float64)
+        n = float(m[0])
+        if n <= 0:
+            return
+        centred = m[1:1 + self.size] / n
+        mean_b = centred + shift
+        m2_b = np.maximum(m[1 + self.size:] - n * np.square(centred), 0.0)
+        total = self.count + n
+        delta = mean_b - self.mean
+        m2 = self.var * self.count + m2_b + np.square(delta) * self.count * n / total
+        self.mean = self.mean + delta * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def flat(self, out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty(self.n_values) if out is None else out
+        out[0], out[1:1 + self.size], out[1 + self.size:] = self.count, self.mean, self.var
+        return out
+
+    def load(self, flat: np.ndarray) -> None:
+        flat = np.asarray(flat, np.float64)
+        self.count = float(flat[0])
+        self.mean = flat[1:1 + self.size].copy()
+        self.var = flat[1 + self.size:1 + 2 * self.size].copy()
+
+    def state(self) -> dict:
+        return {"count": self.count, "mean": self.mean.copy(), "var": self.var.copy()}
+
+    def restore(self, st: dict) -> None:
+        self.count, self.mean, self.var = float(st["count"]), np.array(st["mean"], np.float64), np.array(st["var"],
+                                                                                                         np.float64)
+
+
+class Normalization:
+    """A job's observation and return statistics (either may be off), what a playing rank counts for them, and the
+    normalisation of its observations and rewards. ``gamma``: the discount of the returns whose spread scales the
+    rewards."""
+
+    def __init__(self, obs_shape: tuple, obs: bool, reward: bool, gamma: float, obs_clip: float = 10.0,
+                 reward_clip: float = 10.0, shift: np.ndarray | None = None):
+        self.on_obs, self.on_reward = obs, reward
+        self.gamma, self.obs_clip, self.reward_clip = gamma, obs_clip, reward_clip
+        self.obs_shape = tuple(obs_shape)
+        self.obs = RunningStats(obs_shape) if obs else None
+        self.ret = RunningStats(()) if reward else None
+        self.obs_moments = Moments(obs_shape, shift) if obs else None
+        self.ret_moments = Moments(()) if reward else None
+        self.returns: np.ndarray | None = None  # each game's discounted return so far (reward scaling)
+
+    @property
+    def on(self) -> bool:
+        return self.on_obs or self.on_reward
+
+    # -- the statistics' flat form: what travels with the parameters, and what travels with a gradient
+    @property
+    def n_stats(self) -> int:
+        return sum(s.n_values for s in (self.obs, self.ret) if s is not None)
+
+    @property
+    def n_moments(self) -> int:
+        return sum(len(m.values) for m in (self.obs_moments, self.ret_moments) if m is not None)
+
+    def stats_flat(self, out: np.ndarray) -> None:
+        i = 0
+        for s in (self.obs, self.ret):
+            if s is not None:
+                s.flat(out[i:i + s.n_values])
+                i += s.n_values
+
+    def load_stats(self, flat: np.ndarray) -> None:
+        i = 0
+        for s in (self.obs, self.ret):
+            if s is not None:
+                s.load(flat[i:i + s.n_values])
+                i += s.n_values
+
+    def take_moments(self, out: np.ndarray) -> None:
+        """What this rank counted since the last call, into ``out`` (``n_moments`` values)."""
+        i = 0
+        for m in (self.obs_moments, self.ret_moments):
+            if m is not None:
+                m.take(out[i:i + len(m.values)])
+                i += len(m.values)
+
+    def fold(self, moments: np.ndarray) -> None:
+        """Merge moments (one rank's, or several ranks' summed) into the statistics."""
+        i = 0
+        for s, m in ((self.obs, self.obs_moments), (self.ret, self.ret_moments)):
+            if s is not None and m is not None:
+                s.fold(moments[i:i + len(m.values)], m.shift)
+                i += len(m.values)
+
+    # -- playing
+    def observe(self, obs: np.ndarray) -> np.ndarray:
+        """Count raw observations ``[k, *obs_shape]`` and return them normalised (float32); as they are when off."""
+        if self.obs is None or self.obs_moments is None:
+            return obs
+        self.obs_moments.add(obs)
+        return self.normalize(obs)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Observations normalised with the statistics as they are (not counted): final observations, test games."""
+        if self.obs is None:
+            return obs
+        x = np.asarray(obs, np.float64).reshape(len(obs), -1)
+        z = (x - self.obs.mean) / np.sqrt(self.obs.var + EPS)
+        return np.clip(z, -self.obs_clip, self.obs_clip).astype(np.float32).reshape(np.shape(obs))
+
+    def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """Rewards ``[k]`` as the loss takes them: divided by the spread of the discounted return (counted here) and
+        clipped; as they are when off. ``ended``: the games whose episode ended with this reward."""
+        if self.ret is None or self.ret_moments is None:
+            return reward
+        if self.returns is None:
+            self.returns = np.zeros(len(reward))
+        self.returns = self.returns * self.gamma + reward
+        self.ret_moments.add(self.returns)
+        self.returns[np.asarray(ended, bool)] = 0.0
+        scaled = reward / np.sqrt(self.ret.var[0] + EPS)
+        return np.clip(scaled, -self.reward_clip, self.reward_clip).astype(np.float32)
+
+    def state(self) -> dict:
+        return {name: s.state() for name, s in (("obs", self.obs), ("ret", self.ret)) if s is not None}
+
+    def restore(self, st: dict) -> None:
+        for name, s in (("obs", self.obs), ("ret", self.ret)):
+            if s is not None and name in st:
+                s.restore(st[name])

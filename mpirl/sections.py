@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpirl.domain import Domain, setting
+from mpirl.domain import ConfigError, Domain, setting
 
 
 def _algorithm_names() -> tuple[str, ...]:
@@ -160,6 +160,12 @@ class AgentConfig:
     normalize_reward: bool = setting(False)
     normalized_obs_clip: float = setting(10.0, gt=0, le=1e6)
     normalized_reward_clip: float = setting(10.0, gt=0, le=1e6)
+    # Schedules (mpirl.agents.schedules): lr goes linearly to lr_final over the first schedule_steps of the run,
+    # counted in schedule_unit (0: the run's own run.env_steps or run.train_steps), then stays; nan: constant. The
+    # entropy coefficient and PPO's clip have their *_final in their algorithm's section.
+    lr_final: float = setting(math.nan, ge=0, nan=True, why="nan: a constant learning rate")
+    schedule_unit: str = setting("env_steps", choices=("env_steps", "train_steps"))
+    schedule_steps: int = setting(0, ge=0, le=10**15, why="0: the run's limit in agent.schedule_unit")
     # Train steps between target-network copies.
     target_update: int = setting(250, ge=1)
     # The gradient's global norm is clipped to this before each step.
@@ -253,3 +259,22 @@ class CheckpointConfig:
     # Also each buffer's replay memory when the job stops (RUN_DIR/checkpoints/replay-<rank>.npz), so a
     # resumed run starts with it instead of refilling; about the memory's size on disk.
     replay: bool = setting(False)
+
+
+def check_schedules(cfg, finals: dict[str, float]) -> None:
+    """A schedule that moves (a ``*_final`` that is not nan; ``finals``: its key -> value) needs a horizon
+    (``agent.schedule_steps`` or the run's limit in ``agent.schedule_unit``) that ends within the run's."""
+    moving = [key for key, value in finals.items() if not math.isnan(value)]
+    if not moving:
+        return
+    a = cfg.agent
+    limit = getattr(cfg.run, a.schedule_unit)
+    if not a.schedule_steps and not limit:
+        raise ConfigError("agent.schedule_steps", f"{moving[0]} schedules a change, over run.{a.schedule_unit} "
+                                                  f"(agent.schedule_unit), and this run sets no run.{a.schedule_unit}:"
+                                                  f" set agent.schedule_steps, or run.{a.schedule_unit}")
+    if limit and a.schedule_steps > limit:
+        raise ConfigError("agent.schedule_steps", f"the schedules end at {a.schedule_steps} {a.schedule_unit}, after "
+                                                  f"the run's end at run.{a.schedule_unit} = {limit}: their final "
+                                                  f"values would never be reached; set agent.schedule_steps <= "
+                                                  f"{limit} (0: the run's)")

@@ -28,6 +28,7 @@ from mpirl.agents.tensors import to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 from mpirl.agents.running_stats import Normalization
+from mpirl.agents.schedules import Linear
 from mpirl.envs.actions import ActionSpec
 
 
@@ -74,7 +75,7 @@ class A3cModel:
     """The network, and (``optimizer=True``) the optimizer that applies gradients to it."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
-                 optimizer: bool, obs_shift: np.ndarray | None = None):
+                 optimizer: bool, obs_shift: np.ndarray | None = None, schedules: dict[str, Linear] | None = None):
         torch.manual_seed(seed)  # every rank the same seed: the same initial parameters
         self.device, self.cfg, self.agent_cfg = device, a3c_cfg, agent_cfg
         self.spec = as_spec(action)
@@ -92,6 +93,19 @@ class A3cModel:
             else:
                 self.optimizer = torch.optim.Adam(self.params, lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
         self.fault = ""
+        self.schedules = schedules or {}  # "lr", "entropy_coef", "clip" -> their schedule (mpirl.agents.schedules)
+        self.entropy_coef, self.clip = a3c_cfg.entropy_coef, a3c_cfg.clip
+
+    def at(self, progress: float) -> None:
+        """The scheduled settings where the run is (``progress`` in ``agent.schedule_unit``): the optimizer's
+        learning rate, the loss's entropy coefficient and PPO's clip."""
+        s = self.schedules
+        if not s:
+            return
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = s["lr"](progress)
+        self.entropy_coef, self.clip = s["entropy_coef"](progress), s["clip"](progress)
 
     # -- playing
     def observe(self, obs: np.ndarray) -> np.ndarray:
@@ -138,9 +152,9 @@ class A3cModel:
         sel = slice(None) if idx is None else torch.as_tensor(idx, device=self.device)
         if c.loss == "ppo":
             return ppo_losses(self.net, p.obs[sel], p.action[sel], p.logp[sel], p.advantages[sel], p.returns[sel],
-                              c.clip, c.value_coef, c.entropy_coef, c.normalize_advantages)
+                              self.clip, c.value_coef, self.entropy_coef, c.normalize_advantages)
         return a2c_losses(self.net, p.obs[sel], p.action[sel], p.advantages[sel], p.returns[sel], c.value_coef,
-                          c.entropy_coef)
+                          self.entropy_coef)
 
     def gradient(self, p: Prepared, idx: np.ndarray | None, out: np.ndarray) -> dict[str, float] | None:
         """The loss's gradient on the samples ``idx`` (all: None) into ``out``; its statistics, or None (``out``

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from mpirl.agents.distributions import actor_outputs, log_prob_entropy
+from mpirl.agents.schedules import Linear
 from mpirl.agents.tensors import to_tensors
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
 from mpirl.agents.vtrace import vtrace
@@ -161,7 +162,7 @@ class ImpalaLearner:
     """The learner's network, optimizer (Adam or RMSProp) and one train step on a batch of trajectories."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, impala_cfg, device: torch.device,
-                 seed: int = 0):
+                 seed: int = 0, schedules: dict[str, Linear] | None = None):
         torch.manual_seed(seed)
         self.device = device
         self.net = actor_critic(obs_shape, action, agent_cfg).to(device)
@@ -175,10 +176,19 @@ class ImpalaLearner:
         self.steps = 0
         self.n_params = sum(p.numel() for p in self.net.parameters())
         self.fault = ""  # what was not finite in the last skipped batch
+        self.schedules = schedules or {}  # "lr", "entropy_coef" -> their schedule (mpirl.agents.schedules)
+        self.entropy_coef = impala_cfg.entropy_coef
+
+    def at(self, progress: float) -> None:
+        """The scheduled learning rate and entropy coefficient where the run is (in ``agent.schedule_unit``)."""
+        if self.schedules:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.schedules["lr"](progress)
+            self.entropy_coef = self.schedules["entropy_coef"](progress)
 
     def losses(self, b: dict[str, torch.Tensor]) -> Losses:
         c = self.cfg
-        return impala_losses(self.net, b, self.gamma, c.rho_bar, c.c_bar, c.lam, c.value_coef, c.entropy_coef)
+        return impala_losses(self.net, b, self.gamma, c.rho_bar, c.c_bar, c.lam, c.value_coef, self.entropy_coef)
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float] | None:
         """One gradient step; the step's statistics, or None (no step) when the loss or gradient is not finite."""

@@ -100,6 +100,9 @@ class GradientModel(Protocol):
     def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
         """Rewards as the loss takes them (the return's spread counted); ``ended``: the games whose episode ended."""
 
+    def at(self, progress: float) -> None:
+        """The scheduled settings (learning rate, loss coefficients) where the run is, in ``agent.schedule_unit``."""
+
     def fold(self, grad: np.ndarray) -> None:
         """The statistics' moments a gradient carries, folded in without applying the gradient."""
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from mpirl.agents.schedules import progress_of
 from mpirl.comm.collectives import Collectives
 from mpirl.comm.counter import SharedCounter, finished_in_round
 from mpirl.comm.hub import ask
@@ -63,6 +64,11 @@ class ToServer:
 
     def preempt(self, rollout: int, steps: int) -> bool:
         return False
+
+    def job_steps(self, env_steps: int) -> tuple[int, int]:
+        """``(train steps, env steps)`` of the job as this worker knows them: the version it has, and its own env
+        steps times the workers (they play at about the same pace; the server counts the job's exactly)."""
+        return self.version, env_steps * (self.comm.size - 1)
 
     def finished_rollout(self, rollout: int) -> None:
         pass
@@ -134,6 +140,10 @@ class Peers:
         self.model.load(params)
         return self.progress.env_steps[self.index], self.progress.episodes[self.index], ""
 
+    def job_steps(self, env_steps: int) -> tuple[int, int]:
+        """``(train steps, env steps)`` of the job: every rank's the same (the shared progress)."""
+        return self.progress.version, self.progress.total_env_steps
+
     def preempt(self, rollout: int, steps: int) -> bool:
         if self.counter is None:
             return False
@@ -146,6 +156,7 @@ class Peers:
 
     def update(self, grad, stats, rollout, env_steps, episodes, rets, lens) -> Outcome:
         self.reduce(grad)
+        self.model.at(progress_of(self.cfg, *self.job_steps(env_steps)))  # every rank the same
         norm = self.model.apply(self.sum, 1.0 / self.W)  # the mean, in the copy into the gradients
         self.progress.version += 1
         v = self.progress.version

@@ -24,6 +24,7 @@ import torch
 
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.hub import Hub
+from mpirl.agents.schedules import progress_of
 from mpirl.gradients import messages as msg
 from mpirl.gradients.builder import GradientBuilder
 from mpirl.gradients.progress import Progress
@@ -77,6 +78,8 @@ class Server:
             same = self.answer(w, False, same)
 
     def applied(self, grad: np.ndarray, scale: float = 1.0) -> float:
+        p = self.progress
+        self.model.at(progress_of(self.ctx.cfg, p.version, p.total_env_steps))  # the learning rate's schedule
         norm = self.model.apply(grad, scale)
         self.progress.version += 1
         return norm

@@ -18,6 +18,7 @@ import zlib
 import numpy as np
 import torch
 
+from mpirl.agents.schedules import progress_of
 from mpirl.envs.delay import Delay
 from mpirl.envs.games import VectorGames
 from mpirl.gradients.builder import GradientBuilder, GradientModel, GradientRollout
@@ -186,6 +187,7 @@ class Worker:
         """Each gradient the loss asks for of the rollout, sent (the episodes ``rets``, ``lens`` with the first),
         and the parameters that come back taken; a stop that comes back ends it."""
         cfg, link, model = self.cfg, self.link, self.model
+        model.at(progress_of(cfg, *link.job_steps(self.env_steps)))  # the loss's scheduled coefficients
         prepared = model.prepare(self.ro)
         for parts in self.builder.passes(cfg, prepared.n, self.rng):
             for idx in parts:

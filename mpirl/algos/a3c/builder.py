@@ -23,11 +23,14 @@ class A3cBuilder(GradientBuilder):
     def make_model(self, ctx: RoleContext, optimizer: bool) -> GradientModel:
         from mpirl.agents.a3c import A3cModel
         from mpirl.agents.tensors import pick_device
+        from mpirl.agents.schedules import scheduled
         from mpirl.envs.factory import reference_observation
-        cfg = ctx.cfg
+        cfg, a = ctx.cfg, ctx.cfg.a3c
         shift = reference_observation(cfg.env) if cfg.agent.normalize_obs else None
-        return A3cModel(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.a3c, pick_device(cfg.agent.device),
-                        seed=cfg.run.seed, optimizer=optimizer, obs_shift=shift)
+        schedules = scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
+                                    "entropy_coef": (a.entropy_coef, a.entropy_final), "clip": (a.clip, a.clip_final)})
+        return A3cModel(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, a, pick_device(cfg.agent.device),
+                        seed=cfg.run.seed, optimizer=optimizer, obs_shift=shift, schedules=schedules)
 
     def make_rollout(self, ctx: RoleContext) -> GradientRollout:
         from mpirl.agents.a3c import Rollout

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from mpirl.domain import ConfigError, Domain, setting
+from mpirl.sections import check_schedules
 
 EXCHANGES = ("async", "sync", "allreduce")
 
@@ -30,11 +31,14 @@ class A3cConfig:
     epochs: int = setting(1, ge=1, le=1_000, why="passes over a rollout (ppo)")
     minibatches: int = setting(1, ge=1, le=100_000, why="gradients per pass (ppo)")
     clip: float = setting(0.2, gt=0, le=10, why="PPO's ratio clip")
+    clip_final: float = setting(math.nan, gt=0, le=10, nan=True, why="nan: constant (the clip's schedule)")
     # Generalised advantage estimation's lambda; 1: the n-step return to the rollout's end (A2C).
     gae_lambda: float = setting(1.0, ge=0, le=1)
     normalize_advantages: bool = setting(True)
     value_coef: float = setting(0.5, ge=0, le=1e6)
     entropy_coef: float = setting(0.01, ge=0, le=1e6)
+    # Linear from entropy_coef to entropy_final over agent.schedule_steps (nan: constant; mpirl.agents.schedules).
+    entropy_final: float = setting(math.nan, ge=0, le=1e6, nan=True, why="nan: constant")
     # Each reward times reward_scale (after agent.reward_clip) in the loss; episode returns stay the environment's.
     reward_scale: float = setting(1.0, gt=0, le=1e6)
     optimizer: str = setting("adam", choices=("adam", "rmsprop"))
@@ -71,6 +75,7 @@ USES = {
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
               "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
+              "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
             "repeat_action_probability", "env_threads", "terminal_on_life_loss", "fire_on_life_loss"),
@@ -116,6 +121,8 @@ def check(cfg) -> None:
         raise ConfigError("a3c.minibatches", f"must be at most the samples of the smallest rollout, "
                                              f"{smallest} ({where} x env.envs_per_actor = {cfg.env.envs_per_actor} "
                                              f"games), got {a.minibatches}")
+    check_schedules(cfg, {"agent.lr_final": cfg.agent.lr_final, "a3c.entropy_final": a.entropy_final,
+                          "a3c.clip_final": a.clip_final})
     if a.exchange != "sync" and a.stragglers:
         raise ConfigError("a3c.stragglers", f"is DPPO's leader setting and needs a3c.exchange = \"sync\" (it is "
                                             f"{a.exchange!r}); set it to 0")

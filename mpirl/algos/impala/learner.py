@@ -26,6 +26,7 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
+from mpirl.agents.schedules import progress_of, scheduled
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 
 F8, I8 = np.float64, np.int64
@@ -42,7 +43,10 @@ class ImpalaTraining(LearnerAlgorithm):
         super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
         self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.impala,
-                                   pick_device(cfg.agent.device), seed=ctx.seed())
+                                   pick_device(cfg.agent.device), seed=ctx.seed(),
+                                   schedules=scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
+                                                             "entropy_coef": (cfg.impala.entropy_coef,
+                                                                              cfg.impala.entropy_final)}))
         self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
 
     @property
@@ -55,6 +59,7 @@ class ImpalaTraining(LearnerAlgorithm):
         return with_version(self.agent.flat_params(), self.counters.version)
 
     def train(self, batch: Batch, peer_stats: np.ndarray | None = None) -> np.ndarray | None:
+        self.agent.at(progress_of(self.cfg, self.agent.steps, sum(self.counters.env_steps)))
         stats = self.agent.train_step(batch.fields)
         if stats is None:
             return None

@@ -8,10 +8,12 @@ learner's remote sources and the buffer loop serve IMPALA as they serve the repl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mpirl import replay_job
 from mpirl.domain import ConfigError, Domain, setting
+from mpirl.sections import check_schedules
 
 
 @dataclass
@@ -25,6 +27,8 @@ class ImpalaConfig:
     # The loss: policy gradient + value_coef x value loss - entropy_coef x entropy.
     value_coef: float = setting(0.5, ge=0, le=1e6)
     entropy_coef: float = setting(0.01, ge=0, le=1e6)
+    # Linear from entropy_coef to entropy_final over agent.schedule_steps (nan: constant; mpirl.agents.schedules).
+    entropy_final: float = setting(math.nan, ge=0, le=1e6, nan=True, why="nan: constant")
     # The survey's switch. "async" (IMPALA): the learner trains on whatever trajectories have arrived and actors
     # never wait for parameters, only for room in their queue. "sync" (A2C-style rounds): every actor acts one
     # trajectory per game with the current parameters, the learner trains on that round (replay.batch_size = actors
@@ -58,6 +62,7 @@ USES = {
     "topology": ("buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
+              "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
             "repeat_action_probability", "env_threads", "terminal_on_life_loss", "fire_on_life_loss"),
@@ -94,6 +99,7 @@ def check(cfg) -> None:
     if not (r.train_steps or r.env_steps or r.wall_seconds):
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "
                                  "run.wall_seconds")
+    check_schedules(cfg, {"agent.lr_final": cfg.agent.lr_final, "impala.entropy_final": cfg.impala.entropy_final})
     if t.buffers == 0 and t.served:
         raise ConfigError("topology.workers", "inference workers with topology.buffers = 0 (the queue on the "
                                               "learner) are not supported yet; set topology.workers = 0 or "

@@ -78,7 +78,8 @@ def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
 
 def _stats(ckpt_path) -> dict:
     from mpirl.job import checkpoint
-    st = checkpoint.load(ckpt_path)["model"]["normalization"]
+    st = checkpoint.load(ckpt_path)
+    st = st["model"]["normalization"] if "model" in st else st["normalization"]  # the gradient family's, IMPALA's
     return {k: {kk: np.asarray(vv) for kk, vv in v.items()} for k, v in st.items()}
 
 
@@ -120,3 +121,20 @@ def test_normalisation_statistics_are_the_jobs_and_survive_kill_9_and_resume(tmp
     final = _stats(checkpoint.checkpoints(run_dir)[-1])
     grown = final["obs"]["count"] - st["obs"]["count"]
     assert 0 < grown <= 22 * 256, (final["obs"]["count"], st["obs"]["count"])  # on from the checkpoint's
+
+
+@pytest.mark.mpi
+def test_impalas_learner_counts_every_trained_step_once_into_the_statistics_it_ships(tmp_path):
+    """IMPALA's learner owns the statistics: 40 batches of 32 trajectories of 20 steps are exactly 25,600
+    observations and returns counted (the actors' bootstrap observation is the next trajectory's first, counted
+    there), checkpointed; the trained policy plays its test round on observations normalised the same way."""
+    from mpirl.job import checkpoint
+    job = run_mpi(4, tmp_path, "run.train_steps=40", "run.target_return=nan", "run.wall_seconds=0",
+                  "run.env_steps=0", "agent.normalize_obs=true", "agent.normalize_reward=true",
+                  job=JOBS / "impala_pendulum.toml", timeout=600)
+    assert job.proc.returncode == 0, job.output
+    st = _stats(checkpoint.checkpoints(job.run_dir)[-1])
+    assert st["obs"]["count"] == 40 * 32 * 20 and st["ret"]["count"] == 40 * 32 * 20, st
+    assert np.all(np.abs(st["obs"]["mean"][:2]) <= 1) and st["obs"]["var"][2] > 1 and st["ret"]["var"][0] > 0
+    with h5py.File(job.run_dir / "learner.h5", "r") as f:
+        assert f["test"]["episodes"][-1] == 10

@@ -24,10 +24,10 @@ import torch
 
 from mpirl.agents.actor_critic import actor_critic, as_spec
 from mpirl.agents.distributions import actor_outputs, log_prob, sample
-from mpirl.agents.tensors import to_tensors
+from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
-from mpirl.agents.running_stats import Normalization
+from mpirl.agents.running_stats import normalization
 from mpirl.agents.schedules import Linear
 from mpirl.envs.actions import ActionSpec
 
@@ -207,32 +207,14 @@ class A3cModel:
         return out
 
     def state(self) -> dict:
-        out = {"net": self.net.state_dict(), "normalization": _tensors(self.norm.state())}
+        out = {"net": self.net.state_dict(), "normalization": as_tensors(self.norm.state())}
         if self.optimizer is not None:
             out["optimizer"] = self.optimizer.state_dict()
         return out
 
     def restore(self, st: dict) -> None:
         self.net.load_state_dict(st["net"])
-        self.norm.restore(_arrays(st.get("normalization", {})))
+        self.norm.restore(as_arrays(st.get("normalization", {})))
         if self.optimizer is not None and "optimizer" in st:
             self.optimizer.load_state_dict(st["optimizer"])
 
-
-def normalization(obs_shape: tuple, agent_cfg, obs_shift: np.ndarray | None = None) -> Normalization:
-    """The statistics ``[agent]`` asks for (none by default); ``obs_shift``: the observations' reference, the same on
-    every rank (:func:`mpirl.envs.factory.reference_observation`)."""
-    a = agent_cfg
-    return Normalization(obs_shape, a.normalize_obs, a.normalize_reward, a.gamma, a.normalized_obs_clip,
-                         a.normalized_reward_clip, obs_shift)
-
-
-def _tensors(tree: dict) -> dict:
-    """numpy arrays as tensors (a checkpoint loads with ``weights_only``, which takes tensors, not arrays)."""
-    return {k: _tensors(v) if isinstance(v, dict) else torch.as_tensor(v) if isinstance(v, np.ndarray) else v
-            for k, v in tree.items()}
-
-
-def _arrays(tree: dict) -> dict:
-    return {k: _arrays(v) if isinstance(v, dict) else v.cpu().numpy() if isinstance(v, torch.Tensor) else v
-            for k, v in tree.items()}

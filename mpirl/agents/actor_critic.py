@@ -26,7 +26,8 @@ from torch import nn
 
 from mpirl.agents.distributions import actor_outputs, log_prob_entropy
 from mpirl.agents.schedules import Linear
-from mpirl.agents.tensors import to_tensors
+from mpirl.agents.running_stats import normalization
+from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
 from mpirl.agents.vtrace import vtrace
 from mpirl.envs.actions import ActionSpec, discrete
@@ -37,13 +38,15 @@ def as_spec(action: ActionSpec | int) -> ActionSpec:
     return action if isinstance(action, ActionSpec) else discrete(int(action))
 
 
-def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: ActionSpec | int = 1) -> dict:
+def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: ActionSpec | int = 1,
+                    returns: bool = False) -> dict:
     """Field name -> (per-record shape, dtype) of one trajectory of ``unroll`` steps (actions of ``action``:
-    one discrete action by default)."""
-    T, spec = int(unroll), as_spec(action)
-    return {
+    one discrete action by default). ``returns``: each step's discounted return so far in its episode too (``ret``,
+    what the learner's reward normalisation counts)."""
+    T, act = int(unroll), as_spec(action)
+    spec = {
         "obs": ((T + 1, *obs_shape), np.dtype(obs_dtype)),
-        "action": ((T, *spec.shape), spec.dtype),
+        "action": ((T, *act.shape), act.dtype),
         "reward": ((T,), np.dtype(np.float32)),
         "logp": ((T,), np.dtype(np.float32)),
         "terminated": ((T,), np.dtype(np.bool_)),
@@ -51,6 +54,9 @@ def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: 
         "final_value": ((T,), np.dtype(np.float32)),
         "version": ((), np.dtype(np.int64)),
     }
+    if returns:
+        spec["ret"] = ((T,), np.dtype(np.float32))
+    return spec
 
 
 def _body(obs_shape: tuple, n_outputs: int, hidden: list[int], choice: str, activation: str) -> nn.Sequential:
@@ -101,11 +107,15 @@ def actor_critic(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg
 class ActorCriticPolicy(NetworkCopy):
     """An actor's copy of the network: the head's outputs as the actors sample from them
     (:func:`~mpirl.agents.distributions.actor_outputs`; with ``log_std`` for a Gaussian) and values of final
-    observations."""
+    observations, both of raw observations normalised with the job's statistics where ``[agent]`` asks (they come
+    after the network's parameters in the flat vector)."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg):
         super().__init__(actor_critic(obs_shape, action, agent_cfg))
         self.spec = as_spec(action)
+        self.norm = normalization(obs_shape, agent_cfg)
+        self.n_net = self.n_params
+        self.n_params += self.norm.n_stats
         self.log_std: np.ndarray | None = None
         self._read_log_std()
 
@@ -114,18 +124,20 @@ class ActorCriticPolicy(NetworkCopy):
             self.log_std = self.net.log_std.detach().double().cpu().numpy().copy()
 
     def load_flat(self, params) -> None:
-        super().load_flat(params)
+        super().load_flat(params[:self.n_net])
+        if self.norm.on:
+            self.norm.load_stats(params[self.n_net:])
         self._read_log_std()
 
     @torch.no_grad()
     def outputs(self, obs: np.ndarray) -> np.ndarray:
         """float64 ``(k, n_outputs)``: per observation, each categorical's log-probabilities or the means."""
-        out, _ = self.net(torch.as_tensor(obs))
+        out, _ = self.net(torch.as_tensor(self.norm.normalize(obs)))
         return actor_outputs(self.spec, out)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
-        return self.net(torch.as_tensor(obs))[1].numpy().astype(np.float32)
+        return self.net(torch.as_tensor(self.norm.normalize(obs)))[1].numpy().astype(np.float32)
 
 
 class Losses(NamedTuple):
@@ -162,7 +174,7 @@ class ImpalaLearner:
     """The learner's network, optimizer (Adam or RMSProp) and one train step on a batch of trajectories."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, impala_cfg, device: torch.device,
-                 seed: int = 0, schedules: dict[str, Linear] | None = None):
+                 seed: int = 0, schedules: dict[str, Linear] | None = None, obs_shift: np.ndarray | None = None):
         torch.manual_seed(seed)
         self.device = device
         self.net = actor_critic(obs_shape, action, agent_cfg).to(device)
@@ -174,7 +186,9 @@ class ImpalaLearner:
         else:
             self.optimizer = torch.optim.Adam(self.net.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
         self.steps = 0
-        self.n_params = sum(p.numel() for p in self.net.parameters())
+        self.norm = normalization(obs_shape, agent_cfg, obs_shift)  # the job's statistics, counted here
+        self.n_net = sum(p.numel() for p in self.net.parameters())
+        self.n_params = self.n_net + self.norm.n_stats  # what the actors load: the network's, then the statistics
         self.fault = ""  # what was not finite in the last skipped batch
         self.schedules = schedules or {}  # "lr", "entropy_coef" -> their schedule (mpirl.agents.schedules)
         self.entropy_coef = impala_cfg.entropy_coef
@@ -192,7 +206,7 @@ class ImpalaLearner:
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float] | None:
         """One gradient step; the step's statistics, or None (no step) when the loss or gradient is not finite."""
-        b = to_tensors(batch, self.device)
+        b = to_tensors(self.normalized(batch), self.device)
         out = self.losses(b)
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
@@ -209,13 +223,37 @@ class ImpalaLearner:
                 "rho_clipped": float(out.rho_clipped), "advantage": float(out.advantage.detach()),
                 "grad_norm": float(norm)}
 
+    def normalized(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """With ``agent.normalize_obs`` / ``normalize_reward``: the batch's observations (each step's once) and
+        discounted returns counted into the job's statistics, then its observations normalised and its rewards
+        scaled with them. The actors acted on observations normalised with the statistics they had loaded: the
+        difference is part of the policy lag that V-trace corrects."""
+        n = self.norm
+        if not n.on:
+            return batch
+        n.count(obs=batch["obs"][:, :-1] if n.obs is not None else None, returns=batch.get("ret"))
+        n.fold_counted()
+        b = dict(batch)
+        if n.obs is not None:
+            obs = batch["obs"]
+            b["obs"] = n.normalize(obs.reshape(-1, *obs.shape[2:])).reshape(obs.shape)
+        if n.ret is not None:
+            b["reward"] = n.scale(batch["reward"])
+        return b
+
     def flat_params(self) -> np.ndarray:
-        return torch.nn.utils.parameters_to_vector(self.net.parameters()).detach().cpu().numpy()
+        out = np.empty(self.n_params, np.float32)
+        out[:self.n_net] = torch.nn.utils.parameters_to_vector(self.net.parameters()).detach().cpu().numpy()
+        if self.norm.on:
+            self.norm.stats_flat(out[self.n_net:])
+        return out
 
     def state(self) -> dict:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "agent_steps": self.steps}
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "agent_steps": self.steps,
+                "normalization": as_tensors(self.norm.state())}
 
     def restore(self, st: dict) -> None:
         self.net.load_state_dict(st["net"])
+        self.norm.restore(as_arrays(st.get("normalization", {})))
         self.optimizer.load_state_dict(st["optimizer"])
         self.steps = int(st["agent_steps"])

@@ -174,18 +174,43 @@ class Normalization:
         z = (x - self.obs.mean) / np.sqrt(self.obs.var + EPS)
         return np.clip(z, -self.obs_clip, self.obs_clip).astype(np.float32).reshape(np.shape(obs))
 
+    def count(self, obs: np.ndarray | None = None, returns: np.ndarray | None = None) -> None:
+        """Count raw observations and discounted returns seen elsewhere (a learner counting its batches); folded by
+        :meth:`fold_counted`."""
+        if obs is not None and self.obs_moments is not None:
+            self.obs_moments.add(obs)
+        if returns is not None and self.ret_moments is not None:
+            self.ret_moments.add(np.asarray(returns).reshape(-1))
+
+    def fold_counted(self) -> None:
+        """What :meth:`count` (or :meth:`observe`, :meth:`rewards`) counted, folded into the statistics here."""
+        out = np.zeros(self.n_moments)
+        self.take_moments(out)
+        self.fold(out)
+
+    def scale(self, reward: np.ndarray) -> np.ndarray:
+        """Rewards divided by the discounted return's standard deviation and clipped (not counted)."""
+        if self.ret is None:
+            return reward
+        scaled = np.asarray(reward, np.float64) / np.sqrt(self.ret.var[0] + EPS)
+        return np.clip(scaled, -self.reward_clip, self.reward_clip).astype(np.float32)
+
+    def discounted(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        """Each game's discounted return after ``reward`` (``[k]``), restarted after the games in ``ended``."""
+        if self.returns is None:
+            self.returns = np.zeros(len(reward))
+        self.returns = self.returns * self.gamma + reward
+        out = self.returns.copy()
+        self.returns[np.asarray(ended, bool)] = 0.0
+        return out
+
     def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
         """Rewards ``[k]`` as the loss takes them: divided by the spread of the discounted return (counted here) and
         clipped; as they are when off. ``ended``: the games whose episode ended with this reward."""
         if self.ret is None or self.ret_moments is None:
             return reward
-        if self.returns is None:
-            self.returns = np.zeros(len(reward))
-        self.returns = self.returns * self.gamma + reward
-        self.ret_moments.add(self.returns)
-        self.returns[np.asarray(ended, bool)] = 0.0
-        scaled = reward / np.sqrt(self.ret.var[0] + EPS)
-        return np.clip(scaled, -self.reward_clip, self.reward_clip).astype(np.float32)
+        self.ret_moments.add(self.discounted(reward, ended))
+        return self.scale(reward)
 
     def state(self) -> dict:
         return {name: s.state() for name, s in (("obs", self.obs), ("ret", self.ret)) if s is not None}
@@ -194,3 +219,11 @@ class Normalization:
         for name, s in (("obs", self.obs), ("ret", self.ret)):
             if s is not None and name in st:
                 s.restore(st[name])
+
+
+def normalization(obs_shape: tuple, agent_cfg, obs_shift: np.ndarray | None = None) -> Normalization:
+    """The statistics ``[agent]`` asks for (none by default); ``obs_shift``: the observations' reference, the same on
+    every rank (:func:`mpirl.envs.factory.reference_observation`), where moments are counted to travel."""
+    a = agent_cfg
+    return Normalization(obs_shape, a.normalize_obs, a.normalize_reward, a.gamma, a.normalized_obs_clip,
+                         a.normalized_reward_clip, obs_shift)

@@ -42,3 +42,15 @@ def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
                 idx = torch.as_tensor(v, device=device).long()
                 out[k[:-4]] = rows.index_select(0, idx.reshape(-1)).view(*idx.shape, *frames.shape[1:])
     return out
+
+
+def as_tensors(tree: dict) -> dict:
+    """numpy arrays in a nested dict as tensors (a checkpoint loads with ``weights_only``: tensors, not arrays)."""
+    return {k: as_tensors(v) if isinstance(v, dict) else torch.as_tensor(v) if isinstance(v, np.ndarray) else v
+            for k, v in tree.items()}
+
+
+def as_arrays(tree: dict) -> dict:
+    """:func:`as_tensors` undone."""
+    return {k: as_arrays(v) if isinstance(v, dict) else v.cpu().numpy() if isinstance(v, torch.Tensor) else v
+            for k, v in tree.items()}

@@ -21,7 +21,7 @@ from mpirl.job.contract import Checked, RoleLoop
 from mpirl.config import ConfigError, JobConfig
 from mpirl.replay_job import actor_count, check_world_size
 from mpirl.job import memory
-from mpirl.agents.policy_checks import actor_critic_params, actor_critic_spaces
+from mpirl.agents.policy_checks import actor_critic_params, actor_critic_spaces, normalization_values
 from mpirl.comm.topology import Layout, Link, Topology, build
 from mpirl.actor_learner import replay_layout
 from mpirl.actor_learner.replay_layout import (ACTOR, BUFFER, LEARNER, WORKER, inference, roles,
@@ -125,8 +125,9 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                                                f"set replay.batch_size = {n_act * cfg.env.envs_per_actor}, got "
                                                f"{cfg.replay.batch_size}")
     spaces = actor_critic_spaces(cfg, "IMPALA", TEAMS)
-    spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll, spaces.action)
-    n_params = actor_critic_params(spaces, cfg)
+    spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll, spaces.action,
+                           returns=cfg.agent.normalize_reward)
+    n_params = actor_critic_params(spaces, cfg) + normalization_values(spaces, cfg)  # the statistics travel too
     # The broadcast carries the version after the parameters (mpirl.algos.impala.learner).
     return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
 

@@ -28,6 +28,7 @@ from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.agents.schedules import progress_of, scheduled
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
+from mpirl.envs.factory import reference_observation
 
 F8, I8 = np.float64, np.int64
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "advantage", "grad_norm", "lag_mean")
@@ -46,7 +47,8 @@ class ImpalaTraining(LearnerAlgorithm):
                                    pick_device(cfg.agent.device), seed=ctx.seed(),
                                    schedules=scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
                                                              "entropy_coef": (cfg.impala.entropy_coef,
-                                                                              cfg.impala.entropy_final)}))
+                                                                              cfg.impala.entropy_final)}),
+                                   obs_shift=reference_observation(cfg.env) if cfg.agent.normalize_obs else None)
         self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
 
     @property
@@ -119,7 +121,7 @@ class ImpalaTraining(LearnerAlgorithm):
             return
         t0 = time.perf_counter()
         played = play_test(self.agent.net, cfg, self.ctx.spaces, n, self.ctx.seed() + 1_000_003 + self.agent.steps,
-                           self.agent.device)
+                           self.agent.device, self.agent.norm.normalize)
         self.test_table.append(time=self.ctx.now(), train_steps=self.agent.steps,
                                env_steps=sum(self.counters.env_steps), **played, seconds=time.perf_counter() - t0)
 

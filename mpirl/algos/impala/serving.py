@@ -77,6 +77,8 @@ class ImpalaDeciding:
         self.env_steps = np.zeros(self.actors, dtype=np.int64)
         self.ep_return = np.zeros(rows)
         self.ep_length = np.zeros(rows, dtype=np.int64)
+        # With agent.normalize_reward each game's discounted return of the recorded rewards, for the learner to count
+        self.returns = np.zeros(rows) if "ret" in spec else None
 
     def rows(self, a: int) -> slice:
         return slice(a * self.E, (a + 1) * self.E)
@@ -102,6 +104,8 @@ class ImpalaDeciding:
         if outcome.fresh or not self.started[a]:  # every game starts afresh (unfinished trajectories dropped)
             self._begin(a, o["obs"])
             self.ep_return[r], self.ep_length[r] = 0.0, 0
+            if self.returns is not None:
+                self.returns[r] = 0.0
             self.started[a] = True
             return
         t, taken = int(self.t[a]), o["taken"]
@@ -112,6 +116,10 @@ class ImpalaDeciding:
         tr["action"][r, t] = taken
         reward = np.clip(o["reward"], -clip, clip) if clip else o["reward"]
         tr["reward"][r, t] = reward * self.cfg.impala.reward_scale
+        if self.returns is not None:
+            self.returns[r] = self.returns[r] * self.cfg.agent.gamma + tr["reward"][r, t]
+            tr["ret"][r, t] = self.returns[r]
+            self.returns[r][o["terminated"] | o["truncated"]] = 0.0
         if self.action.continuous:
             tr["logp"][r, t] = self.sampled_logp[r]
         else:  # the action taken (a forced FIRE, say) under the policy it was decided with

@@ -224,11 +224,19 @@ def cmd_bench(args) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             return _fail("--device: 'cuda' but torch sees no CUDA device here; use 'cpu', or 'all' (the CPU and "
                          "CUDA when present)")
+    from mpirl.bench.continuous import TASKS
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        return _fail(f"--tasks: comma-separated names of {', '.join(TASKS)}, got {args.tasks!r}")
+    if args.what != "continuous" and args.tasks != ",".join(TASKS):
+        return _fail(f"--tasks: only `mpirl bench continuous` takes tasks (got `mpirl bench {args.what}`); "
+                     "leave --tasks out")
     out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
     if out.exists():
         return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
     return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
-               learner={"device": args.device})
+               learner={"device": args.device}, continuous={"tasks": tasks})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -280,12 +288,16 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
-                                     "solve", "impala", "marl", "workers", "distql", "gradients", "startup"])
+                                     "solve", "impala", "marl", "workers", "distql", "gradients", "startup",
+                                     "continuous"])
     sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
                     help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
                          "(default 60; 0 leaves them out)")
+    sp.add_argument("--tasks", default="pendulum,cartpole,hopper,halfcheetah",
+                    help="continuous: the rows to run, comma-separated (default all: pendulum,cartpole,hopper,"
+                         "halfcheetah; the MuJoCo ones take about 10 minutes a run)")
     sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
                     help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present)")
     sp.set_defaults(func=cmd_bench)

@@ -188,6 +188,21 @@ def test_bench_command_line_refuses_bad_input(tmp_path):
     assert (tmp_path / "old.h5").read_bytes() == b"results"  # never overwritten
     proc = run_cli("bench", "replya")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    proc = run_cli("bench", "continuous", "--tasks", "pendulum,atari")
+    assert proc.returncode == 2 and "--tasks" in proc.stderr and "atari" in proc.stderr
+    proc = run_cli("bench", "solve", "--tasks", "pendulum")
+    assert proc.returncode == 2 and "--tasks" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_continuous_bench_times_both_sides_from_launch_to_the_crossing(tmp_path):
+    """Both sides of a Pendulum row, with a target random play reaches in its first 20 episodes: each gives the
+    seconds from its launch (start-up included, a few seconds) and the env steps it played to the crossing."""
+    from mpirl.bench import continuous
+    ours = continuous.ours_crossing("pendulum_ppo.toml", 2, [], -1600.0, 1, tmp_path, "pendulum")
+    sb3 = continuous.sb3_run("Pendulum-v1", 1, -1600.0)
+    for side in (ours, sb3):
+        assert 0.5 < side["seconds"] < 600 and 4000 <= side["env_steps"] <= 100_000, (ours, sb3)
 
 
 @pytest.mark.mpi

@@ -8,7 +8,7 @@ from pathlib import Path
 from mpirl.bench.report import Row, format_rows, write_rows
 
 BENCHES = ("replay", "cache", "transport", "pipeline", "actor", "fairness", "learner", "solve", "impala", "marl",
-           "workers", "distql", "gradients", "startup")
+           "workers", "distql", "gradients", "startup", "continuous")
 
 
 def _module(name: str):

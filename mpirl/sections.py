@@ -153,6 +153,9 @@ class AgentConfig:
     shared_torso: bool = setting(True)
     # A Gaussian policy's (Box actions) log standard deviation at the start, the same in every dimension; learned.
     log_std_init: float = setting(0.0, ge=-10, le=5)
+    # "lstm": an LSTM core of hidden[-1] units after the shared layer (the gradient family): each game's state
+    # carried across steps, zeroed where an episode starts, stored at each rollout's start for the loss to unroll from.
+    recurrent: str = setting("none", choices=("none", "lstm"))
     # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
     # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the
     # discounted return (gamma); each then clipped to +- its clip (SB3's VecNormalize, defaults alike).

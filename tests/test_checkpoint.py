@@ -266,3 +266,17 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, 
     state = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
     assert state["train_steps"] == total and state["version"] > total // 16
     _assert_metrics_continue(run_dir, stop_time, total)
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_where_it_is_at_its_default():
+    """Issue 40 added agent.activation and friends: a checkpoint that does not name them was written by a job that
+    ran as their defaults do, so a job at the defaults resumes from it; one that changes them does not."""
+    from mpirl import config
+    from mpirl.job import checkpoint as ckpt
+    cfg, _ = config.load(JOBS / "a3c_cartpole.toml")
+    now = ckpt.identity(cfg, 5)
+    old = {k: v for k, v in now.items() if k not in ("agent.activation", "agent.lr_final", "a3c.clip_final")}
+    assert ckpt.mismatch(old, now) == ""
+    cfg.agent.activation = "tanh"
+    why = ckpt.mismatch(old, ckpt.identity(cfg, 5))
+    assert "agent.activation" in why and "unset" in why

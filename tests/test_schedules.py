@@ -83,3 +83,33 @@ def test_an_actor_critic_setting_for_an_algorithm_that_does_not_take_it_is_exit_
     proc = run_cli("validate", str(JOBS / job), "--set", key)
     name = key.split("=")[0]
     assert proc.returncode == 2 and name in proc.stderr and "does not use it" in proc.stderr, proc.stderr
+
+
+def test_a_collapsed_categorical_policy_is_flagged_and_a_gaussian_one_never():
+    from mpirl.agents.distributions import uniform_entropy
+    from mpirl.envs.actions import action_spec, discrete
+    from mpirl.metrics.formatting import collapse_note
+    import gymnasium as gym
+    assert uniform_entropy(discrete(4)) == pytest.approx(math.log(4))
+    assert uniform_entropy(action_spec(gym.spaces.MultiDiscrete([3, 4]), "x")) == pytest.approx(math.log(12))
+    assert math.isnan(uniform_entropy(action_spec(gym.spaces.Box(-1, 1, (2,)), "x")))
+    note = collapse_note(3e-4, math.log(4), "raise a3c.entropy_coef")
+    assert "0.0003" in note and "5%" in note and "raise a3c.entropy_coef" in note
+    assert collapse_note(0.1, math.log(2), "x") == ""  # a CartPole policy near its end still explores this much
+    assert collapse_note(0.026, math.log(2), "x") != ""  # one action 99.6 % of the time (CartPole's returns: ~9)
+    assert collapse_note(-5.0, math.nan, "x") == "" and collapse_note(math.nan, 1.0, "x") == ""
+
+
+@pytest.mark.mpi
+def test_mpirl_info_flags_a_policy_whose_entropy_collapsed(tmp_path):
+    """A CartPole A2C run with a learning rate 100 times the job's and no entropy bonus locks onto one action within
+    300 updates (allreduce without preemption: the same run however loaded the machine; entropy 0.012, returns 9.3
+    here): `mpirl info` says so and what to try."""
+    from conftest import run_mpi
+    job = run_mpi(4, tmp_path, "run.train_steps=300", "run.target_return=nan", "run.wall_seconds=0",
+                  'a3c.exchange="allreduce"', "a3c.sync_frac=1.0", "agent.lr=0.1", "a3c.entropy_coef=0.0",
+                  "a3c.test_episodes=0", job=JOBS / "a3c_cartpole.toml", timeout=600)
+    assert job.proc.returncode == 0, job.output
+    proc = run_cli("info", str(job.run_dir))
+    assert proc.returncode == 0 and "under 5% of a uniform policy's 0.693" in proc.stdout, proc.stdout
+    assert "raise a3c.entropy_coef" in proc.stdout

@@ -35,7 +35,8 @@ from mpirl.envs.actions import ActionSpec
 class Rollout:
     """Preallocated ``[T, E]`` arrays of one rollout; ``steps`` of them filled (a preempted rollout has fewer)."""
 
-    def __init__(self, T: int, E: int, obs_shape: tuple, obs_dtype, action: ActionSpec | int = 1):
+    def __init__(self, T: int, E: int, obs_shape: tuple, obs_dtype, action: ActionSpec | int = 1,
+                 state_size: int = 0):
         self.T, self.E = T, E
         spec = as_spec(action)
         self.obs = np.zeros((T, E, *obs_shape), obs_dtype)
@@ -48,21 +49,37 @@ class Rollout:
         self.final_value = np.zeros((T, E), np.float32)
         self.bootstrap = np.zeros(E, np.float32)
         self.steps = 0
+        # A recurrent policy's: where an episode starts (the core's state zeroed before that step) and the core's
+        # state before the rollout's first step, for the loss to unroll from.
+        self.first = np.zeros((T, E), np.bool_) if state_size else None
+        self.h0 = np.zeros((E, state_size), np.float32)
+        self.c0 = np.zeros((E, state_size), np.float32)
 
     def fields(self) -> dict[str, np.ndarray]:
         n = self.steps
-        return {"obs": self.obs[:n], "action": self.action[:n], "logp": self.logp[:n], "value": self.value[:n],
-                "reward": self.reward[:n], "terminated": self.terminated[:n], "truncated": self.truncated[:n],
-                "final_value": self.final_value[:n], "bootstrap": self.bootstrap}
+        out = {"obs": self.obs[:n], "action": self.action[:n], "logp": self.logp[:n], "value": self.value[:n],
+               "reward": self.reward[:n], "terminated": self.terminated[:n], "truncated": self.truncated[:n],
+               "final_value": self.final_value[:n], "bootstrap": self.bootstrap}
+        if self.first is not None:
+            out.update(first=self.first[:n], h0=self.h0, c0=self.c0)
+        return out
 
 
 class Prepared:
-    """A rollout as flat ``[N, ...]`` tensors with its advantages and returns (N = steps x E)."""
+    """A rollout as flat ``[N, ...]`` tensors with its advantages and returns (N = steps x E); a recurrent policy's
+    keeps them ``[T, E]`` (its minibatches are whole games: N = E) with where episodes start and the core's state
+    before the first step."""
 
     def __init__(self, b: dict[str, torch.Tensor], gamma: float, lam: float):
         adv, ret = gae(b["reward"], b["value"], b["bootstrap"], b["terminated"], b["truncated"], b["final_value"],
                        gamma, lam)
         T, E = b["reward"].shape
+        self.recurrent = "first" in b
+        if self.recurrent:
+            self.n = E
+            self.obs, self.action, self.logp, self.advantages, self.returns = b["obs"], b["action"], b["logp"], adv, ret
+            self.first, self.h0, self.c0 = b["first"], b["h0"], b["c0"]
+            return
         self.n = T * E
         self.obs = b["obs"].reshape(T * E, *b["obs"].shape[2:])
         self.action = b["action"].reshape(T * E, *b["action"].shape[2:])
@@ -95,6 +112,9 @@ class A3cModel:
         self.fault = ""
         self.schedules = schedules or {}  # "lr", "entropy_coef", "clip" -> their schedule (mpirl.agents.schedules)
         self.entropy_coef, self.clip = a3c_cfg.entropy_coef, a3c_cfg.clip
+        self.recurrent = self.net.core is not None
+        self.h = self.c = np.zeros((0, self.net.state_size), np.float32)  # each game's core state (recurrent)
+        self.before: tuple[np.ndarray, np.ndarray] | None = None  # the state the last act() started from
 
     def at(self, progress: float) -> None:
         """The scheduled settings where the run is (``progress`` in ``agent.schedule_unit``): the optimizer's
@@ -121,10 +141,39 @@ class A3cModel:
         """Rewards as the loss takes them (``agent.normalize_reward``: scaled by the discounted return's spread)."""
         return self.norm.rewards(reward, ended)
 
+    def begin(self, ro: Rollout) -> None:
+        """A rollout starts: a recurrent policy's core state is its first step's (zeros for games not seen yet)."""
+        if self.recurrent:
+            self._ensure(ro.E)
+            ro.h0[:], ro.c0[:] = self.h, self.c
+
+    def _ensure(self, k: int) -> None:
+        if len(self.h) != k:
+            self.h = np.zeros((k, self.net.state_size), np.float32)
+            self.c = np.zeros((k, self.net.state_size), np.float32)
+
+    def _step(self, obs: np.ndarray, starts: np.ndarray | None, state=None):
+        """The recurrent network one step on ``obs`` from ``state`` (the games' current one), zeroed where
+        ``starts``: ``(outputs, values, h, c)``."""
+        h, c = state if state is not None else (self.h, self.c)
+        first = np.zeros(len(obs), bool) if starts is None else np.asarray(starts, bool)
+        out, values, h2, c2 = self.net.unroll(torch.as_tensor(obs, device=self.device)[None],
+                                              torch.as_tensor(h, device=self.device),
+                                              torch.as_tensor(c, device=self.device),
+                                              torch.as_tensor(first, device=self.device)[None])
+        return out[0], values[0], h2.float().cpu().numpy(), c2.float().cpu().numpy()
+
     @torch.no_grad()
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled actions, their log-probabilities and the values of ``obs``."""
-        out, values = self.net(torch.as_tensor(obs, device=self.device))
+    def act(self, obs: np.ndarray, rng: np.random.Generator, starts: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sampled actions, their log-probabilities and the values of ``obs``; a recurrent policy carries each game's
+        state to the next step, zeroed first for the games where ``starts`` says an episode begins."""
+        if self.recurrent:
+            self._ensure(len(obs))
+            self.before = (self.h, self.c, starts)
+            out, values, self.h, self.c = self._step(obs, starts)
+        else:
+            out, values = self.net(torch.as_tensor(obs, device=self.device))
         actions, logp = sample(self.spec, actor_outputs(self.spec, out), self._log_std(), rng)
         return actions, logp, values.float().cpu().numpy()
 
@@ -136,11 +185,21 @@ class A3cModel:
     def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """The policy's log-probabilities of ``actions`` in ``obs`` (an action the games forced, such as FIRE after
         a lost life, in place of the sampled one)."""
-        out, _ = self.net(torch.as_tensor(obs, device=self.device))
+        if self.recurrent:
+            assert self.before is not None, "log_prob() of the actions act() just sampled"
+            h, c, starts = self.before
+            out = self._step(obs, starts, (h, c))[0]
+        else:
+            out, _ = self.net(torch.as_tensor(obs, device=self.device))
         return log_prob(self.spec, actor_outputs(self.spec, out), self._log_std(), actions)
 
     @torch.no_grad()
-    def values(self, obs: np.ndarray) -> np.ndarray:
+    def values(self, obs: np.ndarray, rows: np.ndarray | None = None, starts: np.ndarray | None = None) -> np.ndarray:
+        """The values of ``obs``; a recurrent policy's from the current state of the games ``rows`` (a mask; all by
+        default), zeroed where ``starts``, without moving it."""
+        if self.recurrent:
+            state = (self.h, self.c) if rows is None else (self.h[rows], self.c[rows])
+            return self._step(obs, starts, state)[1].float().cpu().numpy()
         return self.net(torch.as_tensor(obs, device=self.device))[1].float().cpu().numpy()
 
     # -- gradients
@@ -150,11 +209,20 @@ class A3cModel:
     def losses(self, p: Prepared, idx: np.ndarray | None) -> PGLosses:
         c = self.cfg
         sel = slice(None) if idx is None else torch.as_tensor(idx, device=self.device)
+        if p.recurrent:  # whole games, unrolled from the state the rollout started with
+            obs, action = p.obs[:, sel], p.action[:, sel]
+            out, values, _, _ = self.net.unroll(obs, p.h0[sel], p.c0[sel], p.first[:, sel])
+            n = out.shape[0] * out.shape[1]
+            logp, entropy = self.net.log_prob_entropy(out.reshape(n, -1), action.reshape(n, *action.shape[2:]))
+            ev = (logp, entropy, values.reshape(n))
+            old, adv, ret = p.logp[:, sel].reshape(n), p.advantages[:, sel].reshape(n), p.returns[:, sel].reshape(n)
+        else:
+            ev, old, adv, ret = None, p.logp[sel], p.advantages[sel], p.returns[sel]
+            obs, action = p.obs[sel], p.action[sel]
         if c.loss == "ppo":
-            return ppo_losses(self.net, p.obs[sel], p.action[sel], p.logp[sel], p.advantages[sel], p.returns[sel],
-                              self.clip, c.value_coef, self.entropy_coef, c.normalize_advantages)
-        return a2c_losses(self.net, p.obs[sel], p.action[sel], p.advantages[sel], p.returns[sel], c.value_coef,
-                          self.entropy_coef)
+            return ppo_losses(self.net, obs, action, old, adv, ret, self.clip, c.value_coef, self.entropy_coef,
+                              c.normalize_advantages, evaluated=ev)
+        return a2c_losses(self.net, obs, action, adv, ret, c.value_coef, self.entropy_coef, evaluated=ev)
 
     def gradient(self, p: Prepared, idx: np.ndarray | None, out: np.ndarray) -> dict[str, float] | None:
         """The loss's gradient on the samples ``idx`` (all: None) into ``out``; its statistics, or None (``out``

@@ -74,7 +74,8 @@ class ActorCritic(nn.Module):
     ``shared_torso = False`` from a network of its own) a value."""
 
     def __init__(self, obs_shape: tuple[int, ...], action: ActionSpec | int, hidden: list[int], choice: str = "auto",
-                 *, activation: str = "relu", shared_torso: bool = True, log_std_init: float = 0.0):
+                 *, activation: str = "relu", shared_torso: bool = True, log_std_init: float = 0.0,
+                 recurrent: bool = False):
         super().__init__()
         self.spec = spec = as_spec(action)
         self.kind = network_for(tuple(obs_shape), choice)
@@ -84,13 +85,37 @@ class ActorCritic(nn.Module):
         self.value = nn.Linear(hidden[-1], 1)
         self.critic = None if shared_torso else _body(obs_shape, spec.n_outputs, hidden, choice, activation)
         self.log_std = nn.Parameter(torch.full((spec.size,), float(log_std_init))) if spec.continuous else None
+        # A recurrent policy: an LSTM core of hidden[-1] units after the shared layer, read by both heads.
+        self.core = nn.LSTMCell(hidden[-1], hidden[-1]) if recurrent else None
+        self.state_size = hidden[-1] if recurrent else 0
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(policy head outputs [N, n_outputs], V(x) [N])``."""
+    def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = obs.flatten(1) if self.kind == "mlp" else image_floats(obs)
         x = x.to(self.value.weight.dtype)
-        h = self.shared(self.torso(x))
+        return x, self.shared(self.torso(x))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy head outputs [N, n_outputs], V(x) [N])`` of a feed-forward network."""
+        assert self.core is None, "a recurrent network unrolls (ActorCritic.unroll)"
+        x, h = self._features(obs)
         return self.policy(h), self.value(h if self.critic is None else self.critic(x)).squeeze(-1)
+
+    def unroll(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, first: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A recurrent network over ``T`` steps of ``B`` games: ``obs`` [T, B, ...], the core's state before the
+        first step ``h``, ``c`` [B, H], ``first`` [T, B] (True where an episode starts at that step: the state is
+        zeroed before it). Returns the head's outputs [T, B, n_outputs], the values [T, B] and the state after."""
+        T, B = obs.shape[:2]
+        _, x = self._features(obs.reshape(T * B, *obs.shape[2:]))
+        x = x.view(T, B, -1)
+        keep = (~first.bool()).to(x.dtype).unsqueeze(-1)
+        h, c = h.to(x.dtype), c.to(x.dtype)
+        outs = []
+        for t in range(T):
+            h, c = self.core(x[t], (h * keep[t], c * keep[t]))
+            outs.append(h)
+        y = torch.stack(outs)
+        return self.policy(y), self.value(y).squeeze(-1), h, c
 
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log pi(a|x) [N], entropy of pi(.|x) [N])`` of the outputs ``out`` [N, n_outputs] and ``actions``."""
@@ -101,7 +126,7 @@ def actor_critic(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg
     """The network ``[agent]`` describes."""
     a = agent_cfg
     return ActorCritic(obs_shape, action, a.hidden, a.network, activation=a.activation, shared_torso=a.shared_torso,
-                       log_std_init=a.log_std_init)
+                       log_std_init=a.log_std_init, recurrent=a.recurrent == "lstm")
 
 
 class ActorCriticPolicy(NetworkCopy):

@@ -116,3 +116,9 @@ def log_prob(spec: ActionSpec, out: np.ndarray, log_std: np.ndarray | None, acti
     parts = np.split(out, np.cumsum(spec.nvec)[:-1], axis=1)
     total = sum(p[np.arange(n), acts[:, d]] for d, p in enumerate(parts))
     return np.asarray(total, np.float64).astype(np.float32)
+
+
+def uniform_entropy(spec: ActionSpec) -> float:
+    """The entropy of the uniform policy over a discrete space (the sum of ``log n`` over its dimensions): the most a
+    categorical policy can have. nan for Box actions (a Gaussian's entropy has no such ceiling)."""
+    return math.nan if spec.continuous else float(sum(math.log(n) for n in spec.nvec))

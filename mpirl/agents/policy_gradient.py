@@ -87,10 +87,11 @@ def _evaluate(net: nn.Module, obs: Tensor, actions: Tensor) -> tuple[Tensor, Ten
 
 
 def a2c_losses(net: nn.Module, obs: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor, value_coef: float,
-               entropy_coef: float) -> PGLosses:
+               entropy_coef: float, evaluated: tuple[Tensor, Tensor, Tensor] | None = None) -> PGLosses:
     """A2C's losses of a flat batch: ``obs`` [N, ...], ``actions`` [N, *action shape], ``advantages`` and ``returns``
-    [N] (from :func:`gae`; no gradient flows through them); means over the batch."""
-    logp, entropy, values = _evaluate(net, obs, actions)
+    [N] (from :func:`gae`; no gradient flows through them); means over the batch. ``evaluated``: the network's
+    ``(log pi(a|x), entropy, V(x))`` of the batch when the caller computed them (a recurrent network's unroll)."""
+    logp, entropy, values = evaluated if evaluated is not None else _evaluate(net, obs, actions)
     adv = advantages.detach().to(logp.dtype)
     policy = -(adv * logp).mean()
     value = 0.5 * (returns.detach().to(values.dtype) - values).pow(2).mean()
@@ -101,12 +102,13 @@ def a2c_losses(net: nn.Module, obs: Tensor, actions: Tensor, advantages: Tensor,
 
 
 def ppo_losses(net: nn.Module, obs: Tensor, actions: Tensor, old_logp: Tensor, advantages: Tensor, returns: Tensor,
-               clip: float, value_coef: float, entropy_coef: float, normalize: bool = True) -> PGLosses:
+               clip: float, value_coef: float, entropy_coef: float, normalize: bool = True,
+               evaluated: tuple[Tensor, Tensor, Tensor] | None = None) -> PGLosses:
     """PPO's clipped-surrogate losses of a flat minibatch: as :func:`a2c_losses`, with ``old_logp`` [N] the log
     pi_old(a|x) the rollout was acted with and ``clip`` the ratio's range 1 +- clip. With ``normalize`` the
     advantages are normalised over the minibatch, ``(A - mean) / (std + 1e-8)`` (the sample std; a minibatch of
-    one is left as it is)."""
-    logp, entropy, values = _evaluate(net, obs, actions)
+    one is left as it is). ``evaluated``: as :func:`a2c_losses`."""
+    logp, entropy, values = evaluated if evaluated is not None else _evaluate(net, obs, actions)
     adv = advantages.detach().to(logp.dtype)
     if normalize and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)

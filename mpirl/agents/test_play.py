@@ -37,12 +37,19 @@ def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.de
     one_each = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, envs_per_actor=n))
     games = VectorGames(one_each, spaces, int(rng.integers(2**31)), "test round")
     ret, length, done = np.zeros(n), np.zeros(n, np.int64), np.zeros(n, bool)
+    h = c = torch.zeros(n, getattr(net, "state_size", 0), device=device)
+    starts = np.ones(n, bool)
     try:
         out = games.start()
         for _ in range(MAX_TEST_STEPS):
             with torch.no_grad():
                 obs = out.rows["obs"] if normalize is None else normalize(out.rows["obs"])
-                head, _ = net(torch.as_tensor(obs, device=device))
+                if net.core is not None:  # a recurrent policy: each game's state, zeroed where its episode starts
+                    head, _, h, c = net.unroll(torch.as_tensor(obs, device=device)[None], h, c,
+                                               torch.as_tensor(starts, device=device)[None])
+                    head = head[0]
+                else:
+                    head, _ = net(torch.as_tensor(obs, device=device))
             outputs = actor_outputs(spec, head)
             if spec.continuous:
                 actions = outputs.astype(np.float32).reshape(n, *spec.shape)
@@ -50,9 +57,12 @@ def play_test(net: ActorCritic, cfg, spaces, n: int, seed: int, device: torch.de
                 actions, _ = sample(spec, outputs, None, rng)
             out = games.step(actions)
             o = out.rows
+            starts = np.zeros(n, bool)
             if out.fresh:  # rebuilt: the unfinished episodes start over
                 ret[~done], length[~done] = 0.0, 0
+                starts[:] = True
                 continue
+            starts = o["terminated"] | o["truncated"]
             ret[~done] += o["reward"][~done]
             length[~done] += 1
             done |= o["terminated"] | o["truncated"]

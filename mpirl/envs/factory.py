@@ -42,6 +42,9 @@ def _check_id(env_id: str) -> None:
             raise ConfigError("env.id", f"cannot import {module!r} to register {env_id!r}: {err}") from None
     if env_id.startswith(MINATAR_PREFIX):
         _register_minatar(env_id)
+    from mpirl.envs import masked
+    if env_id in masked.IDS:  # the project's partially observed tasks
+        masked.register()
     if env_id in gym.envs.registry:
         return
     near = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3)
@@ -49,9 +52,23 @@ def _check_id(env_id: str) -> None:
     raise ConfigError("env.id", f"unknown environment {env_id!r}{hint}")
 
 
+def _mujoco_warnings_to_python(env_id: str) -> None:
+    """MuJoCo's warnings (Gymnasium 1.4's models use attributes MuJoCo 4 deprecates) as Python warnings: by default
+    MuJoCo appends each to a MUJOCO_LOG.TXT in the working directory, a file the user never asked for."""
+    try:
+        entry = str(gym.spec(env_id.split(":", 1)[-1]).entry_point)
+    except Exception:  # noqa: BLE001 - an id gym cannot spec is refused by gym.make with its own message
+        return
+    if "mujoco" in entry:
+        import warnings
+        import mujoco
+        mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message.strip()}", stacklevel=1))
+
+
 def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
     """One environment for an actor; ``seed`` seeds its first reset and action space."""
     _check_id(cfg.id)
+    _mujoco_warnings_to_python(cfg.id)
     kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
     try:
         env = gym.make(cfg.id, **kwargs)

@@ -82,14 +82,20 @@ class GradientModel(Protocol):
     device: torch.device
     fault: str  # why the last gradient was refused (a loss or a norm that is not finite)
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions sampled for ``obs`` (one row per game), their log-probabilities and the values."""
+    def act(self, obs: np.ndarray, rng: np.random.Generator, starts: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions sampled for ``obs`` (one row per game), their log-probabilities and the values; ``starts``: the
+        games whose episode begins with this observation (a recurrent policy zeroes their state first)."""
 
     def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """The log-probabilities of ``actions`` (a forced action the games played instead of the sampled one)."""
 
-    def values(self, obs: np.ndarray) -> np.ndarray:
-        """The values of ``obs``."""
+    def values(self, obs: np.ndarray, rows: np.ndarray | None = None, starts: np.ndarray | None = None) -> np.ndarray:
+        """The values of ``obs`` (a recurrent policy's: from the state of the games ``rows``, zeroed where
+        ``starts``, not moved)."""
+
+    def begin(self, rollout: Any) -> None:
+        """A rollout starts (a recurrent policy records its core's state there)."""
 
     def observe(self, obs: np.ndarray) -> np.ndarray:
         """Raw observations to act on: counted for the job's statistics, returned normalised (or as they are)."""

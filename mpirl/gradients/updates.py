@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mpirl.agents.distributions import uniform_entropy
 from mpirl.agents.test_play import TEST_COLUMNS
 from mpirl.gradients.messages import STATS
 from mpirl.metrics.writer import MetricsFile, Rows
@@ -31,7 +32,10 @@ UNITS = {"time": "s", "compute_s": "s", "seconds": "s"}
 class UpdateLog:
     def __init__(self, ctx, builder: GradientBuilder, n_params: int, attrs: dict):
         self.ctx, self.builder = ctx, builder
-        self.file = MetricsFile(ctx.run_dir / "updates.h5", {"rank": ctx.topo.rank, "n_params": n_params, **attrs},
+        action = getattr(ctx.spaces, "action", None)  # the entropy info flags a collapse against
+        uniform = uniform_entropy(action) if action is not None else float("nan")
+        self.file = MetricsFile(ctx.run_dir / "updates.h5", {"rank": ctx.topo.rank, "n_params": n_params,
+                                                             "uniform_entropy": uniform, **attrs},
                                 flush_seconds=ctx.cfg.log.flush_seconds, resume=bool(ctx.resume))
         self.updates = Rows(self.file.table("updates", UPDATES, UNITS))
         self.test_table = self.file.table("test", TEST_COLUMNS, UNITS)

@@ -46,6 +46,7 @@ class Games:
         self.clip, self.scale = cfg.agent.reward_clip, reward_scale
         self.delay = Delay(delay_s)
         self.finished: list[tuple[float, int]] = []  # (return, length) since they were last taken
+        self.starts = np.ones(E, bool)  # the games whose next observation begins an episode (a recurrent core resets)
 
     @property
     def env_errors(self) -> int:
@@ -55,12 +56,16 @@ class Games:
         """Fill ``ro``; True when ``stop_early(steps)`` ended it before ``ro.T`` steps."""
         preempted = False
         t = 0
+        model.begin(ro)
         for t in range(ro.T):
             if stop_early(t):
                 preempted = True
                 break
             obs = model.observe(self.obs)  # counted for the job's statistics and normalised (when they are on)
-            actions, logp, values = model.act(obs, rng)
+            if ro.first is not None:
+                ro.first[t] = self.starts
+            actions, logp, values = model.act(obs, rng, self.starts)
+            self.starts = np.zeros_like(self.starts)
             out = self.games.step(actions)
             if self.delay.seconds:
                 self.delay.step()
@@ -73,6 +78,7 @@ class Games:
                 ro.final_value[t] = values
                 self.ret[:], self.length[:] = 0.0, 0
                 self.obs = o["obs"].copy()
+                self.starts = np.ones_like(self.starts)
                 continue
             if not np.array_equal(o["taken"], actions):  # a forced FIRE was played: the rollout holds it
                 ro.action[t], ro.logp[t] = o["taken"], model.log_prob(obs, o["taken"])
@@ -83,17 +89,18 @@ class Games:
             ro.terminated[t], ro.truncated[t] = cut, o["truncated"] & ~cut
             trunc = ro.truncated[t]
             if trunc.any():
-                ro.final_value[t][trunc] = model.values(model.normalize(o["final_obs"][trunc]))
+                ro.final_value[t][trunc] = model.values(model.normalize(o["final_obs"][trunc]), rows=trunc)
             self.ret += o["reward"]
             self.length += 1
             for e in np.flatnonzero(ended):
                 self.finished.append((float(self.ret[e]), int(self.length[e])))
                 self.ret[e], self.length[e] = 0.0, 0
             self.obs = o["obs"].copy()
+            self.starts = ended.copy()
         else:
             t = ro.T
         ro.steps = t
-        ro.bootstrap[:] = model.values(model.normalize(self.obs))
+        ro.bootstrap[:] = model.values(model.normalize(self.obs), starts=self.starts)
         return preempted
 
     def take(self) -> list[tuple[float, int]]:

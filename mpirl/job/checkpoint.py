@@ -51,13 +51,27 @@ def identity(cfg: JobConfig, world_size: int) -> dict:
     return {"world_size": world_size, **{k: repr(v) for k, v in flat.items()}}
 
 
+def _default(key: str):
+    """The default of the setting ``key`` (``"agent.activation"``), or a marker no value equals."""
+    value: object = JobConfig()
+    for part in key.split("."):
+        value = getattr(value, part, _UNKNOWN)
+    return value
+
+
+_UNKNOWN = object()
+
+
 def mismatch(saved: dict, current: dict) -> str:
     """'' if ``current`` may resume from ``saved``, else the first difference in words. A checkpoint written
-    before a setting moved to its algorithm's section names it by its old key (config.MOVED)."""
+    before a setting moved to its algorithm's section names it by its old key (config.MOVED); one written before a
+    setting existed resumes where the setting is at its default (which is how that checkpoint's job ran)."""
     saved = {MOVED.get(k, k): v for k, v in saved.items()}
     saved = {k: v for k, v in saved.items()  # a checkpoint written before a key could change still names it
              if k not in MAY_CHANGE and not k.startswith(MAY_CHANGE_SECTIONS)}
     for key in sorted(set(saved) | set(current)):
+        if key not in saved and key in current and current[key] == repr(_default(key)):  # identity's reprs
+            continue
         if saved.get(key) != current.get(key):
             return f"{key} was {saved.get(key, 'unset')} in the checkpoint's job, is {current.get(key, 'unset')} now"
     return ""

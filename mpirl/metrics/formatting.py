@@ -33,3 +33,15 @@ def table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]], ind
     def line(cells: Sequence[str]) -> str:
         return indent + " ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns, strict=True))
     return [line([name for name, _ in columns])] + [line(row) for row in rows]
+
+
+COLLAPSED = 0.05  # a categorical policy's entropy under this share of the uniform policy's: it plays one action
+
+
+def collapse_note(entropy: float, uniform: float, fix: str) -> str:
+    """'' for a policy still exploring; else a note that its entropy fell under :data:`COLLAPSED` of the uniform
+    policy's (``uniform``: nan for a Gaussian policy, never flagged) and what to try (``fix``)."""
+    if not (math.isfinite(entropy) and math.isfinite(uniform) and uniform > 0) or entropy >= COLLAPSED * uniform:
+        return ""
+    return (f"the policy's entropy is {entropy:.2g}, under {COLLAPSED:.0%} of a uniform policy's {uniform:.3g}: it "
+            f"plays nearly one action everywhere and explores no more; if the returns are still low, {fix}")

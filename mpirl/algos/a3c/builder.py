@@ -35,7 +35,8 @@ class A3cBuilder(GradientBuilder):
     def make_rollout(self, ctx: RoleContext) -> GradientRollout:
         from mpirl.agents.a3c import Rollout
         s = ctx.spaces
-        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, s.obs_dtype, s.action)
+        state = ctx.cfg.agent.hidden[-1] if ctx.cfg.agent.recurrent == "lstm" else 0
+        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, s.obs_dtype, s.action, state)
 
     def passes(self, cfg: JobConfig, n: int, rng: np.random.Generator) -> Iterator[list[np.ndarray | None]]:
         """A2C: one gradient of the whole rollout; PPO: ``a3c.epochs`` passes of ``a3c.minibatches``."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from mpirl.metrics import heartbeat
 from mpirl.metrics.run_file import load_run
-from mpirl.metrics.formatting import fmt, table
+from mpirl.metrics.formatting import collapse_note, fmt, table
 
 NAN = float("nan")
 
@@ -57,6 +57,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
                         "last20_return": _mean(ep.get("return", [])[-20:])})
         times.append(np.asarray(ep.get("time", []), float))
         returns.append(np.asarray(ep.get("return", []), float))
+    tail = max(1, len(applied) // 10)
+    entropy = _mean(np.asarray(u.get("entropy", []))[-tail:]) if len(applied) else NAN
+    collapsed = collapse_note(entropy, float(up.get("attrs", {}).get("uniform_entropy", NAN)),
+                              "raise a3c.entropy_coef or set agent.normalize_reward = true")
+    if collapsed:
+        notes.append(collapsed)
     t, r = (np.concatenate(times), np.concatenate(returns)) if times else (np.zeros(0), np.zeros(0))
     r = r[np.argsort(t, kind="stable")]
     window = int(job.get("run.return_window", 20) or 20)

@@ -74,7 +74,7 @@ USES = {
     "run": ("train_steps", "env_steps", "wall_seconds", "target_return", "return_window"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
-              "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
+              "recurrent", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
               "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
@@ -121,6 +121,13 @@ def check(cfg) -> None:
         raise ConfigError("a3c.minibatches", f"must be at most the samples of the smallest rollout, "
                                              f"{smallest} ({where} x env.envs_per_actor = {cfg.env.envs_per_actor} "
                                              f"games), got {a.minibatches}")
+    if cfg.agent.recurrent != "none" and not cfg.agent.shared_torso:
+        raise ConfigError("agent.shared_torso", "a recurrent policy's value reads its LSTM core, so it shares the "
+                                                "torso: set agent.shared_torso = true (or agent.recurrent = \"none\")")
+    if cfg.agent.recurrent != "none" and a.minibatches > cfg.env.envs_per_actor:
+        raise ConfigError("a3c.minibatches", f"a recurrent policy's minibatches are whole games (unrolled from the "
+                                             f"rollout's first state): at most env.envs_per_actor = "
+                                             f"{cfg.env.envs_per_actor}, got {a.minibatches}")
     check_schedules(cfg, {"agent.lr_final": cfg.agent.lr_final, "a3c.entropy_final": a.entropy_final,
                           "a3c.clip_final": a.clip_final})
     if a.exchange != "sync" and a.stragglers:

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 
 from mpirl.metrics import summary as shared
-from mpirl.metrics.formatting import fmt
+from mpirl.metrics.formatting import collapse_note, fmt
 from mpirl.metrics.watch import frame as star_frame
 
 STATS = ("loss", "policy_loss", "value_loss", "entropy", "rho_clipped", "grad_norm", "lag_mean", "lag_max")
@@ -54,7 +54,18 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             if len(test.get("time", ())) else None)
     s["impala"] = {**{k: shared._tail_mean(train, k) for k in STATS}, "held_back_s": _held_back(run_dir),
                    "replayed": _replayed(run_dir), "test": last}
+    s["impala"]["collapsed"] = collapse_note(s["impala"]["entropy"], _uniform_entropy(learner),
+                                             "raise impala.entropy_coef or set agent.normalize_reward = true")
     return s
+
+
+def _uniform_entropy(learner: Path) -> float:
+    """The uniform policy's entropy the learner wrote (nan: a Gaussian policy, or a run from before it was kept)."""
+    try:
+        with h5py.File(learner, "r", locking=False) as f:
+            return float(f.attrs.get("uniform_entropy", np.nan))
+    except OSError:
+        return float("nan")
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -71,7 +82,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({'for each round' if job.get('impala.exchange') == 'sync' else 'for room in their queue'})",
         *([f"  replayed trajectories (all queues) {fmt(q['replayed'], ',')}   (impala.replay_share "
            f"{job.get('impala.replay_share', '-')})"] if q["replayed"] else []),
-        _test_line(q["test"])])
+        _test_line(q["test"]), *([f"  note: {q['collapsed']}"] if q.get("collapsed") else [])])
 
 
 def _test_line(t: dict | None) -> str:
@@ -85,4 +96,5 @@ def frame(s: dict[str, Any]) -> str:
     """``mpirl watch``: the learner-buffer-actor frame, then IMPALA's lag and entropy."""
     q = s["impala"]
     return (star_frame(s) + f"\nIMPALA        entropy {fmt(q['entropy'], '.3g')}, policy lag mean "
-            f"{fmt(q['lag_mean'], '.2f')} max {fmt(q['lag_max'], '.0f')}, held back {fmt(q['held_back_s'], ',.1f', ' s')}")
+            f"{fmt(q['lag_mean'], '.2f')} max {fmt(q['lag_max'], '.0f')}, held back {fmt(q['held_back_s'], ',.1f', ' s')}"
+            + (f"\nnote: {q['collapsed']}" if q.get("collapsed") else ""))

@@ -26,6 +26,7 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
+from mpirl.agents.distributions import uniform_entropy
 from mpirl.agents.schedules import progress_of, scheduled
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 from mpirl.envs.factory import reference_observation
@@ -90,6 +91,7 @@ class ImpalaTraining(LearnerAlgorithm):
 
     def file_attrs(self, threads: int) -> dict:
         return {"role": "learner", "rank": 0, "algorithm": "impala", "architecture": "queue",
+                "uniform_entropy": uniform_entropy(self.ctx.spaces.action),
                 "device": str(self.agent.device),
                 "torch_threads": threads, "n_params": self.agent.n_params, "batch_size": self.cfg.replay.batch_size,
                 "unroll": self.cfg.impala.unroll}

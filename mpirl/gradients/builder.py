@@ -51,11 +51,12 @@ class GradientSettings(Protocol):
 class GradientRollout(Protocol):
     """Preallocated time-major ``[T, E]`` arrays of one rollout of a worker's ``E`` games; ``steps`` of them
     filled (a preempted rollout has fewer). The worker writes each step's row; ``bootstrap`` is the value of the
-    observations after the last."""
+    observations after the last; ``first`` (a recurrent policy's, else None): where an episode starts."""
 
     T: int
     E: int
     steps: int
+    first: np.ndarray | None
     obs: np.ndarray
     action: np.ndarray
     logp: np.ndarray

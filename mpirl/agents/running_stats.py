@@ -128,35 +128,33 @@ class Normalization:
     def n_moments(self) -> int:
         return sum(len(m.values) for m in (self.obs_moments, self.ret_moments) if m is not None)
 
-    def stats_flat(self, out: np.ndarray) -> None:
-        i = 0
-        for s in (self.obs, self.ret):
-            if s is not None:
-                s.flat(out[i:i + s.n_values])
-                i += s.n_values
-
-    def load_stats(self, flat: np.ndarray) -> None:
-        i = 0
-        for s in (self.obs, self.ret):
-            if s is not None:
-                s.load(flat[i:i + s.n_values])
-                i += s.n_values
-
-    def take_moments(self, out: np.ndarray) -> None:
-        """What this rank counted since the last call, into ``out`` (``n_moments`` values)."""
-        i = 0
-        for m in (self.obs_moments, self.ret_moments):
-            if m is not None:
-                m.take(out[i:i + len(m.values)])
-                i += len(m.values)
-
-    def fold(self, moments: np.ndarray) -> None:
-        """Merge moments (one rank's, or several ranks' summed) into the statistics."""
+    def _parts(self, moments: bool):
+        """``(statistics, moments, slice)`` of the observations' and the returns' parts of the flat form (either
+        part absent when off): the statistics' flat form and the moments' have the same layout."""
         i = 0
         for s, m in ((self.obs, self.obs_moments), (self.ret, self.ret_moments)):
             if s is not None and m is not None:
-                s.fold(moments[i:i + len(m.values)], m.shift)
-                i += len(m.values)
+                n = len(m.values) if moments else s.n_values
+                yield s, m, slice(i, i + n)
+                i += n
+
+    def stats_flat(self, out: np.ndarray) -> None:
+        for s, _, part in self._parts(moments=False):
+            s.flat(out[part])
+
+    def load_stats(self, flat: np.ndarray) -> None:
+        for s, _, part in self._parts(moments=False):
+            s.load(flat[part])
+
+    def take_moments(self, out: np.ndarray) -> None:
+        """What this rank counted since the last call, into ``out`` (``n_moments`` values)."""
+        for _, m, part in self._parts(moments=True):
+            m.take(out[part])
+
+    def fold(self, moments: np.ndarray) -> None:
+        """Merge moments (one rank's, or several ranks' summed) into the statistics."""
+        for s, m, part in self._parts(moments=True):
+            s.fold(moments[part], m.shift)
 
     # -- playing
     def observe(self, obs: np.ndarray) -> np.ndarray:

@@ -212,8 +212,12 @@ def cmd_bench(args) -> int:
     import datetime as dt
 
     from mpirl.bench.suite import run
-    if args.reps < 5:
-        return _fail(f"--reps: at least 5 repetitions make a median with a range, got {args.reps}")
+    from mpirl.bench.continuous import LONG_TASKS, TASKS
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    least = 3 if args.what == "continuous" and tasks and set(tasks) <= set(LONG_TASKS) else 5
+    if args.reps < least:
+        return _fail(f"--reps: at least {least} repetitions make a median with a range, got {args.reps}"
+                     + ("" if least == 3 else f" (3 is enough for `--tasks` of {', '.join(LONG_TASKS)} alone: many minutes a seed)"))
     if not args.breakout_wall >= 0:
         return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
     if args.device != "all":
@@ -224,8 +228,6 @@ def cmd_bench(args) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             return _fail("--device: 'cuda' but torch sees no CUDA device here; use 'cpu', or 'all' (the CPU and "
                          "CUDA when present)")
-    from mpirl.bench.continuous import TASKS
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         return _fail(f"--tasks: comma-separated names of {', '.join(TASKS)}, got {args.tasks!r}")
@@ -290,14 +292,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
                                      "solve", "impala", "marl", "workers", "distql", "gradients", "startup",
                                      "continuous"])
-    sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5)")
+    sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5, or >= 3 for the MuJoCo rows of continuous alone)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
                     help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
                          "(default 60; 0 leaves them out)")
-    sp.add_argument("--tasks", default="pendulum,cartpole,hopper,halfcheetah",
+    sp.add_argument("--tasks", default="pendulum,cartpole,hopper,halfcheetah,novelocity",
                     help="continuous: the rows to run, comma-separated (default all: pendulum,cartpole,hopper,"
-                         "halfcheetah; the MuJoCo ones take about 10 minutes a run)")
+                         "halfcheetah,novelocity; the MuJoCo ones take about 10 minutes a run, novelocity's up to 5)")
     sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
                     help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present)")
     sp.set_defaults(func=cmd_bench)

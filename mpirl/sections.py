@@ -153,8 +153,9 @@ class AgentConfig:
     shared_torso: bool = setting(True)
     # A Gaussian policy's (Box actions) log standard deviation at the start, the same in every dimension; learned.
     log_std_init: float = setting(0.0, ge=-10, le=5)
-    # "lstm": an LSTM core of hidden[-1] units after the shared layer (the gradient family): each game's state
-    # carried across steps, zeroed where an episode starts, stored at each rollout's start for the loss to unroll from.
+    # "lstm": an LSTM core of hidden[-1] units after the shared layer (IMPALA and the gradient family): each game's
+    # state carried across steps, zeroed where an episode starts, stored at each rollout's (trajectory's) start for
+    # the loss to unroll from.
     recurrent: str = setting("none", choices=("none", "lstm"))
     # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
     # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the
@@ -262,6 +263,13 @@ class CheckpointConfig:
     # Also each buffer's replay memory when the job stops (RUN_DIR/checkpoints/replay-<rank>.npz), so a
     # resumed run starts with it instead of refilling; about the memory's size on disk.
     replay: bool = setting(False)
+
+
+def check_recurrent(cfg) -> None:
+    """A recurrent policy's value reads its core: the value shares the torso."""
+    if cfg.agent.recurrent != "none" and not cfg.agent.shared_torso:
+        raise ConfigError("agent.shared_torso", "a recurrent policy's value reads its LSTM core, so it shares the "
+                                                "torso: set agent.shared_torso = true (or agent.recurrent = \"none\")")
 
 
 def check_schedules(cfg, finals: dict[str, float]) -> None:

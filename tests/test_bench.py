@@ -190,6 +190,10 @@ def test_bench_command_line_refuses_bad_input(tmp_path):
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
     proc = run_cli("bench", "continuous", "--tasks", "pendulum,atari")
     assert proc.returncode == 2 and "--tasks" in proc.stderr and "atari" in proc.stderr
+    proc = run_cli("bench", "continuous", "--reps", "3", "--tasks", "pendulum,hopper")  # 3 only for the long rows
+    assert proc.returncode == 2 and "--reps" in proc.stderr and "hopper, halfcheetah, novelocity" in proc.stderr
+    proc = run_cli("bench", "continuous", "--reps", "2", "--tasks", "hopper")
+    assert proc.returncode == 2 and "at least 3" in proc.stderr
     proc = run_cli("bench", "solve", "--tasks", "pendulum")
     assert proc.returncode == 2 and "--tasks" in proc.stderr
 

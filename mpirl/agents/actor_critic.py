@@ -14,6 +14,9 @@ int64 per dimension, or the unclipped float32 sample), the rewards, the behaviou
 action,
 terminated and truncated apart, the behaviour policy's value of the final observation where a step was truncated
 (a time limit; what Sample Factory bootstraps with too) and the parameter version the actions were chosen with.
+A recurrent policy's record adds where episodes start (``first``, at each of the ``unroll + 1`` observations: the
+core's state is zeroed before that step) and the core's state before the first step (``h0``, ``c0``), what the
+learner unrolls from (as IMPALA and R2D2 store it).
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ def as_spec(action: ActionSpec | int) -> ActionSpec:
 
 
 def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: ActionSpec | int = 1,
-                    returns: bool = False) -> dict:
+                    returns: bool = False, state_size: int = 0) -> dict:
     """Field name -> (per-record shape, dtype) of one trajectory of ``unroll`` steps (actions of ``action``:
     one discrete action by default). ``returns``: each step's discounted return so far in its episode too (``ret``,
-    what the learner's reward normalisation counts)."""
+    what the learner's reward normalisation counts). ``state_size``: a recurrent core's width (0: none)."""
     T, act = int(unroll), as_spec(action)
     spec = {
         "obs": ((T + 1, *obs_shape), np.dtype(obs_dtype)),
@@ -56,6 +59,10 @@ def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: 
     }
     if returns:
         spec["ret"] = ((T,), np.dtype(np.float32))
+    if state_size:
+        spec["first"] = ((T + 1,), np.dtype(np.bool_))
+        spec["h0"] = ((int(state_size),), np.dtype(np.float32))
+        spec["c0"] = ((int(state_size),), np.dtype(np.float32))
     return spec
 
 
@@ -154,14 +161,35 @@ class ActorCriticPolicy(NetworkCopy):
             self.norm.load_stats(params[self.n_net:])
         self._read_log_std()
 
+    @property
+    def state_size(self) -> int:
+        """The recurrent core's width (0: a feed-forward policy)."""
+        return self.net.state_size
+
     @torch.no_grad()
     def outputs(self, obs: np.ndarray) -> np.ndarray:
         """float64 ``(k, n_outputs)``: per observation, each categorical's log-probabilities or the means."""
         out, _ = self.net(torch.as_tensor(self.norm.normalize(obs)))
         return actor_outputs(self.spec, out)
 
+    def _unroll1(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray):
+        return self.net.unroll(torch.as_tensor(self.norm.normalize(obs))[None], torch.as_tensor(h),
+                               torch.as_tensor(c), torch.as_tensor(np.asarray(starts, bool))[None])
+
     @torch.no_grad()
-    def values(self, obs: np.ndarray) -> np.ndarray:
+    def step(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A recurrent policy one step: :meth:`outputs` of ``obs`` from the core's state ``h``, ``c`` [k, H], zeroed
+        first where ``starts``; and the state after."""
+        out, _, h, c = self._unroll1(obs, h, c, starts)
+        return actor_outputs(self.spec, out[0]), h.numpy(), c.numpy()
+
+    @torch.no_grad()
+    def values(self, obs: np.ndarray, h: np.ndarray | None = None, c: np.ndarray | None = None) -> np.ndarray:
+        """V of ``obs``; a recurrent policy's from the core's state ``h``, ``c`` (not moved)."""
+        if self.net.core is not None:
+            assert h is not None and c is not None, "a recurrent policy's value needs the core's state"
+            return self._unroll1(obs, h, c, np.zeros(len(obs), bool))[1][0].numpy().astype(np.float32)
         return self.net(torch.as_tensor(self.norm.normalize(obs)))[1].numpy().astype(np.float32)
 
 
@@ -178,11 +206,16 @@ def impala_losses(net: nn.Module, b: dict[str, torch.Tensor], gamma: float, rho_
                   value_coef: float, entropy_coef: float) -> Losses:
     """The IMPALA loss of a batch of trajectories (tensors ``[B, ...]`` as :func:`trajectory_spec`): the policy
     gradient with V-trace advantages, ``value_coef`` x half the squared error to the V-trace targets, minus
-    ``entropy_coef`` x the policy's entropy; means over the batch's steps."""
+    ``entropy_coef`` x the policy's entropy; means over the batch's steps. A recurrent network unrolls each
+    trajectory from the core's state it stored (``h0``, ``c0``), zeroed where ``first`` says an episode starts."""
     obs = b["obs"]
     B, T1 = obs.shape[:2]
-    out, values = net(obs.reshape(B * T1, *obs.shape[2:]))
-    out, values = out.view(B, T1, -1)[:, :-1], values.view(B, T1)
+    if net.core is not None:
+        out, values, _, _ = net.unroll(obs.transpose(0, 1), b["h0"], b["c0"], b["first"].transpose(0, 1))
+        out, values = out.transpose(0, 1)[:, :-1], values.transpose(0, 1)
+    else:
+        out, values = net(obs.reshape(B * T1, *obs.shape[2:]))
+        out, values = out.view(B, T1, -1)[:, :-1], values.view(B, T1)
     T = T1 - 1
     logp, ent = net.log_prob_entropy(out.reshape(B * T, -1), b["action"].reshape(B * T, *b["action"].shape[2:]))
     logp, ent = logp.view(B, T), ent.view(B, T)

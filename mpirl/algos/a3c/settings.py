@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from mpirl.domain import ConfigError, Domain, setting
-from mpirl.sections import check_schedules
+from mpirl.sections import check_recurrent, check_schedules
 
 EXCHANGES = ("async", "sync", "allreduce")
 
@@ -121,9 +121,7 @@ def check(cfg) -> None:
         raise ConfigError("a3c.minibatches", f"must be at most the samples of the smallest rollout, "
                                              f"{smallest} ({where} x env.envs_per_actor = {cfg.env.envs_per_actor} "
                                              f"games), got {a.minibatches}")
-    if cfg.agent.recurrent != "none" and not cfg.agent.shared_torso:
-        raise ConfigError("agent.shared_torso", "a recurrent policy's value reads its LSTM core, so it shares the "
-                                                "torso: set agent.shared_torso = true (or agent.recurrent = \"none\")")
+    check_recurrent(cfg)
     if cfg.agent.recurrent != "none" and a.minibatches > cfg.env.envs_per_actor:
         raise ConfigError("a3c.minibatches", f"a recurrent policy's minibatches are whole games (unrolled from the "
                                              f"rollout's first state): at most env.envs_per_actor = "

@@ -126,7 +126,8 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
                                                f"{cfg.replay.batch_size}")
     spaces = actor_critic_spaces(cfg, "IMPALA", TEAMS)
     spec = trajectory_spec(spaces.obs_shape, spaces.obs_dtype, cfg.impala.unroll, spaces.action,
-                           returns=cfg.agent.normalize_reward)
+                           returns=cfg.agent.normalize_reward,
+                           state_size=cfg.agent.hidden[-1] if cfg.agent.recurrent == "lstm" else 0)
     n_params = actor_critic_params(spaces, cfg) + normalization_values(spaces, cfg)  # the statistics travel too
     # The broadcast carries the version after the parameters (mpirl.algos.impala.learner).
     return Checked(spaces, spec, n_params + 1, estimate(cfg, world_size, spec, n_params))
@@ -179,7 +180,8 @@ def describe(cfg: JobConfig, world_size: int, checked: Checked) -> str:
     queues = f"{t.buffers} queue(s)" if t.buffers else "its queue"
     return (f"1 learner, {queues}{inference(t)}, {actor_count(cfg, world_size)} actor(s); IMPALA (V-trace, "
             f"{cfg.impala.exchange}) on "
-            f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.action.describe()}; trajectories of "
+            f"{cfg.env.id}: obs {s.obs_shape} {s.obs_dtype}, {s.action.describe()}"
+            f"{', an LSTM core' if cfg.agent.recurrent == 'lstm' else ''}; trajectories of "
             f"{cfg.impala.unroll} steps, batch {rp.batch_size} trajectories, queues of {rp.capacity}")
 
 

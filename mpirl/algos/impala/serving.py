@@ -7,6 +7,11 @@ terminated and truncated apart, the value of the final observation where a time 
 the parameter version the trajectory's first action was chosen with. All games of an actor step together, so their
 trajectories end together and go in one message; the next ones start from the observation the last ended on.
 
+A recurrent policy (``agent.recurrent = "lstm"``) carries each game's core state from step to step, zeroed where
+an episode starts (or the games were rebuilt); each trajectory stores the state it started from and where its
+episodes start, so the learner unrolls the same steps (:func:`mpirl.agents.actor_critic.impala_losses`). The state
+is the actor's (or its inference worker's): a worker keeps one per game it serves.
+
 The parameter broadcast carries the learner's version as one more value after the network's parameters
 (:meth:`mpirl.algos.impala.learner.ImpalaTraining.flat_params`): that is how an actor knows the version it acts with.
 """
@@ -79,6 +84,11 @@ class ImpalaDeciding:
         self.ep_length = np.zeros(rows, dtype=np.int64)
         # With agent.normalize_reward each game's discounted return of the recorded rewards, for the learner to count
         self.returns = np.zeros(rows) if "ret" in spec else None
+        # A recurrent policy: each game's core state and whether its next observation starts an episode.
+        H = self.policy.state_size
+        self.h, self.c = np.zeros((rows, H), np.float32), np.zeros((rows, H), np.float32)
+        self.starts = np.ones(rows, bool)
+        self.recurrent = H > 0
 
     def rows(self, a: int) -> slice:
         return slice(a * self.E, (a + 1) * self.E)
@@ -94,14 +104,19 @@ class ImpalaDeciding:
         return SenderWindow(self.cfg, topo.group)
 
     def _begin(self, a: int, obs: np.ndarray) -> None:
-        """Actor ``a``'s next trajectories start from ``obs``."""
-        self.traj["obs"][self.rows(a), 0] = obs
+        """Actor ``a``'s next trajectories start from ``obs`` (and a recurrent core from its games' state)."""
+        r = self.rows(a)
+        self.traj["obs"][r, 0] = obs
+        if self.recurrent:
+            self.traj["first"][r, 0] = self.starts[r]
+            self.traj["h0"][r], self.traj["c0"][r] = self.h[r], self.c[r]
         self.t[a] = 0
 
     def observe(self, a: int, outcome: Outcome) -> None:
         """Record what actor ``a``'s last actions led to; finished trajectories are staged."""
         o, r, tr = outcome.rows, self.rows(a), self.traj
         if outcome.fresh or not self.started[a]:  # every game starts afresh (unfinished trajectories dropped)
+            self.starts[r], self.h[r], self.c[r] = True, 0.0, 0.0
             self._begin(a, o["obs"])
             self.ep_return[r], self.ep_length[r] = 0.0, 0
             if self.returns is not None:
@@ -126,8 +141,10 @@ class ImpalaDeciding:
             tr["logp"][r, t] = log_prob(self.action, self.out[r], None, taken)
         tr["terminated"][r, t], tr["truncated"][r, t] = terminated, truncated
         tr["final_value"][r, t] = 0.0
-        if truncated.any():  # a time limit: the episode's final observation's value bootstraps
-            tr["final_value"][r, t][truncated] = self.policy.values(o["final_obs"][truncated])
+        if truncated.any():  # a time limit: the episode's final observation's value bootstraps (the episode's state)
+            cut = np.flatnonzero(truncated) + r.start
+            tr["final_value"][r, t][truncated] = self.policy.values(o["final_obs"][truncated], self.h[cut],
+                                                                    self.c[cut])
         self.ep_return[r] += o["reward"]
         self.ep_length[r] += 1
         ended = o["terminated"] | o["truncated"]
@@ -135,6 +152,9 @@ class ImpalaDeciding:
             self.episodes.append((float(self.ep_return[r][k]), int(self.ep_length[r][k])))
         self.ep_return[r][ended], self.ep_length[r][ended] = 0.0, 0
         tr["obs"][r, t + 1] = o["obs"]
+        if self.recurrent:  # the next observation starts an episode: the core's state is zeroed before it
+            self.starts[r] = ended
+            tr["first"][r, t + 1] = ended
         if t + 1 < self.T:
             self.t[a] = t + 1
             return
@@ -151,7 +171,12 @@ class ImpalaDeciding:
     def decide(self, actors: list[int], outcomes: list[Outcome]) -> np.ndarray:
         """Actions for the listed actors' games from one forward pass; each actor samples with its own stream."""
         obs = outcomes[0].rows["obs"] if len(outcomes) == 1 else np.concatenate([o.rows["obs"] for o in outcomes])
-        outputs = self.policy.outputs(obs)
+        if self.recurrent:  # the listed games' states, one step on
+            idx = np.concatenate([np.arange(self.rows(a).start, self.rows(a).stop) for a in actors])
+            outputs, self.h[idx], self.c[idx] = self.policy.step(obs, self.h[idx], self.c[idx], self.starts[idx])
+            self.starts[idx] = False
+        else:
+            outputs = self.policy.outputs(obs)
         out = np.empty((len(outputs), *self.action.shape), dtype=self.action.dtype)
         for i, a in enumerate(actors):
             if self.delays[a]:

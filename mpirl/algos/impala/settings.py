@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mpirl import replay_job
 from mpirl.domain import ConfigError, Domain, setting
-from mpirl.sections import check_schedules
+from mpirl.sections import check_recurrent, check_schedules
 
 
 @dataclass
@@ -62,7 +62,7 @@ USES = {
     "topology": ("buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
-              "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
+              "recurrent", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
               "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",
@@ -101,6 +101,7 @@ def check(cfg) -> None:
         raise ConfigError("run", "set at least one stop condition: run.train_steps, run.env_steps or "
                                  "run.wall_seconds")
     check_schedules(cfg, {"agent.lr_final": cfg.agent.lr_final, "impala.entropy_final": cfg.impala.entropy_final})
+    check_recurrent(cfg)
     if t.buffers == 0 and t.served:
         raise ConfigError("topology.workers", "inference workers with topology.buffers = 0 (the queue on the "
                                               "learner) are not supported yet; set topology.workers = 0 or "

@@ -9,6 +9,7 @@ code 2.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -120,9 +121,23 @@ def _fill(obj, body: dict, prefix: str) -> None:
             setattr(obj, key, _coerce(full, value, types[key]))
 
 
-def from_dict(data: dict) -> JobConfig:
-    """Build a JobConfig from nested dicts (a parsed TOML), checking every key."""
+def defaults(algorithm: str) -> JobConfig:
+    """A job of ``algorithm`` with nothing set: the sections' defaults, with the algorithm's own (its settings'
+    DEFAULTS) in place of the shared ones."""
     cfg = JobConfig()
+    cfg.agent.algorithm = algorithm
+    for key, value in (SETTINGS[algorithm].DEFAULTS.items() if algorithm in SETTINGS else ()):
+        section, name = key.split(".", 1)
+        setattr(getattr(cfg, section), name, copy.deepcopy(value))
+    return cfg
+
+
+def from_dict(data: dict) -> JobConfig:
+    """Build a JobConfig from nested dicts (a parsed TOML), checking every key; what the job does not set is the
+    default for its algorithm (:func:`defaults`)."""
+    agent = data.get("agent")
+    algorithm = agent.get("algorithm") if isinstance(agent, dict) else None
+    cfg = defaults(algorithm if isinstance(algorithm, str) else JobConfig().agent.algorithm)
     _fill(cfg, data, "")
     validate(cfg, given=list(_leaves(data)))
     return cfg

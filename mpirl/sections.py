@@ -160,6 +160,7 @@ class AgentConfig:
     # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
     # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the
     # discounted return (gamma); each then clipped to +- its clip (SB3's VecNormalize, defaults alike).
+    # normalize_reward is on by default for IMPALA and the gradient family (their settings' DEFAULTS).
     normalize_obs: bool = setting(False)
     normalize_reward: bool = setting(False)
     normalized_obs_clip: float = setting(10.0, gt=0, le=1e6)

@@ -149,3 +149,30 @@ def test_a_checkpoint_that_names_a_moved_key_by_its_old_name_still_resumes():
     assert mismatch(before, now) == ""
     before["agent.n_step"] = repr(5)
     assert mismatch(before, now).startswith("apex.n_step was 5")
+
+
+@pytest.mark.parametrize("algorithm,normalized", [("impala", True), ("a3c", True), ("apex", False), ("qmix", False),
+                                                  ("distql", False)])
+def test_what_a_job_does_not_set_is_its_algorithms_default(algorithm, normalized):
+    """IMPALA and the gradient family scale rewards unless the job says otherwise; the others have no such
+    setting. A job that sets it keeps what it set."""
+    stop = {"run": {"wall_seconds": 60.0}}
+    cfg = config.from_dict({"agent": {"algorithm": algorithm}, **stop})
+    assert cfg.agent.normalize_reward is normalized and config.defaults(algorithm).agent.normalize_reward is normalized
+    if normalized:
+        cfg = config.from_dict({"agent": {"algorithm": algorithm, "normalize_reward": False}, **stop})
+        assert cfg.agent.normalize_reward is False
+        assert config.JobConfig().agent.normalize_reward is False  # the shared default is untouched
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_only_where_the_job_runs_as_it_did():
+    """An IMPALA checkpoint written before agent.normalize_reward existed ran without it (the shared default): a
+    job that leaves the key at IMPALA's default (on) may not resume it, and is told which key; one that sets it
+    off may."""
+    from mpirl.job.checkpoint import identity, mismatch
+    off, _ = config.load(JOBS / "impala_cartpole.toml")  # the job sets it off
+    on = config.from_dict({"agent": {"algorithm": "impala"}, "run": {"train_steps": 10}})
+    for cfg, fine in ((off, True), (on, False)):
+        before = {k: v for k, v in identity(cfg, 4).items() if k != "agent.normalize_reward"}
+        why = mismatch(before, identity(cfg, 4))
+        assert why == "" if fine else why.startswith("agent.normalize_reward was unset"), why

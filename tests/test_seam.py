@@ -8,6 +8,7 @@ import importlib
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,11 @@ def test_every_algorithm_offers_the_interface(name):
     assert set(algo.ROLES) and all(callable(loop) for loop in algo.ROLES.values())
     info = importlib.import_module(f"mpirl.algos.{name}.info")
     assert callable(info.summarize) and callable(info.format_summary) and callable(info.frame)
+    for key, value in settings.DEFAULTS.items():  # its own defaults: of shared keys it reads, inside their domains
+        section, field = key.split(".", 1)
+        dom = next(f.metadata["domain"] for f in dataclasses.fields(config.SHARED[section]) if f.name == field)
+        kind = typing.get_type_hints(config.SHARED[section])[field]
+        assert config.reads(name, key) and not config.problem(value, kind, dom), (name, key, value)
 
 
 def test_the_shared_wiring_never_names_an_algorithm():

@@ -67,6 +67,11 @@ class Settings(Protocol):
         """Keys of the shared sections that moved into its own (``"agent.n_step": "<name>.n_step"``): a job that
         sets an old one is refused, saying where it went."""
 
+    @property
+    def DEFAULTS(self) -> Mapping[str, object]:
+        """Its own defaults of keys of the shared sections it reads, where the shared one does not serve it
+        (``{"agent.normalize_reward": True}``): a job that does not set the key gets this value."""
+
     def check(self, cfg: JobConfig) -> None:
         """Cross-field checks (no MPI, no torch); a ConfigError names the field and the fix."""
 

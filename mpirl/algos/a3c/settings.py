@@ -70,6 +70,10 @@ SECTIONS = {"a3c": A3cConfig}
 
 MOVED: dict[str, str] = {}
 
+# Rewards divided by the spread of the discounted return: what keeps a policy-gradient step's size independent of
+# the rewards' scale (LunarLander's crash of -100 took the unscaled policy to one action within seconds).
+DEFAULTS: dict[str, object] = {"agent.normalize_reward": True}
+
 USES = {
     "run": ("train_steps", "env_steps", "wall_seconds", "target_return", "return_window"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),

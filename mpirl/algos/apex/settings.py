@@ -38,6 +38,8 @@ USES = {
 MOVED = {"agent.n_step": "apex.n_step", "agent.epsilon": "apex.epsilon",
          "agent.epsilon_alpha": "apex.epsilon_alpha"}
 
+DEFAULTS: dict[str, object] = {}  # the shared sections' defaults serve it
+
 
 def check(cfg) -> None:
     """Ape-X's cross-field checks: the replay layout's."""

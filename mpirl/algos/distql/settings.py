@@ -63,6 +63,8 @@ SECTIONS = {"distql": DistqlConfig}
 
 MOVED: dict[str, str] = {}  # no key of a shared section has moved into [distql]
 
+DEFAULTS: dict[str, object] = {}  # the shared sections' defaults serve it
+
 USES = {"env": ("id", "max_episode_steps"),
         "run": ("wall_seconds", "env_steps", "target_return", "return_window"),
         "checkpoint": ("every_seconds", "keep")}

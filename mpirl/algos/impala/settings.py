@@ -73,6 +73,10 @@ USES = {
 
 MOVED: dict[str, str] = {}  # no key of a shared section has moved into [impala]
 
+# Rewards divided by the spread of the discounted return: what keeps a policy-gradient step's size independent of
+# the rewards' scale (LunarLander's crash of -100 took the unscaled policy to one action within seconds).
+DEFAULTS: dict[str, object] = {"agent.normalize_reward": True}
+
 
 def world_size(cfg) -> int:
     """Ranks the job needs; with ``topology.actors = 0``, two actors per queue (or per worker), two with the queue

@@ -52,6 +52,8 @@ USES = {
 MOVED = {"replay.sampler": "qmix.sampler", "replay.accmer_alpha": "qmix.accmer_alpha",
          "replay.accmer_discount": "qmix.accmer_discount"}
 
+DEFAULTS: dict[str, object] = {}  # the shared sections' defaults serve it
+
 
 def check(cfg) -> None:
     """QMIX's cross-field checks (no MPI, no torch)."""

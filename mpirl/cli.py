@@ -216,8 +216,8 @@ def cmd_bench(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     least = 3 if args.what == "continuous" and tasks and set(tasks) <= set(LONG_TASKS) else 5
     if args.reps < least:
-        return _fail(f"--reps: at least {least} repetitions make a median with a range, got {args.reps}"
-                     + ("" if least == 3 else f" (3 is enough for `--tasks` of {', '.join(LONG_TASKS)} alone: many minutes a seed)"))
+        alone = "" if least == 3 else f" (3 for `--tasks` of {', '.join(LONG_TASKS)} alone: many minutes a seed)"
+        return _fail(f"--reps: at least {least} repetitions make a median with a range, got {args.reps}{alone}")
     if not args.breakout_wall >= 0:
         return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
     if args.device != "all":
@@ -292,7 +292,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
                                      "solve", "impala", "marl", "workers", "distql", "gradients", "startup",
                                      "continuous"])
-    sp.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median, min-max; >= 5, or >= 3 for the MuJoCo rows of continuous alone)")
+    sp.add_argument("--reps", type=int, default=5,
+                    help="repetitions per measurement (median, min-max; >= 5, or >= 3 for continuous's long rows "
+                         "alone: hopper, halfcheetah, novelocity)")
     sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
                     help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "

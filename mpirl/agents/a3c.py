@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpirl.agents.actor_critic import actor_critic, as_spec
+from mpirl.agents.actor_critic import actor_critic, as_spec, core_step
 from mpirl.agents.distributions import actor_outputs, log_prob, sample
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
 from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
@@ -114,7 +114,8 @@ class A3cModel:
         self.entropy_coef, self.clip = a3c_cfg.entropy_coef, a3c_cfg.clip
         self.recurrent = self.net.core is not None
         self.h = self.c = np.zeros((0, self.net.state_size), np.float32)  # each game's core state (recurrent)
-        self.before: tuple[np.ndarray, np.ndarray] | None = None  # the state the last act() started from
+        # the state the last act() started from, and where it was zeroed
+        self.before: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
 
     def at(self, progress: float) -> None:
         """The scheduled settings where the run is (``progress`` in ``agent.schedule_unit``): the optimizer's
@@ -156,12 +157,7 @@ class A3cModel:
         """The recurrent network one step on ``obs`` from ``state`` (the games' current one), zeroed where
         ``starts``: ``(outputs, values, h, c)``."""
         h, c = state if state is not None else (self.h, self.c)
-        first = np.zeros(len(obs), bool) if starts is None else np.asarray(starts, bool)
-        out, values, h2, c2 = self.net.unroll(torch.as_tensor(obs, device=self.device)[None],
-                                              torch.as_tensor(h, device=self.device),
-                                              torch.as_tensor(c, device=self.device),
-                                              torch.as_tensor(first, device=self.device)[None])
-        return out[0], values[0], h2.float().cpu().numpy(), c2.float().cpu().numpy()
+        return core_step(self.net, obs, h, c, starts, self.device)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, rng: np.random.Generator, starts: np.ndarray | None = None

@@ -129,6 +129,17 @@ class ActorCritic(nn.Module):
         return log_prob_entropy(self.spec, out, self.log_std, actions)
 
 
+def core_step(net: ActorCritic, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray | None,
+              device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """A recurrent ``net`` one step on ``obs`` [k, ...] from the core's state ``h``, ``c`` [k, H] (numpy), zeroed
+    first where ``starts`` (None: nowhere): the head's outputs [k, n_outputs], the values [k] and the state after
+    (float32 numpy). What an actor, a worker or a gradient worker does each step."""
+    first = np.zeros(len(obs), bool) if starts is None else np.asarray(starts, bool)
+    out, values, h2, c2 = net.unroll(torch.as_tensor(obs, device=device)[None], torch.as_tensor(h, device=device),
+                                     torch.as_tensor(c, device=device), torch.as_tensor(first, device=device)[None])
+    return out[0], values[0], h2.float().cpu().numpy(), c2.float().cpu().numpy()
+
+
 def actor_critic(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg) -> ActorCritic:
     """The network ``[agent]`` describes."""
     a = agent_cfg
@@ -172,24 +183,20 @@ class ActorCriticPolicy(NetworkCopy):
         out, _ = self.net(torch.as_tensor(self.norm.normalize(obs)))
         return actor_outputs(self.spec, out)
 
-    def _unroll1(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray):
-        return self.net.unroll(torch.as_tensor(self.norm.normalize(obs))[None], torch.as_tensor(h),
-                               torch.as_tensor(c), torch.as_tensor(np.asarray(starts, bool))[None])
-
     @torch.no_grad()
     def step(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, starts: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A recurrent policy one step: :meth:`outputs` of ``obs`` from the core's state ``h``, ``c`` [k, H], zeroed
         first where ``starts``; and the state after."""
-        out, _, h, c = self._unroll1(obs, h, c, starts)
-        return actor_outputs(self.spec, out[0]), h.numpy(), c.numpy()
+        out, _, h, c = core_step(self.net, self.norm.normalize(obs), h, c, starts)
+        return actor_outputs(self.spec, out), h, c
 
     @torch.no_grad()
     def values(self, obs: np.ndarray, h: np.ndarray | None = None, c: np.ndarray | None = None) -> np.ndarray:
         """V of ``obs``; a recurrent policy's from the core's state ``h``, ``c`` (not moved)."""
         if self.net.core is not None:
             assert h is not None and c is not None, "a recurrent policy's value needs the core's state"
-            return self._unroll1(obs, h, c, np.zeros(len(obs), bool))[1][0].numpy().astype(np.float32)
+            return core_step(self.net, self.norm.normalize(obs), h, c, None)[1].numpy().astype(np.float32)
         return self.net(torch.as_tensor(self.norm.normalize(obs)))[1].numpy().astype(np.float32)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mpirl.agents.actor_critic import ActorCritic
-from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
+from mpirl.agents.flat_grads import clip_scale, flat_grad, flat_norm, flat_values, set_flat_grad
+from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.policy_gradient import a2c_losses
 
 def test_flat_grad_round_trip_on_an_actor_critic():
@@ -66,3 +67,51 @@ def test_flat_values_write_the_parameters_in_place_as_parameters_to_vector_does(
     np.testing.assert_array_equal(out, torch.nn.utils.parameters_to_vector(net.parameters()).float().detach().numpy())
     with pytest.raises(ValueError, match=rf"the parameters have {n} values but out has {n + 1}"):
         flat_values(net.parameters(), np.zeros(n + 1, np.float32))
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e6])
+def test_clipping_the_flat_vector_equals_clip_grad_norm(max_norm):
+    """A3cModel.apply clips the flat gradient in the copy into the parameters: the same gradients, up to rounding,
+    as torch's ``clip_grad_norm_`` on the parameters, and the same norm before clipping."""
+    torch.manual_seed(1)
+    net = ActorCritic((4,), 2, [16, 16])
+    a2c_losses(net, torch.randn(8, 4), torch.randint(2, (8,)), torch.randn(8), torch.randn(8), 0.5, 0.01).total.backward()
+    params = list(net.parameters())
+    flat = np.empty(sum(p.numel() for p in params), np.float32)
+    flat_grad(params, flat)
+    theirs = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = flat_norm(flat)
+    assert norm == pytest.approx(theirs, rel=1e-5)
+    other = ActorCritic((4,), 2, [16, 16])
+    set_flat_grad(other.parameters(), flat, clip_scale(norm, max_norm))
+    for p, q in zip(params, other.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-8)
+    clipped = np.concatenate([q.grad.reshape(-1).numpy() for q in other.parameters()])
+    assert flat_norm(clipped) == pytest.approx(min(norm, max_norm), rel=1e-5)
+
+
+def test_a_non_finite_norm_leaves_a_non_finite_gradient_as_torch_does():
+    flat = np.array([1.0, np.inf, 2.0], np.float32)
+    assert flat_norm(flat) == np.inf and np.isnan(clip_scale(flat_norm(flat), 1.0))
+    assert np.isnan(flat_norm(np.array([np.nan], np.float32)))
+    assert flat_norm(np.zeros(0, np.float32)) == 0.0 and clip_scale(0.0, 1.0) == 1.0
+
+
+def test_the_fused_adam_steps_as_the_loop_does_and_rmsprop_as_torchs():
+    """The optimizers the learners build: Adam with torch's fused kernel on the CPU, equal to the per-parameter loop
+    up to rounding over many steps; RMSProp with ``foreach``."""
+    torch.manual_seed(2)
+    nets = [ActorCritic((4,), 3, [32, 32]) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    ours = adam(nets[0].parameters(), 1e-3, 1e-5)
+    assert ours.defaults["fused"]
+    loop = torch.optim.Adam(nets[1].parameters(), lr=1e-3, eps=1e-5, foreach=False)
+    for _ in range(50):
+        g = [torch.randn_like(p) for p in nets[0].parameters()]
+        for net, opt in zip(nets, (ours, loop)):
+            for p, gi in zip(net.parameters(), g):
+                p.grad = gi.clone()
+            opt.step()
+    for p, q in zip(*(n.parameters() for n in nets)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert rmsprop(nets[0].parameters(), 1e-3, 0.99, 0.1).defaults["foreach"]

@@ -25,7 +25,8 @@ import torch
 from mpirl.agents.actor_critic import actor_critic, as_spec, core_step
 from mpirl.agents.distributions import actor_outputs, log_prob, sample
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
-from mpirl.agents.flat_grads import flat_grad, flat_values, set_flat_grad
+from mpirl.agents.flat_grads import clip_scale, flat_grad, flat_values, flat_norm, set_flat_grad
+from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.schedules import Linear
@@ -105,10 +106,9 @@ class A3cModel:
         if optimizer:
             c = a3c_cfg
             if c.optimizer == "rmsprop":
-                self.optimizer = torch.optim.RMSprop(self.params, lr=agent_cfg.lr, alpha=c.rmsprop_alpha,
-                                                     eps=c.rmsprop_eps)
+                self.optimizer = rmsprop(self.params, agent_cfg.lr, c.rmsprop_alpha, c.rmsprop_eps)
             else:
-                self.optimizer = torch.optim.Adam(self.params, lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
+                self.optimizer = adam(self.params, agent_cfg.lr, agent_cfg.adam_eps)
         self.fault = ""
         self.schedules = schedules or {}  # "lr", "entropy_coef", "clip" -> their schedule (mpirl.agents.schedules)
         self.entropy_coef, self.clip = a3c_cfg.entropy_coef, a3c_cfg.clip
@@ -222,31 +222,34 @@ class A3cModel:
 
     def gradient(self, p: Prepared, idx: np.ndarray | None, out: np.ndarray) -> dict[str, float] | None:
         """The loss's gradient on the samples ``idx`` (all: None) into ``out``; its statistics, or None (``out``
-        untouched) when the loss or the gradient is not finite."""
+        not to be used) when the loss or the gradient is not finite."""
         losses = self.losses(p, idx)
         for q in self.params:
             q.grad = None
         losses.total.backward()
-        norm = torch.linalg.vector_norm(torch.stack([q.grad.detach().norm() for q in self.params if q.grad is not None]))
-        if not (torch.isfinite(losses.total) and torch.isfinite(norm)):
-            self.fault = f"the loss was {float(losses.total.detach()):g} and the gradient's norm {float(norm):g}"
-            return None
         flat_grad(self.params, out[:self.n_net])
+        norm = flat_norm(out[:self.n_net])  # the vector that travels: one pass, not one per parameter
+        loss = float(losses.total.detach())
+        if not (np.isfinite(loss) and np.isfinite(norm)):
+            self.fault = f"the loss was {loss:g} and the gradient's norm {norm:g}"
+            return None
         self.norm.take_moments(out[self.n_net:])
-        return {"loss": float(losses.total.detach()), "policy_loss": float(losses.policy.detach()),
+        return {"loss": loss, "policy_loss": float(losses.policy.detach()),
                 "value_loss": float(losses.value.detach()), "entropy": float(losses.entropy.detach()),
-                "grad_norm": float(norm), "clip_fraction": float(losses.clip_fraction),
+                "grad_norm": norm, "clip_fraction": float(losses.clip_fraction),
                 "approx_kl": float(losses.approx_kl)}
 
     def apply(self, grad: np.ndarray, scale: float = 1.0) -> float:
-        """Step the optimizer with the flat gradient ``scale`` x ``grad`` (clipped to ``agent.grad_clip``); its norm
-        before clipping."""
+        """Step the optimizer with the flat gradient ``scale`` x ``grad`` (clipped to ``agent.grad_clip``, as
+        ``clip_grad_norm_`` clips, in the same pass as the copy into the parameters' gradients); its norm before
+        clipping."""
         assert self.optimizer is not None, "a model without an optimizer applies no gradient"
-        set_flat_grad(self.params, grad[:self.n_net], scale)
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.agent_cfg.grad_clip)
+        g = grad[:self.n_net]
+        norm = scale * flat_norm(g)
+        set_flat_grad(self.params, g, scale * clip_scale(norm, self.agent_cfg.grad_clip))
         self.optimizer.step()
         self.fold(grad)
-        return float(norm)
+        return norm
 
     def fold(self, grad: np.ndarray) -> None:
         """The moments a gradient (or the sum of several) carries, folded into the statistics; the network

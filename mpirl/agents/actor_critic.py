@@ -32,6 +32,7 @@ from mpirl.agents.schedules import Linear
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
+from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.vtrace import vtrace
 from mpirl.envs.actions import ActionSpec, discrete
 
@@ -246,10 +247,10 @@ class ImpalaLearner:
         c = self.cfg = impala_cfg
         self.gamma, self.grad_clip = agent_cfg.gamma, agent_cfg.grad_clip
         if c.optimizer == "rmsprop":  # IMPALA's: RMSProp with a large epsilon
-            self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(
-                self.net.parameters(), lr=agent_cfg.lr, alpha=c.rmsprop_alpha, eps=c.rmsprop_eps)
+            self.optimizer: torch.optim.Optimizer = rmsprop(self.net.parameters(), agent_cfg.lr, c.rmsprop_alpha,
+                                                            c.rmsprop_eps)
         else:
-            self.optimizer = torch.optim.Adam(self.net.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
+            self.optimizer = adam(self.net.parameters(), agent_cfg.lr, agent_cfg.adam_eps)
         self.steps = 0
         self.norm = normalization(obs_shape, agent_cfg, obs_shift)  # the job's statistics, counted here
         self.n_net = sum(p.numel() for p in self.net.parameters())

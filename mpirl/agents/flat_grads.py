@@ -1,11 +1,14 @@
 """A network's gradient as one flat float32 vector: what crosses the network when gradients are shared (the a3c
 workers' to a server or in an allreduce, the several replay learners' sum). :func:`flat_grad` writes the parameters'
 ``.grad`` concatenated in ``parameters()`` order; :func:`set_flat_grad` writes such a vector back before the
-optimizer steps. :func:`flat_values` writes the parameters themselves the same way.
+optimizer steps. :func:`flat_values` writes the parameters themselves the same way. :func:`flat_norm` and
+:func:`clip_scale` clip such a vector by its norm as ``torch.nn.utils.clip_grad_norm_`` does, in the pass that copies
+it into the parameters rather than in one pass more over them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
@@ -68,3 +71,19 @@ def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray, scale: float = 1.0
             if scale != 1.0:
                 p.grad.mul_(scale)
         offset += p.numel()
+
+
+def flat_norm(flat: np.ndarray) -> float:
+    """The Euclidean norm of a flat float32 vector (a gradient; float32 throughout, as torch's norm of float32
+    gradients): inf or nan when a value is."""
+    v = np.asarray(flat, dtype=np.float32)
+    return math.sqrt(float(np.dot(v, v)))
+
+
+def clip_scale(norm: float, max_norm: float) -> float:
+    """The factor that brings a gradient of ``norm`` to at most ``max_norm``, as ``torch.nn.utils.clip_grad_norm_``
+    computes it (``max_norm / (norm + 1e-6)``, at most 1); nan when ``norm`` is not finite, as torch's leaves the
+    gradient."""
+    if not math.isfinite(norm):
+        return math.nan
+    return min(1.0, max_norm / (norm + 1e-6))

@@ -206,6 +206,10 @@ def test_running_statistics_folded_in_pieces_equal_one_pass_and_normalise():
     norm.take_moments(out)
     # the returns counted: game 0 1 then 1.5; game 1 2 then (restarted) 1
     assert out[-3:].tolist() == [4.0, 1 + 2 + 1.5 + 1, 1 + 4 + 2.25 + 1]
+    norm.restart()  # the games rebuilt: no discounted return goes on (game 0's 1.5 is not carried on)
+    norm.rewards(np.array([2.0, 2.0]), np.array([False, False]))
+    norm.take_moments(out)
+    assert out[-3:].tolist() == [2.0, 4.0, 8.0]
 
 
 @pytest.mark.mpi

@@ -142,6 +142,10 @@ class A3cModel:
         """Rewards as the loss takes them (``agent.normalize_reward``: scaled by the discounted return's spread)."""
         return self.norm.rewards(reward, ended)
 
+    def restart(self) -> None:
+        """The games were rebuilt: every game's running discounted return begins again (no episode goes on)."""
+        self.norm.restart()
+
     def begin(self, ro: Rollout) -> None:
         """A rollout starts: a recurrent policy's core state is its first step's (zeros for games not seen yet)."""
         if self.recurrent:

@@ -202,6 +202,10 @@ class Normalization:
         self.returns[np.asarray(ended, bool)] = 0.0
         return out
 
+    def restart(self) -> None:
+        """Every game's discounted return begins again at zero (the games were rebuilt: no episode goes on)."""
+        self.returns = None
+
     def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
         """Rewards ``[k]`` as the loss takes them: divided by the spread of the discounted return (counted here) and
         clipped; as they are when off. ``ended``: the games whose episode ended with this reward."""

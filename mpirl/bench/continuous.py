@@ -151,10 +151,10 @@ def novelocity_budget(name: str) -> int:
 def best_window_mean(run_dir: Path, window: int = 20) -> float:
     """The best mean return of ``window`` training episodes in a row, every rank's episode rows in time order."""
     from mpirl.metrics.run_file import load_run
-    from mpirl.metrics.summary import _in_time_order, _window_means
+    from mpirl.metrics.summary import in_time_order, window_means
     files = load_run(run_dir)["files"]
-    _, ret = _in_time_order([e["tables"].get("episodes", {}) for e in files.values()], "return")
-    return float(_window_means(ret.astype(float), window).max()) if len(ret) >= window else math.nan
+    _, ret = in_time_order([e["tables"].get("episodes", {}) for e in files.values()], "return")
+    return float(window_means(ret.astype(float), window).max()) if len(ret) >= window else math.nan
 
 
 def ours_novelocity(job: str, n: int, sets: list[str], seed: int, out: Path, name: str, budget: int) -> dict:

@@ -7,6 +7,7 @@ package registers them through a Gymnasium plugin entry point that Gymnasium 1.x
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 
 import gymnasium as gym
@@ -52,9 +53,11 @@ def _check_id(env_id: str) -> None:
     raise ConfigError("env.id", f"unknown environment {env_id!r}{hint}")
 
 
+@functools.lru_cache(maxsize=None)
 def _mujoco_warnings_to_python(env_id: str) -> None:
     """MuJoCo's warnings (Gymnasium 1.4's models use attributes MuJoCo 4 deprecates) as Python warnings: by default
-    MuJoCo appends each to a MUJOCO_LOG.TXT in the working directory, a file the user never asked for."""
+    MuJoCo appends each to a MUJOCO_LOG.TXT in the working directory, a file the user never asked for. The hook is
+    the process's: set once per env id, not for every env an actor builds."""
     try:
         entry = str(gym.spec(env_id.split(":", 1)[-1]).entry_point)
     except Exception:  # noqa: BLE001 - an id gym cannot spec is refused by gym.make with its own message

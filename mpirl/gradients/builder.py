@@ -107,6 +107,9 @@ class GradientModel(Protocol):
     def rewards(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
         """Rewards as the loss takes them (the return's spread counted); ``ended``: the games whose episode ended."""
 
+    def restart(self) -> None:
+        """The games were rebuilt: every game's running discounted return (reward scaling's) begins again."""
+
     def at(self, progress: float) -> None:
         """The scheduled settings (learning rate, loss coefficients) where the run is, in ``agent.schedule_unit``."""
 

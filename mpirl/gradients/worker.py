@@ -77,6 +77,7 @@ class Games:
                 ro.terminated[t], ro.truncated[t] = False, True
                 ro.final_value[t] = values
                 self.ret[:], self.length[:] = 0.0, 0
+                model.restart()
                 self.obs = o["obs"].copy()
                 self.starts = np.ones_like(self.starts)
                 continue

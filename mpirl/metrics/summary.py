@@ -109,7 +109,7 @@ def _buffer(name: str, entry: dict) -> dict[str, Any]:
     return out
 
 
-def _in_time_order(tables: list[dict], *columns: str) -> list[np.ndarray]:
+def in_time_order(tables: list[dict], *columns: str) -> list[np.ndarray]:
     """``time`` and ``columns`` of the episode tables that have rows, concatenated and sorted by time."""
     tables = [e for e in tables if len(e.get("time", ())) and all(c in e for c in columns)]
     if not tables:
@@ -119,7 +119,7 @@ def _in_time_order(tables: list[dict], *columns: str) -> list[np.ndarray]:
     return [t[order]] + [np.concatenate([e[c] for e in tables])[order] for c in columns]
 
 
-def _window_means(returns: np.ndarray, window: int) -> np.ndarray:
+def window_means(returns: np.ndarray, window: int) -> np.ndarray:
     """Mean return of every ``window`` consecutive episodes: element i covers episodes i .. i+window-1."""
     return np.convolve(returns, np.ones(window) / window, mode="valid")
 
@@ -130,7 +130,7 @@ def _episodes(eps: list[dict], bins: int = 8) -> dict[str, Any]:
         return {"count": 0, "first20_mean": NAN, "last20_mean": NAN, "best": NAN,
                 "mean_length": NAN, "curve": {"bin_seconds": NAN, "t_mid": [],
                                               "mean_return": [], "count": []}}
-    t, ret = _in_time_order(eps, "return")
+    t, ret = in_time_order(eps, "return")
     ret = ret.astype(float)
     length = np.concatenate([e.get("length", np.full(len(e["time"]), np.nan)) for e in eps])
     nb = min(bins, len(t))
@@ -163,10 +163,10 @@ def _actors(buffers: dict[str, dict]) -> list[dict[str, Any]]:
                              **{c: plain(t[c][i]) if c in t else None for c in
                                 ("env_steps", "env_steps_per_s", "epsilon", "param_version", "throttled_s",
                                  "env_errors")}}
-    _, ret, actor = _in_time_order([e["tables"].get("episodes", {}) for e in buffers.values()], "return", "actor")
+    _, ret, actor = in_time_order([e["tables"].get("episodes", {}) for e in buffers.values()], "return", "actor")
     for a, entry in latest.items():
         mine = ret[actor == a].astype(float)
-        means = _window_means(mine, 20) if len(mine) >= 20 else None
+        means = window_means(mine, 20) if len(mine) >= 20 else None
         entry.update(episodes=int(len(mine)), last20_mean=None if means is None else plain(means[-1]),
                      best20_mean=None if means is None else plain(means.max()))
     return [latest[a] for a in sorted(latest)]
@@ -331,13 +331,13 @@ def first_reach(run_dir: Path, target: float, window: int = 20, actors: list[int
     """
     files = load_run(Path(run_dir))["files"]
     rows = [e["tables"].get("episodes", {}) for name, e in files.items() if name.startswith("buffer_")]
-    t, ret, actor, steps = _in_time_order(rows, "return", "actor", "env_steps")
+    t, ret, actor, steps = in_time_order(rows, "return", "actor", "env_steps")
     ret, actor, steps = ret.astype(float), actor.astype(int), steps.astype(float)
     none = {"seconds": None, "env_steps": None, "episodes": None}
     mine = np.isin(actor, actors) if actors is not None else np.ones(len(t), bool)
     if mine.sum() < window:
         return none
-    means = _window_means(ret[mine], window)
+    means = window_means(ret[mine], window)
     hit = np.flatnonzero(means >= target)
     if not hit.size:
         return none

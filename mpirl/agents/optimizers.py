@@ -2,8 +2,9 @@
 
 :func:`adam` is ``torch.optim.Adam`` with torch's fused kernel where the parameters' device has one (the CPU and
 CUDA): one pass over every parameter instead of a dozen small operations on each, which on the CPU is most of an
-optimizer step for the small networks reinforcement learning trains (a 2-layer [256, 256] actor-critic: about 4x
-faster per step). The update is Adam's, equal to the loop's up to floating-point rounding.
+optimizer step for the small networks reinforcement learning trains (on one thread here: 334 against 105 us a step
+for the MuJoCo jobs' two [256, 256] networks, 200 against 52 us for CartPole's two [64, 64]). The update is Adam's,
+equal to the loop's up to floating-point rounding (tested).
 """
 
 from __future__ import annotations

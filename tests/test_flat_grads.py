@@ -75,7 +75,8 @@ def test_clipping_the_flat_vector_equals_clip_grad_norm(max_norm):
     as torch's ``clip_grad_norm_`` on the parameters, and the same norm before clipping."""
     torch.manual_seed(1)
     net = ActorCritic((4,), 2, [16, 16])
-    a2c_losses(net, torch.randn(8, 4), torch.randint(2, (8,)), torch.randn(8), torch.randn(8), 0.5, 0.01).total.backward()
+    obs, actions = torch.randn(8, 4), torch.randint(2, (8,))
+    a2c_losses(net, obs, actions, torch.randn(8), torch.randn(8), 0.5, 0.01).total.backward()
     params = list(net.parameters())
     flat = np.empty(sum(p.numel() for p in params), np.float32)
     flat_grad(params, flat)

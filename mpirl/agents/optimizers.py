@@ -17,6 +17,7 @@ FUSED_DEVICES = ("cpu", "cuda")
 
 
 def adam(params: Iterable[torch.nn.Parameter], lr: float, eps: float) -> torch.optim.Adam:
+    """Adam over ``params``: fused where every parameter is a float on a device of :data:`FUSED_DEVICES`."""
     params = list(params)
     fused = bool(params) and all(p.device.type in FUSED_DEVICES and p.dtype.is_floating_point for p in params)
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused or None)

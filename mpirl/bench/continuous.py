@@ -22,8 +22,9 @@ one:
   ``evaluate_policy(deterministic=True)`` on the frozen normalisation) and the seconds from launch to the end of
   training (each side's evaluation left out).
 * **Recurrence on CartPole with its velocities hidden** (``novelocity``, ours only):
-  ``jobs/ppo_cartpole_novelocity.toml`` and ``jobs/impala_cartpole_novelocity.toml`` with their LSTM core, the same jobs with ``agent.recurrent = "none"``
-  (the feed-forward policy with the same settings), and the IMPALA job's LSTM served by an inference worker
+  ``jobs/ppo_cartpole_novelocity.toml`` and ``jobs/impala_cartpole_novelocity.toml`` with their LSTM core, the same
+  jobs with ``agent.recurrent = "none"`` (the feed-forward policy with the same settings), and the IMPALA job's
+  LSTM served by an inference worker
   (``topology.workers = 1``): each stopping at a last-20 mean of 475 or after its family's budget of env steps
   (``NOVELOCITY_BUDGET``: the same for the LSTM and the feed-forward policy); the
   best last-20 mean each reached (of every training episode, in the order they were recorded) and the seconds from

@@ -13,6 +13,7 @@ from pathlib import Path
 from mpirl.config import ConfigError, JobConfig
 from mpirl.job import memory
 from mpirl.job.contract import Algorithm, Checked
+from mpirl.metrics import tensorboard
 
 
 def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -> Checked:
@@ -23,6 +24,7 @@ def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -
     """
     checked = algo.check(cfg, world_size, job_path)
     check_out_dir(cfg)
+    tensorboard.check(cfg)  # the optional package a [log] setting needs
     est = checked.memory
     memory.check_fits(cfg, est, memory.LIBRARIES + est.largest(),
                       "one node (its largest rank alone)", memory.available_bytes(), largest_only=True)

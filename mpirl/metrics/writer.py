@@ -28,12 +28,15 @@ import json
 import time
 from os import PathLike
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import h5py
 import numpy as np
 
 CHUNK_ROWS = 1024  # rows per HDF5 chunk (a chunk of float64 is 8 KiB)
+# Called with a MetricsFile of this process after each flush that may carry rows (flush, flush_if_due, close): rank
+# 0's TensorBoard mirror (mpirl/metrics/tensorboard.py, ``[log] tensorboard``) adds one while its job runs.
+FLUSH_HOOKS: list[Callable[["MetricsFile"], None]] = []
 
 
 def to_attr(value: Any) -> Any:
@@ -176,7 +179,7 @@ class MetricsFile:
         self._tables: dict[str, Table] = {}
         if attrs:
             set_attrs(self._file, attrs)
-        self.flush()  # the header on disk before the rank's first real work: the file opens after any death
+        self._sync()  # the header on disk before the rank's first real work: the file opens after any death
 
     @property
     def closed(self) -> bool:
@@ -203,8 +206,13 @@ class MetricsFile:
             return table
         table = Table(f[name] if name in f else f.create_group(name), columns, units)
         self._tables[name] = table
-        self.flush()  # tables are made at start: on disk at once, so a crash before the first row leaves them
+        self._sync()  # tables are made at start: on disk at once, so a crash before the first row leaves them
         return table
+
+    @property
+    def tables(self) -> dict[str, Table]:
+        """The tables asked for so far, by name."""
+        return dict(self._tables)
 
     def columns(self, name: str) -> dict[str, h5py.Dataset]:
         """The datasets of table ``name`` (for reading back a resumed run's last rows)."""
@@ -214,10 +222,17 @@ class MetricsFile:
         """Set attributes on the root group."""
         set_attrs(self._open_file(), kv)
 
-    def flush(self) -> None:
-        """Write everything appended so far to disk."""
+    def _sync(self) -> None:
+        """Flush without the hooks: the header and new tables (a resumed run's roles cut a table after making it,
+        so a hook first sees it cut)."""
         self._open_file().flush()
         self._last_flush = time.monotonic()
+
+    def flush(self) -> None:
+        """Write everything appended so far to disk (and hand the file to :data:`FLUSH_HOOKS`)."""
+        self._sync()
+        for hook in FLUSH_HOOKS:
+            hook(self)
 
     def flush_due(self) -> bool:
         """Whether ``flush_seconds`` have passed since the last flush."""
@@ -243,6 +258,8 @@ class MetricsFile:
         if self._file is not None:
             try:
                 self._file.flush()
+                for hook in FLUSH_HOOKS:
+                    hook(self)
             finally:
                 self._file.close()
                 self._file = None

@@ -25,6 +25,10 @@ takes its ranks down, so no job runs on without its launcher. Elsewhere (no
 ``prctl``, no ``/proc``) only ``mpiexec``'s process group is killed and a killed
 launcher leaves its job running.
 
+With a view of the job (:class:`mpirl.metrics.progress.Live`, ``mpirl launch`` unless ``log.progress_seconds``
+is 0) the job's stdout and stderr come to the launcher through pipes that it always drains, and it writes them on
+with the progress line between.
+
 Every job started here keeps Open MPI's session directory in a directory of its
 own (:func:`own_session_dir`), removed when the job is done: a killed ``mpiexec``
 leaves its session behind, and a later ``mpiexec`` that gets the same PID would
@@ -42,10 +46,13 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from mpirl import phases
 from mpirl.config import ConfigError
+
+if TYPE_CHECKING:
+    from mpirl.metrics.progress import Live
 
 GRACE_SECONDS = 120.0  # default wait for the clean stop (a checkpoint, replay snapshots) before killing
 KILL_AFTER_TERM = 10.0
@@ -133,24 +140,37 @@ FORCE = (signal.SIGINT, signal.SIGTERM)  # once the stop is under way, these kil
 
 
 def supervise(cmd: list[str], env: dict | None, grace: float = GRACE_SECONDS, *,
-              kill_after: float = KILL_AFTER_TERM) -> int:
+              kill_after: float = KILL_AFTER_TERM, live: Live | None = None) -> int:
     """Run ``cmd`` (an mpiexec command) to its end; returns its exit code (75: stopped cleanly).
 
     A job whose ``mpiexec`` was killed returns 128 + that signal, as a shell reports it (137 after a second
-    Ctrl-C). Returns only when no process of the job is left.
+    Ctrl-C). Returns only when no process of the job is left. ``live``: the job's output goes through it (pipes it
+    drains whatever becomes of the launcher's own output), with the progress line between; without it, the job
+    writes to the launcher's stdout and stderr itself.
     """
     requests: list[int] = []  # signals received, in order; the handler only notes them
     previous = {s: signal.signal(s, lambda signum, _frame: requests.append(signum))
                 for s in (*STOPS, signal.SIGUSR1)}
+    # Through pipes, mpiexec keeps this process's SIGPIPE ignored: should the launcher be killed outright, a write
+    # to its pipe must not kill mpiexec before its parent-death signal has it take its ranks down.
+    pipe = subprocess.PIPE if live else None
     try:
         with own_session_dir(env) as job_env:
-            proc = subprocess.Popen(cmd, env=job_env, start_new_session=True, preexec_fn=_parent_death_signal())
+            proc = subprocess.Popen(cmd, env=job_env, start_new_session=True, preexec_fn=_parent_death_signal(),
+                                    stdout=pipe, stderr=pipe, restore_signals=live is None)
+            if live and proc.stdout and proc.stderr:
+                live.start(proc.stdout, proc.stderr)
+                _LIVE.append(live)
             phases.mark("mpiexec started")
             try:
                 _stop_on_request(proc, requests, grace, kill_after)
                 phases.mark("mpiexec ended")
             finally:
                 kill_job(proc)  # whatever of the job is left (nothing, unless it was killed or this raised)
+                if live:
+                    if live in _LIVE:
+                        _LIVE.remove(live)
+                    live.finish()  # the rest of the job's output, and no progress line any more
         code = proc.returncode
         if code is None:  # not even SIGKILL ended it within kill_job's wait (a process stuck in the kernel)
             _say(f"mpiexec (PID {proc.pid}) is still there after SIGKILL; giving up on it")
@@ -258,7 +278,13 @@ def kill_job(proc: subprocess.Popen, seconds: float = 10.0) -> None:
         time.sleep(0.02)  # SIGKILLed processes leave the table once the kernel has torn them down
 
 
+_LIVE: list[Live] = []  # the view of the job supervise runs now: the launcher's own lines go through it
+
+
 def _say(text: str) -> None:
+    if _LIVE:
+        _LIVE[-1].say(text)
+        return
     try:
         print(f"mpirl: {text}", file=sys.stderr, flush=True)
     except OSError:  # the terminal is gone (a hang-up): go on stopping the job

@@ -10,6 +10,7 @@ the launcher alone. Every test has a deadline and kills whatever of its job is l
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -37,7 +38,8 @@ class Launched:
         self.proc = subprocess.Popen(
             cmd or [sys.executable, "-m", "mpirl", "launch", str(JOBS / "cartpole.toml"),
                     "--set", f'run.out_dir="{out}"', "--set", "run.train_steps=100000",
-                    "--set", "run.target_return=nan", "--set", "run.env_steps=0", "--set", "log.interval=0.2", *extra],
+                    "--set", "run.target_return=nan", "--set", "run.env_steps=0", "--set", "log.interval=0.2",
+                    "--set", "log.progress_seconds=0.5", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=mpi_env(), cwd=ROOT, process_group=0)
         self.signalled = 0.0
         self.head = ""  # output read before finish() (wait_for_output)
@@ -159,6 +161,10 @@ def test_one_stop_signal_is_a_clean_stop_with_a_checkpoint(tmp_path, signum, ter
             steps = int(f["learner/train/train_steps"][-1])
         assert checkpoint.checkpoints(job.run_dir)[-1].name == f"ckpt-{steps:010d}.pt"
         assert f"--resume {job.run_dir}" in text
+        # the progress line (to a pipe: plain lines) while it ran, none after the summary
+        head, summary = text.split("\nrun           cartpole", 1)
+        assert re.search(r"^mpirl: \d+:\d\d  [-\d,]+ train steps  ", head, re.M), head[-3000:]
+        assert not re.search(r"^mpirl: \d+:\d\d  ", summary, re.M), summary
         print(f"{signal.Signals(signum).name}: clean stop {took:.1f} s after the signal")
     finally:
         job.kill()

@@ -111,13 +111,17 @@ def check_run(run_dir: Path, job_id: str, steps: int = 400):
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
 def test_single_node_template(cluster, tmp_path, launcher):
     job = submit(cluster, tmp_path, "single_node.sbatch", "jobs/cartpole.toml", *SHORT,
-                 env={"MPIRL_LAUNCHER": launcher})
+                 "--set", "log.progress_seconds=0.5", env={"MPIRL_LAUNCHER": launcher})
     info = wait_for(cluster, job, tmp_path)
     log = log_of(tmp_path, job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
     assert f"mpirl: {launcher} step on 4 tasks" in log
     assert "Sorry!" not in log  # no PMIx help-file noise from the ranks
     check_run(only_run(tmp_path), job)
+    # No `mpirl launch` here: rank 0's follower appended the progress line to the output file, none after the summary
+    head, summary = log.split("\nrun           cartpole", 1)
+    assert re.search(r"^mpirl: \d+:\d\d  [-\d,]+ train steps  ", head, re.M), log
+    assert not re.search(r"^mpirl: \d+:\d\d  ", summary, re.M) and "\x1b" not in log, log
 
 
 def rank_hosts(run_dir: Path) -> list[str]:

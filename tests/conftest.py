@@ -219,6 +219,16 @@ def run_mpi(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.toml
     return Job(_watched(cmd, out_dir, stall, cap), out_dir)
 
 
+def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``mpirl ARGS`` in this process, for commands that never start MPI (play, export, info): its exit code, stdout
+    and stderr, without a Python's start-up and imports for each."""
+    from mpirl.cli import main
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mpirl", *args], capture_output=True, text=True,
                           timeout=timeout, env=mpi_env(), cwd=ROOT)

@@ -39,7 +39,7 @@ def test_random_play_on_pendulum_is_far_below_the_targets():
 
 @pytest.mark.learning
 @pytest.mark.mpi
-def test_ppo_with_a_gaussian_policy_learns_pendulum(tmp_path):
+def test_ppo_with_a_gaussian_policy_learns_pendulum(tmp_path, capsys):
     """jobs/pendulum_ppo.toml (allreduce PPO, 2 workers) to -400 over 20 episodes: about 40 k env steps here. Its
     minibatches of 256 (not the job's 64) make 4x fewer allreduces: on a loaded machine each waits for the other rank
     to be scheduled."""
@@ -59,6 +59,16 @@ def test_ppo_with_a_gaussian_policy_learns_pendulum(tmp_path):
     assert ret[:8].mean() < RANDOM + 400 and ret[-20:].mean() > -550, (ret[:8].mean(), ret[-20:].mean())
     # The deterministic policy (the means) over 10 episodes: well above random play.
     assert test["episodes"].tolist() == [10] and test["return_mean"][0] > RANDOM + 500, (test, RANDOM)
+    # ... and outside the job: mpirl play's means, clipped to the bounds, on 10 episodes of its own seeds.
+    import mpirl
+    from conftest import in_process
+    from mpirl.trained.play import play
+    policy = mpirl.load_policy(job.run_dir)
+    assert np.all(np.abs(policy.act(np.random.default_rng(0).normal(size=(64, 3)) * 8)[0]) <= 2.0)
+    played = play(policy, 10, seed=3)
+    assert played.mean > RANDOM + 500, (played.line(), RANDOM)
+    export = in_process(capsys, "export", str(job.run_dir), "--out", str(tmp_path / "pendulum.pt"))
+    assert export.returncode == 0, export.stderr
 
 
 @pytest.mark.learning

@@ -14,6 +14,7 @@ its file's attributes, its losses are finite, and it made the steps asked for:
 * a3c: the parameter server on the GPU (async, sync; its workers too), and an allreduce in which one rank sees the
   GPU and the others do not (a GPU node among CPU nodes, ``agent.device = "auto"``);
 * checkpoints: written on the GPU and resumed on the CPU and back (Ape-X's learner, the a3c server).
+* a policy trained on the GPU played (``mpirl play --device``) and exported on either.
 """
 
 from __future__ import annotations
@@ -197,3 +198,20 @@ def test_a_checkpoint_moves_between_gpu_and_cpu(tmp_path, job_file, n, step_tabl
         assert str(on).startswith(device), (leg, on)
         assert rows[-1] == steps and np.all(np.diff(rows) >= 0), (leg, rows)
     assert len(list(out.glob("*/run.h5"))) == 1  # one run, resumed twice
+
+
+def test_a_policy_trained_on_the_gpu_plays_and_exports_on_either(tmp_path):
+    """The checkpoint of a learner on the device loads on the device and on the CPU (mpirl play --device, mpirl.
+    load_policy): the same greedy actions on observations of played episodes, and the export (always on the CPU)
+    is checked against the policy before it is written."""
+    import mpirl
+    from mpirl.cli import main
+    from mpirl.trained.export import observations
+    job = run_mpi(4, tmp_path, *APEX_SHORT, DEVICE, timeout=300)
+    completed(job, "train_steps 300 reached").close()
+    cpu, dev = mpirl.load_policy(job.run_dir), mpirl.load_policy(job.run_dir, device=ON)
+    obs = np.stack(observations(cpu, 500, seed=1)[0])
+    same = np.mean(cpu.act(obs)[0] == dev.act(obs)[0])
+    assert same >= 0.99, same  # float sums differ across devices: a near tie may break the other way
+    assert main(["play", str(job.run_dir), "--episodes", "2", "--device", ON]) == 0
+    assert main(["export", str(job.run_dir), "--out", str(tmp_path / "p.pt")]) == 0

@@ -188,7 +188,7 @@ def _run_dir(tmp_path):
 
 
 @pytest.mark.mpi
-def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it(tmp_path):
+def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it(tmp_path, capsys):
     proc = _launch(tmp_path, 9, "distql.episodes=150")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ranks: 0 Q-server; 1-8 workers" in proc.stdout
@@ -213,6 +213,15 @@ def test_the_default_taxi_job_runs_8_workers_and_a_server_and_info_summarises_it
     assert info.returncode == 0 and "1 Q-server, 8 worker(s)" in info.stdout and "merges     128" in info.stdout
     watch = run_cli("watch", str(run), "--once")
     assert watch.returncode == 0 and "1,200 of 1,200" in watch.stdout, watch.stdout
+    # The table the server ended with plays (no checkpoint: the run ended) and exports; torch only in this process.
+    from conftest import in_process
+    from mpirl.trained.video import count_frames
+    play = in_process(capsys, "play", str(run), "--episodes", "3", "--video", str(tmp_path / "taxi.mp4"))
+    assert play.returncode == 0 and "qserver.h5's final table" in play.stdout, play.stdout + play.stderr
+    frames = int(play.stdout.split("taxi.mp4 (")[1].split(" frames")[0])
+    assert count_frames(tmp_path / "taxi.mp4") == frames > 0
+    export = in_process(capsys, "export", str(run), "--out", str(tmp_path / "taxi.pt"))
+    assert export.returncode == 0 and "obs [N] int64" in export.stdout, export.stdout + export.stderr
 
 
 def _checkpoints(run_dir):

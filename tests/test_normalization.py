@@ -56,6 +56,18 @@ def test_normalisation_statistics_are_the_jobs_and_survive_kill_9_and_resume(tmp
     final = _stats(checkpoint.checkpoints(run_dir)[-1])
     grown = final["obs"]["count"] - st["obs"]["count"]
     assert 0 < grown <= 22 * 256, (final["obs"]["count"], st["obs"]["count"])  # on from the checkpoint's
+    # The trained policy outside the job normalises with the checkpoint's statistics, inside its exported module too.
+    import torch
+
+    import mpirl
+    from mpirl.trained.export import export
+    policy = mpirl.load_policy(run_dir)
+    assert np.allclose(policy.actions.normalize.mean.numpy(), final["obs"]["mean"])
+    said = export(policy, tmp_path / "p.pt")
+    assert "the same actions as the policy" in said[0]
+    module = torch.jit.load(str(tmp_path / "p.pt"))
+    x = np.array([[1.0, 0.0, 3.0]], np.float32)
+    assert np.allclose(module(torch.as_tensor(x)).numpy(), policy.act(x)[0], atol=1e-6)
 
 
 @pytest.mark.mpi

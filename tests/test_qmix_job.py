@@ -46,7 +46,7 @@ def check_run(job, *, steps=24, buffers=1):
 @pytest.mark.mpi
 @pytest.mark.parametrize("variant, architecture", [("qmix", "proposed"), ("macpo", "baseline"),
                                                    ("accmer", "proposed"), ("accmer", "baseline")])
-def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
+def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant, capsys):
     sets = {"qmix": (), "macpo": ("qmix.loss_weights=macpo",),
             "accmer": ("qmix.loss_weights=macpo", "qmix.sampler=accmer")}[variant]
     job = run_mpi(4, tmp_path, *SHORT, f"replay.architecture={architecture}", *sets, job=JOB, timeout=240)
@@ -71,6 +71,15 @@ def test_every_role_of_a_qmix_job_exits_0(tmp_path, architecture, variant):
         assert check.returncode == 0, check.stderr
         row = check.stdout.splitlines()[1].split()
         assert row[0] == run_dir.name and row[1] == "24" and row[-1] in ("learned", "NOT"), check.stdout
+        # The team plays greedily outside the job, recorded (one frame a step), and exports with its GRU state.
+        from conftest import in_process
+        from mpirl.trained.video import count_frames
+        play = in_process(capsys, "play", str(run_dir), "--episodes", "2", "--video", str(tmp_path / "team.mp4"))
+        assert play.returncode == 0 and "over 2 episodes" in play.stdout, play.stdout + play.stderr
+        assert count_frames(tmp_path / "team.mp4") == 2 * 25  # episodes cut at the job's 25 steps
+        export = in_process(capsys, "export", str(run_dir), "--out", str(tmp_path / "team.pt"))
+        assert export.returncode == 0 and "(obs, avail, last_actions, h) -> (actions, h)" in export.stdout, \
+            export.stdout + export.stderr
 
 
 @pytest.mark.mpi

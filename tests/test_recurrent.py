@@ -193,7 +193,7 @@ def test_impalas_recurrent_value_of_a_truncated_episodes_final_observation_reads
 
 
 @pytest.mark.mpi
-def test_an_lstm_impala_job_served_by_an_inference_worker_runs_checkpoints_and_resumes(tmp_path):
+def test_an_lstm_impala_job_served_by_an_inference_worker_runs_checkpoints_and_resumes(tmp_path, capsys):
     """The LSTM IMPALA job with its games' states kept by an inference worker (5 ranks): every role exits 0, the
     worker served steps, the learner trained on the trajectories and played its test round with the core; --resume
     from its final checkpoint continues to a later stop with the LSTM's parameters restored."""
@@ -217,3 +217,23 @@ def test_an_lstm_impala_job_served_by_an_inference_worker_runs_checkpoints_and_r
     with h5py.File(first.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "completed" and f.attrs["stop_reason"] == "train_steps 80 reached"
         assert f["learner/train/train_steps"][-1] == 80
+    _the_trained_lstm_carries_its_state_outside_the_job(first.run_dir, tmp_path, capsys)
+
+
+def _the_trained_lstm_carries_its_state_outside_the_job(run_dir, tmp_path, capsys):
+    """The policy of a checkpoint steps its LSTM's state from call to call and zeroes it where an episode starts;
+    play samples or takes the mode; the export is checked along played episodes, the state passed in and out."""
+    import mpirl
+    from conftest import in_process
+    policy = mpirl.load_policy(run_dir)
+    obs = np.array([[0.1, -0.2], [0.0, 0.3]], np.float32)
+    a, state = policy.act(obs)
+    assert policy.recurrent and a.shape == (2,) and state[0].shape == (2, policy.state_size)
+    _, moved = policy.act(obs, state)
+    assert not np.allclose(moved[0], state[0])
+    assert np.allclose(policy.act(obs, state, episode_start=[True, True])[1][0], state[0])  # zeroed first
+    for extra in ((), ("--stochastic",)):
+        play = in_process(capsys, "play", str(run_dir), "--episodes", "2", *extra)
+        assert play.returncode == 0 and "over 2 episodes" in play.stdout, play.stdout + play.stderr
+    export = in_process(capsys, "export", str(run_dir), "--out", str(tmp_path / "lstm.pt"))
+    assert export.returncode == 0 and "(obs, h, c, first) -> (actions, h, c)" in export.stdout, export.stderr

@@ -88,7 +88,7 @@ def test_no_algorithm_imports_another_algorithm_s_folder():
 # The package's layers, lowest first (DESIGN.md, "Layers"): a module imports modules of its own layer and of the
 # layers below, never one above. Patterns are module names; ``*`` stands for one name.
 LAYERS = (
-    ("config", ("mpirl", "mpirl.domain", "mpirl.sections", "mpirl.config", "mpirl.replay_job", "mpirl.atomic",
+    ("config", ("mpirl.version", "mpirl.domain", "mpirl.sections", "mpirl.config", "mpirl.replay_job", "mpirl.atomic",
                 "mpirl.phases", "mpirl.algos", "mpirl.algos.*", "mpirl.algos.*.settings")),
     ("metrics", ("mpirl.metrics", "mpirl.metrics.*")),
     ("pure computation", ("mpirl.replay", "mpirl.replay.*", "mpirl.agents", "mpirl.agents.*", "mpirl.envs",
@@ -99,6 +99,8 @@ LAYERS = (
                          "mpirl.exchange", "mpirl.exchange.*")),
     ("algos", ("mpirl.algos.*.*",)),
     ("registry", ("mpirl.registry",)),
+    ("trained policies", ("mpirl.trained", "mpirl.trained.*")),
+    ("Python API", ("mpirl", "mpirl.api")),
     ("bench", ("mpirl.bench", "mpirl.bench.*", "mpirl.bench.*.*")),
     ("cli", ("mpirl.cli", "mpirl.__main__")),
 )

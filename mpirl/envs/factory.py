@@ -68,11 +68,14 @@ def _mujoco_warnings_to_python(env_id: str) -> None:
         mujoco.set_mju_user_warning(lambda message: warnings.warn(f"MuJoCo: {message.strip()}", stacklevel=1))
 
 
-def make_env(cfg: EnvConfig, seed: int | None = None) -> gym.Env:
-    """One environment for an actor; ``seed`` seeds its first reset and action space."""
+def make_env(cfg: EnvConfig, seed: int | None = None, render_mode: str | None = None) -> gym.Env:
+    """One environment for an actor; ``seed`` seeds its first reset and action space; ``render_mode``: Gymnasium's
+    (``"rgb_array"`` for a video of it)."""
     _check_id(cfg.id)
     _mujoco_warnings_to_python(cfg.id)
-    kwargs = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    kwargs: dict = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
     try:
         env = gym.make(cfg.id, **kwargs)
     except Exception as err:  # a registered env whose dependencies are missing, etc.

@@ -84,7 +84,7 @@ class PredatorPrey(ParallelEnv):
     lookup or an observation window is one addition and one gather for all agents.
     """
 
-    metadata = {"name": "predator_prey_v0", "render_modes": ["ansi"]}
+    metadata = {"name": "predator_prey_v0", "render_modes": ["ansi", "rgb_array"]}
     shared_reward = "same"
     noop_action = STAY
 
@@ -100,8 +100,8 @@ class PredatorPrey(ParallelEnv):
             raise ValueError(f"{n_predators} predators and {n_prey} prey do not fit on a {grid}x{grid} grid")
         if not float(punishment) <= 0:
             raise ValueError(f"punishment must be <= 0, got {punishment!r}")
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if render_mode not in (None, "ansi", "rgb_array"):
+            raise ValueError(f"render_mode must be None, 'ansi' or 'rgb_array', got {render_mode!r}")
         self.grid, self.n_predators, self.n_prey = int(grid), int(n_predators), int(n_prey)
         self.punishment, self.capture_reward = float(punishment), float(capture_reward)
         self.max_steps, self.obs_radius, self.prey_moves = int(max_steps), int(obs_radius), bool(prey_moves)
@@ -269,12 +269,26 @@ class PredatorPrey(ParallelEnv):
                       | prey[p:p + g, p - 1:p - 1 + g] | prey[p:p + g, p + 1:p + 1 + g])
         return s
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            return self._picture()
         if self.render_mode != "ansi":
             return None
         s = self.state()
         chars = np.where(s[:, :, 0] == 1, "P", np.where(s[:, :, 1] == 1, "o", "."))
         return "\n".join("".join(row) for row in chars)
+
+    def _picture(self, cell: int = 16) -> np.ndarray:
+        """The grid as an RGB image, ``cell`` pixels a square: predators red, prey blue, both on one square purple,
+        the free squares light grey on a dark grid (even sizes: what video encoders take)."""
+        s = self.state()
+        colours = np.full((*s.shape[:2], 3), 235, np.uint8)
+        colours[s[:, :, 0] == 1] = (220, 40, 40)
+        colours[s[:, :, 1] == 1] = (40, 90, 220)
+        colours[(s[:, :, 0] == 1) & (s[:, :, 1] == 1)] = (150, 40, 170)
+        image = np.repeat(np.repeat(colours, cell, axis=0), cell, axis=1)
+        image[::cell, :], image[:, ::cell] = 90, 90
+        return image
 
     def close(self) -> None:
         pass

@@ -86,6 +86,28 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted((int(m.group(1)), p) for p, m in numbered if m)]
 
 
+def chosen(run_dir: Path, given: str | Path | None = None) -> tuple[Path, str]:
+    """The checkpoint a trained policy is loaded from: ``given`` (a checkpoint file), or the run's newest; and it in
+    words (``ckpt-0000001244.pt (train step 1244)``). ConfigError naming what to pass when there is none."""
+    if given is not None:
+        path = Path(given)
+        if not path.is_file() or not NAME.match(path.name):
+            raise ConfigError("--checkpoint", f"{given}: not a checkpoint file (checkpoints/ckpt-<step>.pt or .h5 "
+                                              f"of a run); {run_dir}/{CKPT_DIR} holds the run's")
+    else:
+        found = checkpoints(run_dir)
+        if not found:
+            raise ConfigError("RUN_DIR", f"{run_dir} has no checkpoint ({CKPT_DIR}/ckpt-*); a run writes one when it "
+                                         "stops and every checkpoint.every_seconds: play a run that ran to its end")
+        path = found[-1]
+    try:
+        head = header(path)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same answer
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError("--checkpoint", f"{path} cannot be read ({type(err).__name__}: {first})") from None
+    return path, f"{path.name} ({head.get('step_name', 'train step')} {head.get('train_steps', '?')})"
+
+
 def path_for(run_dir: Path, step: int, suffix: str = ".pt") -> Path:
     """Where the checkpoint of ``step`` goes (its directory made)."""
     d = Path(run_dir) / CKPT_DIR

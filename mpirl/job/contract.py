@@ -9,6 +9,8 @@ An algorithm is three modules, each a :class:`typing.Protocol` here, and mypy (r
   :class:`Layout` (which roles, which ranks, who talks to whom: data, before any communicator exists), the
   communicators, its role loops, its rank files, its validate line and its end-of-job summary.
 * ``info.py`` — :class:`Info`: ``mpirl info``'s summary and ``mpirl watch``'s frame, from the HDF5 files alone.
+* ``trained.py`` — :class:`Trained`: the trained policy a checkpoint holds, in one process without MPI (``mpirl play``,
+  ``mpirl export``, ``mpirl.load_policy``).
 
 It sits with the generic job (:mod:`mpirl.job`), below the algorithms: the shared layers and every algorithm import it,
 and it imports no algorithm. Everything an algorithm declares is required: the shared wiring (:mod:`mpirl.job.wiring`, :mod:`mpirl.cli`) never
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
     from mpirl.comm.topology import Topology
     from mpirl.config import JobConfig
+    import torch
+
+    from mpirl.agents.trained_policy import TrainedPolicy
     from mpirl.job.context import RoleContext
 
 class Checked(NamedTuple):
@@ -118,3 +123,12 @@ class Info(Protocol):
 
     def frame(self, s: dict[str, Any]) -> str:
         """One screen of ``mpirl watch``."""
+
+
+class Trained(Protocol):
+    """``mpirl/algos/<name>/trained.py``: no MPI."""
+
+    def load_policy(self, cfg: JobConfig, run_dir: Path, checkpoint: Path | None, device: torch.device
+                    ) -> TrainedPolicy:
+        """The trained policy of the run ``run_dir`` of ``cfg`` on ``device``: from ``checkpoint`` (a file of the
+        run's), or None: the newest it has (:func:`mpirl.job.checkpoint.chosen`); ``policy.source`` says which."""

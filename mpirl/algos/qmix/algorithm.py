@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mpirl.algos.qmix.builder import QmixBuilder
-from mpirl.algos.qmix.envs import env_kwargs, episode_limit
+from mpirl.algos.qmix.envs import Spaces, spaces_of  # noqa: F401 - the job's spaces, as the checks find them
 from mpirl.comm.messages import dump_layout, experience_layout, request_layout, sample_layout
 from mpirl.job.contract import Checked, RoleLoop
 from mpirl.config import ConfigError, JobConfig
@@ -25,37 +25,6 @@ from mpirl.replay.quotas import max_quota
 from mpirl.job import memory
 from mpirl.actor_learner.replay_layout import (BUFFER, LEARNER, build_topology, inference, layout,  # noqa: F401
                                               rank_files, role_map, roles, sender_count, star_estimate)
-
-
-class Spaces(NamedTuple):
-    n_agents: int
-    obs_shape: tuple
-    obs_dtype: np.dtype
-    state_shape: tuple
-    state_dtype: np.dtype
-    n_actions: int
-    episode_limit: int
-    limit_keyword: str | None = None  # the env's keyword for it (None: the actors cut episodes at the limit)
-
-
-def spaces_of(cfg: JobConfig) -> Spaces:
-    """The env's spaces, or a ConfigError naming env.id and why QMIX cannot use it."""
-    from mpirl.envs import pettingzoo as pz
-    from mpirl.envs.marl_install import MarlDependencyError, missing_package
-    try:
-        env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
-    except MarlDependencyError as err:  # its message names the install that provides the package
-        raise ConfigError("env.id", str(err)) from None
-    except ModuleNotFoundError as err:
-        raise ConfigError("env.id", str(missing_package(cfg.env.id, err.name or "?"))) from None
-    except (ValueError, TypeError) as err:
-        raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
-    try:
-        limit = episode_limit(cfg, env)
-        return Spaces(env.n_agents, tuple(env.obs_shape), np.dtype(env.obs_dtype), tuple(env.state_shape),
-                      np.dtype(env.state_dtype), int(env.n_actions), limit.steps, limit.keyword)
-    finally:
-        env.close()
 
 
 # The settings that size QMIX's networks (MAC-PO's central mixer only with qmix.loss_weights = "macpo").

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from mpirl.config import ConfigError, JobConfig
 
 
@@ -50,3 +52,34 @@ def make(cfg: JobConfig, seed: int, spaces):
     """One game of the job's env; ``spaces``: what the job's check found (its episode limit and keyword)."""
     from mpirl.envs.pettingzoo import make_team_env
     return make_team_env(cfg.env.id, seed, **env_kwargs(cfg, Limit(spaces.episode_limit, spaces.limit_keyword)))
+
+
+class Spaces(NamedTuple):
+    n_agents: int
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    state_shape: tuple
+    state_dtype: np.dtype
+    n_actions: int
+    episode_limit: int
+    limit_keyword: str | None = None  # the env's keyword for it (None: the actors cut episodes at the limit)
+
+
+def spaces_of(cfg: JobConfig) -> Spaces:
+    """The env's spaces, or a ConfigError naming env.id and why QMIX cannot use it."""
+    from mpirl.envs import pettingzoo as pz
+    from mpirl.envs.marl_install import MarlDependencyError, missing_package
+    try:
+        env = pz.make_team_env(cfg.env.id, 0, **env_kwargs(cfg))
+    except MarlDependencyError as err:  # its message names the install that provides the package
+        raise ConfigError("env.id", str(err)) from None
+    except ModuleNotFoundError as err:
+        raise ConfigError("env.id", str(missing_package(cfg.env.id, err.name or "?"))) from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError("env.id", f"{cfg.env.id!r}: {err}") from None
+    try:
+        limit = episode_limit(cfg, env)
+        return Spaces(env.n_agents, tuple(env.obs_shape), np.dtype(env.obs_dtype), tuple(env.state_shape),
+                      np.dtype(env.state_dtype), int(env.n_actions), limit.steps, limit.keyword)
+    finally:
+        env.close()

@@ -1,9 +1,10 @@
-"""``mpirl`` command line: run, launch, validate, info, watch, bench.
+"""``mpirl`` command line: run, launch, validate, info, watch, bench, play, export, compare, tensorboard.
 
 ``run`` is what every MPI rank executes; ``launch`` wraps ``mpiexec`` with the
-right flags; ``validate`` checks a job without running it; ``info`` summarizes
-a run directory from its HDF5 files alone. Bad input exits with code 2 and one
-line naming the field and the fix.
+right flags (and draws the progress line); ``validate`` checks a job without running it; ``info`` summarizes
+a run directory from its HDF5 files alone; ``play`` and ``export`` use a run's trained policy in one process
+(:mod:`mpirl.trained.commands`); ``compare`` puts seeds together; ``tensorboard`` writes event files for runs that
+exist. Bad input exits with code 2 and one line naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -134,8 +135,13 @@ def cmd_launch(args) -> int:
         refusal = Path(where) / "refusal"
         env.update(launched.environment(refusal, cmd))
         # The launcher stays mpiexec's parent: Ctrl-C or a SIGTERM becomes the job's clean stop (a checkpoint,
-        # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py).
-        code = supervise(cmd, env, args.grace)
+        # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py). It
+        # passes the job's output on, with the progress line between (mpirl/metrics/progress.py).
+        live = None
+        if cfg.log.progress_seconds > 0:
+            from mpirl.metrics.progress import Live
+            live = Live(cfg.log.progress_seconds, lambda run_dir: _run_info(run_dir).summarize(run_dir))
+        code = supervise(cmd, env, args.grace, live=live)
         why = launched.refusal(refusal)
     return _fail(why) if why else code
 
@@ -203,6 +209,9 @@ def cmd_watch(args) -> int:
         return _fail(f"--interval: seconds between frames must be > 0, got {args.interval}")
     info = _run_info(path)
     try:
+        if args.line:  # the progress line (mpirl/metrics/progress.py); rank 0 runs this when no launcher draws it
+            from mpirl.metrics.progress import follow
+            return follow(path, info.summarize, args.interval, once=args.once)
         return watch(path, info.summarize, info.frame, args.interval, once=args.once)
     except KeyboardInterrupt:
         return 0
@@ -239,6 +248,54 @@ def cmd_bench(args) -> int:
         return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
     return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
                learner={"device": args.device}, continuous={"tasks": tasks})
+
+
+def cmd_compare(args) -> int:
+    """Seeds together (mpirl/metrics/compare.py): runs grouped by their job but the seed and what a resumed job may
+    change, one PNG of the median curves, the table of final values; a run skipped is a note on stderr."""
+    from mpirl.job.checkpoint import MAY_CHANGE, MAY_CHANGE_SECTIONS
+    from mpirl.metrics.compare import SEED_KEYS, compare
+    try:
+        done = compare(args.run_dirs, y=args.y, x=args.x, out=Path(args.out), force=args.force, seed=args.seed,
+                       ignore=(*SEED_KEYS, *MAY_CHANGE), ignore_sections=MAY_CHANGE_SECTIONS)
+    except config.ConfigError as err:
+        return _fail(str(err))
+    for note in done.notes:
+        print(f"mpirl: note: {note}", file=sys.stderr)
+    print(done.table)
+    print(f"mpirl: wrote {done.out}")
+    return 0
+
+
+def compare_parser(sub) -> None:
+    """``mpirl compare``'s arguments (out of :func:`parser`, which stays under a screen)."""
+    sp = sub.add_parser("compare", help="seeds together: runs grouped by their job but the seed, median curves "
+                                        "with interquartile bands (one PNG) and a table of final values")
+    sp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                    help="run directories, or directories holding runs (every run.h5 below)")
+    sp.add_argument("--y", default="return", metavar="return|TABLE.COLUMN",
+                    help="what to compare: the return (default: the mean of the last run.return_window episodes), "
+                         "or a column such as learner.loss or buffer.episodes.length")
+    sp.add_argument("--x", default="env_steps", choices=["env_steps", "train_steps", "time"],
+                    help="against env steps (default), train steps or wall time")
+    sp.add_argument("--out", default="compare.png", metavar="FILE.png",
+                    help="the PNG to write (default compare.png here; never overwritten without --force)")
+    sp.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the IQM's bootstrap (default 0)")
+    sp.set_defaults(func=cmd_compare)
+
+
+def cmd_tensorboard(args) -> int:
+    """Event files for runs that exist (mpirl/metrics/tensorboard.py): every run checked before any is written."""
+    from mpirl.metrics import tensorboard
+    try:
+        runs = tensorboard.runs_of(args.run_dirs, force=args.force)
+    except config.ConfigError as err:
+        return _fail(str(err))
+    for run_dir in runs:
+        print(f"mpirl: {tensorboard.export(run_dir)}")
+    print(f"mpirl: view them with: tensorboard --logdir {os.path.commonpath([str(r) for r in runs])}")
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -286,6 +343,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dir", help="the run directory, e.g. runs/cartpole-20260101-120000")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
     sp.add_argument("--once", action="store_true", help="draw one frame and exit")
+    sp.add_argument("--line", action="store_true",
+                    help="the progress line instead of the frame (`mpirl launch` prints it every log.progress_seconds)")
     sp.set_defaults(func=cmd_watch)
 
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
@@ -305,10 +364,23 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
                     help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present)")
     sp.set_defaults(func=cmd_bench)
+
+    from mpirl.trained.commands import add_parsers
+    add_parsers(sub)  # play, export
+
+    compare_parser(sub)
+
+    sp = sub.add_parser("tensorboard", help="TensorBoard event files (RUN_DIR/tensorboard/) for runs that exist, "
+                                            "from every rank's HDF5 file")
+    sp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, or directories of runs")
+    sp.add_argument("--force", action="store_true",
+                    help="replace the event files a run has (the job's own, or an earlier export)")
+    sp.set_defaults(func=cmd_tensorboard)
     return p
 
 
-NO_MPI = ("launch", "validate", "info", "watch")  # commands that never talk MPI themselves
+NO_MPI = ("launch", "validate", "info", "watch", "play", "export", "compare",
+          "tensorboard")  # commands that never talk MPI themselves
 QUICK_EXIT = ("run", "launch")  # commands whose process ends as soon as its work is done and said
 
 

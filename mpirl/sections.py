@@ -252,6 +252,13 @@ class CommConfig:
 class LogConfig:
     interval: float = setting(1.0, gt=0, le=86_400, why="seconds between metric rows")
     flush_seconds: float = setting(2.0, gt=0, le=10, why="so a killed job leaves recent data")
+    # A line of progress (steps, rate, recent return, time left where a limit bounds the run) every this many
+    # seconds while the job runs: redrawn in place by `mpirl launch` on a terminal, appended as plain lines to a
+    # file (a Slurm job's output). 0: off.
+    progress_seconds: float = setting(10.0, ge=0, le=86_400, why="0: off")
+    # Rank 0 also writes TensorBoard event files beside run.h5 (RUN_DIR/tensorboard/) as the job runs: the
+    # tensorboard extra.
+    tensorboard: bool = setting(False)
 
 
 @dataclass

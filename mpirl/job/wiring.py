@@ -23,13 +23,16 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-import mpirl
+import mpirl.version
+from mpirl.version import __version__
 from mpirl import phases
 from mpirl.job.contract import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
+from mpirl.metrics.progress import RUN_DIR_LINE, Follower
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
+from mpirl.metrics.tensorboard import LiveEvents
 from mpirl.job.checkpoint import Resume, plan_resume
 from mpirl.job import launched, memory
 from mpirl.job.checks import check_job
@@ -55,7 +58,7 @@ def new_run_dir(cfg: JobConfig) -> Path:
 
 
 def _git_commit() -> str:
-    here = Path(mpirl.__file__).resolve().parent.parent
+    here = Path(mpirl.version.__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() if out.returncode == 0 else ""
@@ -74,7 +77,7 @@ def provenance(world: MPI.Comm, hosts: list[str]) -> dict:
     import gymnasium
     import mpi4py
     return {
-        "package_version": mpirl.__version__, "git_commit": _git_commit(), "world_size": world.size,
+        "package_version": __version__, "git_commit": _git_commit(), "world_size": world.size,
         "hosts": ",".join(sorted(set(hosts))), "rank_hosts": ",".join(hosts),
         "mpi_library": MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip(),
         "mpi4py": mpi4py.__version__, "torch": _version("torch"), "numpy": np.__version__,
@@ -210,7 +213,7 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
                       f"under {cfg.run.out_dir}; starting a new one", flush=True)
             create_run_file(run_dir, job_text, cfg.flat(), provenance(world, topo.hosts))
         link_rank_files(run_dir, algo.rank_files(topo))
-        print(f"mpirl: run directory {run_dir}", flush=True)
+        print(f"{RUN_DIR_LINE}{run_dir}", flush=True)  # `mpirl launch` reads the run directory from it
         print(f"mpirl: ranks: {algo.role_map(topo)}", flush=True)  # so a report about "rank 3" names a role
     preempt = Preemption(world)
     if early and not preempt.signum:
@@ -221,14 +224,20 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
     # Rank 0 beats from a thread from now on, so `info`, `watch` and `--resume auto` can tell a dead run.
     pids = world.gather((socket.gethostname(), os.getpid()))
     heart = Heartbeat(run_dir, pids) if pids is not None else None  # gathered on rank 0
+    # The progress line: `mpirl launch` draws it; without it (srun, a plain mpiexec) a process rank 0 starts does.
+    lines = Follower(run_dir, cfg.log.progress_seconds if heart is not None and not quiet
+                     and not launched.under_launcher() else 0.0)
     phases.mark("wired")
     try:
-        stop_reason = role(ctx)
+        with LiveEvents(run_dir, t0, on=world.rank == 0 and cfg.log.tensorboard):  # its rows as TensorBoard events
+            stop_reason = role(ctx)
     except BaseException as err:  # the caller aborts the job; the run must not look alive or finished
         mark_failed(run_dir, world.rank, topo.role_of(world.rank), err, time.time() - t0)
         if isinstance(err, ConfigError):  # found by one rank mid-run: the others cannot know, so abort
             raise RuntimeError(str(err)) from err
         raise
+    finally:
+        lines.stop()
     phases.mark("role ended")
     # Every rank has closed its files and completed its requests; wait for all, politely.
     barrier = world.Ibarrier()

@@ -300,12 +300,14 @@ class Console:
 
 
 def beats(run_dir: Path, summarize: Summarize, seconds: float, console: Console, stop: threading.Event,
-          once: bool = False) -> None:
-    """Draw the line every ``seconds`` until the run has ended (its last line drawn where the console still takes
-    it), the console is closed or ``stop`` is set. After a read longer than ``seconds`` a whole interval passes
-    before the next: reads never stack up."""
+          once: bool = False, first: float = 0.0) -> None:
+    """Draw the line every ``seconds``, the first after ``first`` seconds, until the run has ended (its last line
+    drawn where the console still takes it), the console is closed or ``stop`` is set. After a read longer than
+    ``seconds`` a whole interval passes before the next: reads never stack up."""
     line = Line()
-    due = time.monotonic()
+    due = time.monotonic() + first
+    if first > 0 and stop.wait(first):
+        return
     while not stop.is_set():
         text, over = beat(run_dir, summarize, line)
         if text is not None and not console.show(text):
@@ -390,7 +392,8 @@ class Live:
     def _draw(self) -> None:
         self._named.wait()
         if not self._stop.is_set() and self.run_dir is not None:
-            beats(self.run_dir, self.summarize, self.seconds, self.console, self._stop)
+            # The first line after one interval, as rank 0's follower: a job shorter than that prints none.
+            beats(self.run_dir, self.summarize, self.seconds, self.console, self._stop, first=self.seconds)
 
     def say(self, text: str) -> None:
         """The launcher's own line, to its stderr."""

@@ -98,7 +98,7 @@ def add_parsers(sub) -> None:
     sp.add_argument("--stochastic", action="store_true",
                     help="sample actions from an actor-critic's distribution (as its actors and test rounds do) "
                          "instead of its most likely action")
-    sp.add_argument("--video", metavar="FILE.mp4", help="record the episodes (the video extra)")
+    sp.add_argument("--video", metavar="FILE.mp4", help="record the episodes as an MP4, a frame per step")
     sp.add_argument("--fps", type=float, default=30.0, help="the video's frames a second (default 30)")
     sp.add_argument("--force", action="store_true", help="replace an existing video file")
     sp.set_defaults(func=cmd_play)

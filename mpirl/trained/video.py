@@ -1,5 +1,5 @@
-"""MP4 files of played episodes, written and read back with imageio and its ffmpeg plugin (the ``video`` extra:
-``imageio-ffmpeg``'s wheel carries ffmpeg itself). A video is written under a temporary name beside its target and
+"""MP4 files of played episodes, written and read back with imageio and its ffmpeg plugin (dependencies of the
+package: ``imageio-ffmpeg``'s wheel carries ffmpeg itself). A video is written under a temporary name beside its target and
 renamed once complete, so a file with the name asked for is always a whole video."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def _ffmpeg():
         import imageio.v2 as imageio
         import imageio_ffmpeg
     except ImportError as err:
-        raise ConfigError("--video", f"writing MP4 needs imageio with its ffmpeg plugin ({err}); install it with "
-                                     "pip install 'mpirl[video]'") from None
+        raise ConfigError("--video", f"writing MP4 needs imageio with its ffmpeg plugin ({err}); install them with "
+                                     "pip install imageio imageio-ffmpeg") from None
     return imageio, imageio_ffmpeg
 
 

@@ -78,3 +78,16 @@ def test_action_modules_match_the_numpy_side():
     one = ActionSpec("discrete", (), nvec=(3,), start=(5,))
     assert _Actions(one)(torch.tensor([[0.0, 2.0, 1.0]])).tolist() == [6]
     assert one.to_env(1) == 6 and multi.to_env(np.array([1, 0])).tolist() == [2, -1]
+
+
+def test_a_drawing_package_that_is_missing_is_named():
+    import gymnasium
+
+    from mpirl.envs.watched import drawn
+
+    def render():
+        raise gymnasium.error.DependencyNotInstalled('pygame is not installed, run `pip install "gymnasium[x]"`')
+    with pytest.raises(ConfigError, match=r"--video: 'CartPole-v1' cannot draw its frames here: pygame is not"):
+        drawn(render, "CartPole-v1")
+    with pytest.raises(ConfigError, match="package that is missing"):
+        drawn(lambda: __import__("no_such_module_here"), "X-v0")

@@ -42,6 +42,22 @@ def frame_of(picture: Any, env_id: str) -> np.ndarray:
     return np.ascontiguousarray(a[:, :, :3])
 
 
+def drawn(render, env_id: str):
+    """``render()``'s picture; ConfigError naming what to install where the env's drawing needs a missing package
+    (Gymnasium says which: ``DependencyNotInstalled``)."""
+    try:
+        return render()
+    except ImportError as err:
+        raise ConfigError("--video", f"{env_id!r} draws its frames with a package that is missing ({err}); install "
+                                     "it, or play without --video") from None
+    except Exception as err:  # noqa: BLE001 - gymnasium.error.DependencyNotInstalled is no ImportError
+        if type(err).__name__ != "DependencyNotInstalled":
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError("--video", f"{env_id!r} cannot draw its frames here: {first}; or play without "
+                                     "--video") from None
+
+
 def headless() -> None:
     """pygame (Gymnasium's classic control, PettingZoo's sisl and MPE) draws off screen: no display and no sound
     device wanted, and none asked for (SDL would look for them, and complain, on a machine without)."""
@@ -79,7 +95,7 @@ class GymGame:
     def frame(self) -> np.ndarray:
         with warnings.catch_warnings():  # Gymnasium's checker on envs that render floats or declare no fps (MinAtar)
             warnings.simplefilter("ignore", UserWarning)
-            return frame_of(self.env.render(), self.id)
+            return frame_of(drawn(self.env.render, self.id), self.id)
 
     def close(self) -> None:
         self.env.close()
@@ -171,7 +187,7 @@ class TeamGame:
     def frame(self) -> np.ndarray:
         with warnings.catch_warnings():  # pursuit asks pygame for a font this machine may lack
             warnings.simplefilter("ignore", UserWarning)
-            return frame_of(self.team.env.render(), self.id)
+            return frame_of(drawn(self.team.env.render, self.id), self.id)
 
     def close(self) -> None:
         self.team.close()

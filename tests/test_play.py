@@ -115,6 +115,11 @@ def test_refusals_say_one_line_and_leave_nothing(runs, tmp_path, capsys):
     assert "--episodes" in refused("play", str(runs["apex"]), "--episodes", "0")
     (tmp_path / "p.pt").write_bytes(b"mine")
     assert "--force" in refused("export", str(runs["apex"]), "--out", str(tmp_path / "p.pt"))
+    assert "--fps" in refused("play", str(runs["apex"]), "--fps", "inf")
+    try:
+        import onnx  # noqa: F401
+    except ImportError:  # without the package: refused before anything is written
+        assert "onnx" in refused("export", str(runs["apex"]), "--out", str(tmp_path / "o.pt"), "--onnx")
     if not torch.cuda.is_available():
         assert "CUDA" in refused("play", str(runs["apex"]), "--device", "cuda")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "other", "p.pt", "taken.mp4"]

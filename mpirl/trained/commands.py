@@ -5,6 +5,7 @@ exists) is one line and exit code 2, and leaves no partial file behind."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -28,8 +29,8 @@ def cmd_play(args) -> int:
         return _fail(f"--episodes: at least 1, got {args.episodes}")
     if args.seed < 0:
         return _fail(f"--seed: a seed is >= 0, got {args.seed}")
-    if not args.fps > 0:
-        return _fail(f"--fps: frames a second > 0, got {args.fps}")
+    if not (args.fps > 0 and math.isfinite(args.fps)):
+        return _fail(f"--fps: frames a second, a finite number > 0, got {args.fps}")
     video = None
     try:
         if args.video:

@@ -71,20 +71,23 @@ def _site_packages_without_mpirl(tmp_path):
 
 def test_export_gives_the_same_actions_in_a_python_without_mpirl(runs, tmp_path, capsys):
     out = tmp_path / "policy.pt"
-    proc = cli(capsys, "export", str(runs["apex"]), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+    proc = cli(capsys, "export", str(runs["apex"]), "--out", str(out), "--pt2")
+    assert proc.returncode == 0 and "torch.export" in proc.stdout, proc.stderr
     policy = mpirl.load_policy(runs["apex"])
     obs, _ = observations(policy, 1_000, seed=3)
     np.save(tmp_path / "obs.npy", np.stack(obs))
     want, _ = policy.act(np.stack(obs))
     script = (_site_packages_without_mpirl(tmp_path)
               + f"m = torch.jit.load({str(out)!r}); x = torch.as_tensor(np.load({str(tmp_path / 'obs.npy')!r})); "
-              f"np.save({str(tmp_path / 'got.npy')!r}, m(x).numpy())")
+              f"np.save({str(tmp_path / 'got.npy')!r}, m(x).numpy()); "
+              f"p = torch.export.load({str(out.with_suffix('.pt2'))!r}).module(); "
+              f"np.save({str(tmp_path / 'got2.npy')!r}, p(x).numpy())")
     run = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     got = np.load(tmp_path / "got.npy")
     assert len(got) == 1_000 and np.array_equal(got, want)
+    assert np.array_equal(np.load(tmp_path / "got2.npy"), want)  # the torch.export program, too
     extra = {"mpirl.json": ""}
     torch.jit.load(str(out), _extra_files=extra)
     meta = json.loads(extra["mpirl.json"])

@@ -69,13 +69,17 @@ def cmd_export(args) -> int:
         return _fail(f"--out: {out} exists; pass another file name, or --force to replace it")
     if not out.parent.is_dir():
         return _fail(f"--out: {out.parent} is not a directory; make it first or pass another path")
-    if args.onnx and (out.suffix == ".onnx" or (out.with_suffix(".onnx").exists() and not args.force)):
-        return _fail(f"--onnx: the ONNX file goes to {out.with_suffix('.onnx')}, which "
-                     + ("is --out itself; name --out policy.pt" if out.suffix == ".onnx" else
-                        "exists; pass another --out, or --force to replace it"))
+    for flag, suffix in (("--onnx", ".onnx"), ("--pt2", ".pt2")):
+        if not getattr(args, flag[2:]):
+            continue
+        if out.suffix == suffix:
+            return _fail(f"{flag}: its file goes to {out.with_suffix(suffix)}, which is --out itself; name --out "
+                         "policy.pt")
+        if out.with_suffix(suffix).exists() and not args.force:
+            return _fail(f"{flag}: {out.with_suffix(suffix)} exists; pass another --out, or --force to replace it")
     try:
         policy, path = load_trained(args.run_dir, args.checkpoint, "cpu")
-        written = export(policy, out, onnx=args.onnx, seed=args.seed)
+        written = export(policy, out, onnx=args.onnx, seed=args.seed, pt2=args.pt2)
     except ConfigError as err:
         return _fail(str(err))
     except RuntimeError as err:  # the traced module did not act as the policy: a fault of ours, not of the input
@@ -108,6 +112,8 @@ def add_parsers(sub) -> None:
     sp.add_argument("run_dir", help=run_help)
     sp.add_argument("--out", required=True, help="the TorchScript file to write, e.g. policy.pt")
     sp.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
+    sp.add_argument("--pt2", action="store_true",
+                    help="a torch.export program beside it too (FILE.pt2: torch.export.load(path).module())")
     sp.add_argument("--onnx", action="store_true", help="an ONNX file beside it too (needs the onnx package)")
     sp.add_argument("--seed", type=int, default=0, help="seeds the episodes whose observations check the export")
     sp.add_argument("--force", action="store_true", help="replace existing files")

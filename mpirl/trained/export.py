@@ -1,6 +1,7 @@
 """A trained policy as a TorchScript file: ``torch.jit.load(path)`` in any Python with torch (no mpirl) gives a module
 mapping a batch of observations (and a recurrent policy's state) to the environment's actions, deterministically,
-with the job's preprocessing inside (:mod:`mpirl.agents.deployed`). ONNX beside it with ``--onnx``.
+with the job's preprocessing inside (:mod:`mpirl.agents.deployed`). Beside it with ``--pt2``, the same as a
+torch.export program (torch 2.13 deprecates TorchScript for it), and with ``--onnx``, ONNX.
 
 The module is traced on observations the policy met in a few played episodes, then checked on them: the file, loaded
 back, must give the actions the policy gives (:meth:`~mpirl.agents.trained_policy.TrainedPolicy.act`) on every
@@ -95,9 +96,9 @@ def _differ(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.size(same) - np.sum(same)) if same.ndim <= 1 else int(np.sum(~same.reshape(len(same), -1).all(1)))
 
 
-def export(policy, out: Path, onnx: bool = False, seed: int = 0) -> list[str]:
-    """Trace, check and write ``policy``'s module to ``out`` (and ``out`` with ``.onnx`` if asked); what was written,
-    in words."""
+def export(policy, out: Path, onnx: bool = False, seed: int = 0, pt2: bool = False) -> list[str]:
+    """Trace, check and write ``policy``'s module to ``out`` (and, if asked, ``out`` with ``.pt2``: a torch.export
+    program checked the same way; with ``.onnx``); what was written, in words."""
     try:
         module = policy.module().cpu().eval()
     except NotImplementedError as err:
@@ -137,9 +138,29 @@ def export(policy, out: Path, onnx: bool = False, seed: int = 0) -> list[str]:
     said = [f"TorchScript {out} ({out.stat().st_size / 2**10:.0f} KiB): ({', '.join(meta['inputs'])}) -> "
             f"({', '.join(meta['outputs'])}), obs [{shape}] {meta['obs_dtype']}; the same actions as the policy on "
             f"{len(obs):,} observations of played episodes"]
+    if pt2:
+        said.append(_pt2(module, inputs, meta, out.with_suffix(".pt2"), policy, obs, starts))
     if onnx:
         said.append(_onnx(module, inputs, meta, out.with_suffix(".onnx")))
     return said
+
+
+def _pt2(module, inputs: tuple, meta: dict, path: Path, policy, obs: list, starts: list) -> str:
+    """The module as a torch.export program (TorchScript's successor: ``torch.export.load(path).module()``), any
+    batch size, checked against the policy as the TorchScript file is."""
+    batch = torch.export.Dim("batch")
+    with torch.no_grad():
+        program = torch.export.export(module, inputs, dynamic_shapes=tuple({0: batch} for _ in inputs))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={"mpirl.json": json.dumps(meta)})
+    wrong = _mismatches(torch.export.load(io.BytesIO(buffer.getvalue())).module(), policy, obs, starts, inputs)
+    if wrong:
+        raise RuntimeError(f"the exported program differs from the policy on {wrong} of {len(obs)} observations; "
+                           f"{path} was not written")
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    tmp.write_bytes(buffer.getvalue())
+    os.replace(tmp, path)
+    return f"torch.export {path} ({path.stat().st_size / 2**10:.0f} KiB): the same actions on the same observations"
 
 
 def _onnx(module, inputs: tuple, meta: dict, path: Path) -> str:

@@ -73,11 +73,11 @@ class GymGame:
             headless()
         try:
             self.env = make_env(cfg, seed=seed, render_mode="rgb_array" if render else None)
-        except ConfigError:
-            raise
-        except Exception as err:  # noqa: BLE001 - gym.make refuses a render mode the env lacks, in its own words
-            raise ConfigError("--video", f"cannot make {cfg.id!r} render RGB frames ({err}); play it without "
-                                         "--video") from None
+        except ConfigError as err:  # the job made this env: with a render mode, that mode is what it refuses
+            if not render:
+                raise
+            raise ConfigError("--video", f"cannot make {cfg.id!r} render RGB frames ({err.message}); play it "
+                                         "without --video") from None
         self.id, self.render = cfg.id, render
         self.move = channels_last(tuple(self.env.observation_space.shape or ()), cfg.channels)
 

@@ -87,7 +87,25 @@ def test_a_drawing_package_that_is_missing_is_named():
 
     def render():
         raise gymnasium.error.DependencyNotInstalled('pygame is not installed, run `pip install "gymnasium[x]"`')
-    with pytest.raises(ConfigError, match=r"--video: 'CartPole-v1' cannot draw its frames here: pygame is not"):
+    with pytest.raises(ConfigError, match=r"--video: 'CartPole-v1' cannot draw its frames here: "
+                                          r"DependencyNotInstalled: pygame is not"):
         drawn(render, "CartPole-v1")
     with pytest.raises(ConfigError, match="package that is missing"):
         drawn(lambda: __import__("no_such_module_here"), "X-v0")
+
+
+def test_mujoco_draws_without_a_display():
+    """Without a display MuJoCo is told to draw through EGL before it is imported (a fresh process: MUJOCO_GL is read
+    once, at mujoco's import). Where EGL is missing too, the refusal is one line naming MUJOCO_GL, not a crash."""
+    import os
+    import subprocess
+    import sys
+    script = ("from mpirl.config import ConfigError, EnvConfig\nfrom mpirl.envs.watched import GymGame\n"
+              "g = GymGame(EnvConfig(id='Hopper-v5'), 0, True)\ng.reset(1)\n"
+              "try:\n    f = g.frame()\n    print('frame', f.shape, f.dtype, int(f.max()))\n"
+              "except ConfigError as err:\n    print('refused', err)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout.strip()
+    assert said == "frame (480, 480, 3) uint8 255" or ("refused" in said and "MUJOCO_GL" in said), said

@@ -50,19 +50,22 @@ def drawn(render, env_id: str):
     except ImportError as err:
         raise ConfigError("--video", f"{env_id!r} draws its frames with a package that is missing ({err}); install "
                                      "it, or play without --video") from None
-    except Exception as err:  # noqa: BLE001 - gymnasium.error.DependencyNotInstalled is no ImportError
-        if type(err).__name__ != "DependencyNotInstalled":
-            raise
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError("--video", f"{env_id!r} cannot draw its frames here: {first}; or play without "
-                                     "--video") from None
+    except Exception as err:  # noqa: BLE001 - DependencyNotInstalled, MuJoCo's FatalError without an OpenGL ...
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        gl = " (MuJoCo draws through OpenGL: MUJOCO_GL=egl or osmesa where no display is)" if "GL" in first else ""
+        raise ConfigError("--video", f"{env_id!r} cannot draw its frames here: {type(err).__name__}: {first}{gl}; "
+                                     "or play without --video") from None
 
 
 def headless() -> None:
     """pygame (Gymnasium's classic control, PettingZoo's sisl and MPE) draws off screen: no display and no sound
-    device wanted, and none asked for (SDL would look for them, and complain, on a machine without)."""
+    device wanted, and none asked for (SDL would look for them, and complain, on a machine without). MuJoCo, with no
+    display to open a window on, draws through EGL (headless OpenGL; ``MUJOCO_GL`` is read when mujoco is first
+    imported, so this must run before: ``mpirl play --video`` calls it first thing)."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 class GymGame:

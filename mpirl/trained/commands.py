@@ -24,6 +24,7 @@ def _fail(message: str) -> int:
 def cmd_play(args) -> int:
     from mpirl.trained.play import play
     from mpirl.trained.runs import load_trained
+    from mpirl.envs.watched import headless
     from mpirl.trained.video import VideoFile, check_target
     if args.episodes < 1:
         return _fail(f"--episodes: at least 1, got {args.episodes}")
@@ -35,6 +36,7 @@ def cmd_play(args) -> int:
     try:
         if args.video:
             check_target(Path(args.video), args.force)
+            headless()  # before the policy's env spaces import mujoco: how it will draw is chosen then
         policy, path = load_trained(args.run_dir, args.checkpoint, args.device)
         if args.stochastic and not policy.stochastic:
             return _fail(f"--stochastic: {policy.cfg.agent.algorithm}'s policy is greedy (a Q-function's best action); "

@@ -17,6 +17,7 @@ buffer, the same an inference worker ships its actors' records with.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -118,6 +119,7 @@ class Shipping:
         self.budget = deciding.budget(topo)
         self.steps_before = int(deciding.env_steps.sum())  # resumed: the steps before the checkpoint
         self.started = time.perf_counter()  # the clock of the steps/s reported
+        self.started_at = math.nan  # the job clock's seconds when the sender's games began (set by its loop)
         self.throttled = 0.0  # seconds held back by the insert budget
 
     def over(self, version: int, first: int) -> bool:
@@ -132,7 +134,7 @@ class Shipping:
         self.sender.send(records, priorities, d.episodes, final=final, oldest=d.oldest_frame(rows), env_steps=steps,
                          param_version=version, epsilon=float(np.mean([d.epsilon(a) for a in range(d.actors)])),
                          steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
-                         env_errors=env_errors)
+                         env_errors=env_errors, started=self.started_at)
         d.drop(rows)
 
     def ship(self, version: int, env_errors: int) -> bool:
@@ -170,7 +172,7 @@ def run_actor(ctx: RoleContext, builder: ActorLearnerBuilder) -> None:
                            acting.policy.load_flat)
     params.start()  # the first parameters (or the stop): the insert budget counts from params.first
     acting.start()
-    shipping.started = time.perf_counter()
+    shipping.started, shipping.started_at = time.perf_counter(), ctx.now()
     waiting = Backoff(first=1e-4, longest=10e-3)
 
     # New parameters are looked for once per message sent (and while held back), not every step: with more

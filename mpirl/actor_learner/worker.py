@@ -174,6 +174,7 @@ class Worker:
         self.deciding.policy.load_flat(params)
         if self.first < 0:
             self.first, self.shipping.started = version, time.perf_counter()
+            self.shipping.started_at = self.ctx.now()
         self.version = version
 
     @property

@@ -226,6 +226,8 @@ class Worker:
         # The parameters (and, resumed, this worker's counters) of the job; a job that has already stopped (its
         # other workers reached the stop before this one said hello) stops this worker before its first rollout.
         self.env_steps, self.n_episodes, self.stop = link.start()
+        # When this worker's games began, on the job clock (what a throughput figure counts from: mpirl.bench.atari).
+        self.f.set_attrs(started_s=self.ctx.now())
         try:
             while not self.stop:
                 self.step()

@@ -196,6 +196,11 @@ def test_bench_command_line_refuses_bad_input(tmp_path):
     assert proc.returncode == 2 and "at least 3" in proc.stderr
     proc = run_cli("bench", "solve", "--tasks", "pendulum")
     assert proc.returncode == 2 and "--tasks" in proc.stderr
+    for wall in ("0", "nan", "-5"):
+        proc = run_cli("bench", "atari", "--atari-wall", wall)
+        assert proc.returncode == 2 and "--atari-wall" in proc.stderr
+    proc = run_cli("bench", "atari", "--game", "tetris")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 @pytest.mark.mpi
@@ -322,3 +327,28 @@ def test_a_launch_is_broken_into_phases_from_its_marks(tmp_path):
     assert parts["rank 0: run file finished, summary printed"] == pytest.approx(0.2)
     assert parts["ranks' MPI_Finalize and exits, mpiexec's end"] == pytest.approx(0.2)
     assert parts["launcher: its own end"] == pytest.approx(0.2)
+
+
+def test_atari_rows_set_ours_beside_each_library_and_the_best_one_in_like_counts():
+    """Frames are agent steps x frame skip for every side; a library whose trained count is not known has no trained
+    rows; the best library per quantity is the one with the highest median; start-up and busy shares are told."""
+    from mpirl.bench import atari
+
+    def run(steps, trained, seconds, busy=None, start=10.0, frameskip=4):
+        return {"env_steps_sampled": steps, "env_steps_trained": trained, "seconds": seconds, "learner_busy": busy,
+                "start_seconds": start, "frameskip": frameskip}
+
+    results = {atari.IMPALA: [run(3000, 2000, 60.0, 0.9), run(3600, 2400, 60.0, 0.95)],
+               "Sample Factory APPO": [run(1500, 6000, 60.0), run(1500, 6000, 60.0)],
+               "RLlib APPO": [run(2400, None, 60.0), run(2400, None, 60.0)]}
+    rows = {r.name: r for r in atari.rows_of(results, "pong", 60.0)}
+    frames = rows["Atari pong env frames/s collected: mpirl IMPALA async vs the best library (RLlib APPO)"]
+    assert frames.median(atari.IMPALA) == pytest.approx((3000 + 3600) / 2 * 4 / 60)  # frames/s: steps x 4 / s
+    assert frames.ratio == pytest.approx(220 / 160) and frames.target == atari.TARGET and not frames.met
+    trained = rows["Atari pong samples/s trained (every pass): mpirl IMPALA async vs the best library "
+                   "(Sample Factory APPO)"]
+    assert trained.ratio == pytest.approx(36.67 / 100, rel=1e-3)
+    assert not any("trained" in name and "RLlib" in name for name in rows)  # its count unknown: no row
+    busy = rows["Atari pong learner busy: mpirl IMPALA async"]
+    assert set(busy.values) == {atari.IMPALA} and busy.target is None  # the libraries' shares unknown here
+    assert "Atari pong start-up to the first env step: mpirl IMPALA async" in rows

@@ -57,7 +57,7 @@ import tempfile
 from pathlib import Path
 
 from mpirl.bench.report import MIN_REPS, Row
-from mpirl.bench.solve import crossing_rows, launch_run, reference_run, watch
+from mpirl.bench.solve import crossing_rows, first_env_step, from_first_step, launch_run, reference_run, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 REFS = Path(__file__).resolve().parent / "refs"
@@ -78,16 +78,16 @@ def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
     from mpirl.metrics.summary import first_reach
     run_dir = launch_run(JOB, f"impala-s{seed}", [f"run.seed={seed}", f"run.target_return={TARGET}",
                                                   f"run.env_steps={budget}", f"run.wall_seconds={wall}"], wall, out)
-    return {str(TARGET): first_reach(run_dir, TARGET), **counts(run_dir)}
+    return {str(TARGET): from_first_step(first_reach(run_dir, TARGET), first_env_step(run_dir)), **counts(run_dir)}
 
 
 def counts(run_dir: Path) -> dict:
     """Our run's env steps collected and trained (trajectories x unroll) by its learner's last ``train`` row, and
-    that row's seconds on the job clock."""
+    that row's seconds from its actors' first env step."""
     import h5py
     with h5py.File(run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
-        steps, seconds = int(t["env_steps"][-1]), float(t["time"][-1])
+        steps, seconds = int(t["env_steps"][-1]), float(t["time"][-1]) - first_env_step(run_dir)
         trained = int(t["samples_trained"][-1]) * int(f["learner"].attrs["unroll"])  # trajectories x their steps
     return {"env_steps_sampled": steps, "env_steps_trained": trained, "seconds": seconds}
 

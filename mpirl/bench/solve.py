@@ -13,14 +13,19 @@ gradient steps: 32 trained samples per env step, epsilon to 0.04 over the first
 50,000; epsilon's decay is kept at 8,000 steps).
 
 What is timed: the first episode after which the mean return of the last 20
-episodes reached the threshold. SB3 counts its own training episodes (epsilon
-0.04). mpirl's actors explore with Ape-X epsilons from 0.4 down to 0.4**8, and
-an actor playing 40 % random actions can never average 475, so mpirl counts the
-episodes of its least exploring actor (epsilon 0.0007: an evaluator's view) and
-the env steps of all actors. Times run from the start of learning (MPI start-up
-and imports excluded for mpirl; imports and model construction for SB3). A seed
-that never reaches a threshold within the budget counts as not reached (infinite
-time): a median over seeds is then "not reached" when half or more missed.
+episodes reached the threshold, **counted on the same kind of episodes on both
+sides**: training episodes played at SB3's final epsilon, 0.04. SB3 counts its own
+training episodes. mpirl's two actors explore with Ape-X epsilons 0.4 ** (1 +
+alpha i), and an actor playing 40 % random actions can never average 475, so mpirl
+counts the episodes of its least exploring actor with ``apex.epsilon_alpha`` set so
+that its epsilon is SB3's 0.04 (alpha 2.51; the job's own 7 would give it 0.0007,
+an evaluator's near-greedy view that SB3's counted episodes never get), and the env
+steps of both actors. **Each side's clock runs from its own first env step**: SB3's
+from the start of ``learn`` (imports and model construction left out), mpirl's
+from the earliest ``started_s`` of its actors on the job clock (imports, MPI
+start-up, env and network construction left out). A seed that never reaches a
+threshold within the budget counts as not reached (infinite time): a median over
+seeds is then "not reached" when half or more missed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ THRESHOLDS = (195.0, 475.0)
 ZOO = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
            target_update_interval=10, train_freq=256, gradient_steps=128, exploration_final_eps=0.04)
 ZOO_STEPS, ZOO_EXPLORATION = 50_000, 0.16
+# mpirl's counted actor explores as SB3's counted episodes do: 0.4 ** (1 + alpha) = 0.04.
+EVAL_ALPHA = math.log(ZOO["exploration_final_eps"]) / math.log(0.4) - 1
 
 
 def launch_run(job: Path, name: str, sets: list[str], wall: float, out: Path) -> Path:
@@ -52,6 +59,25 @@ def launch_run(job: Path, name: str, sets: list[str], wall: float, out: Path) ->
     if proc.returncode != 0:
         raise RuntimeError(f"mpirl {name} run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return sorted(out.glob(f"{name}-*/run.h5"))[-1].parent
+
+
+def first_env_step(run_dir: Path) -> float:
+    """When the run's first actor began stepping its games, on the job clock (the buffers' ``actors`` tables)."""
+    import h5py
+    import numpy as np
+    started = []
+    for path in run_dir.glob("buffer_*.h5"):
+        with h5py.File(path, "r") as f:
+            if "actors/started_s" in f:
+                started += [float(s) for s in f["actors/started_s"][()] if np.isfinite(s)]
+    if not started:
+        raise RuntimeError(f"{run_dir}: no actor reported when it began")
+    return min(started)
+
+
+def from_first_step(reach: dict, first: float) -> dict:
+    """A :func:`~mpirl.metrics.summary.first_reach` result with its seconds counted from ``first``."""
+    return {**reach, "seconds": None if reach["seconds"] is None else reach["seconds"] - first}
 
 
 def reference_run(module: str, flag: str, seed: int, budget: int, wall: float) -> dict:
@@ -68,9 +94,11 @@ def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
     # The run stops once its least exploring actor held the higher threshold (or at the budget).
     run_dir = launch_run(JOB, f"solve-s{seed}", [f"run.seed={seed}", f"run.target_return={max(THRESHOLDS)}",
                                                  "run.return_from=least_exploring", f"run.env_steps={budget}",
-                                                 f"run.wall_seconds={wall}"], wall, out)
-    evaluator = [3]  # world ranks 2 and 3 are the actors; the last explores least (epsilon 0.4 ** 8)
-    return {str(t): first_reach(run_dir, t, actors=evaluator) for t in THRESHOLDS}
+                                                 f"run.wall_seconds={wall}", f"apex.epsilon_alpha={EVAL_ALPHA}"],
+                         wall, out)
+    evaluator = [3]  # world ranks 2 and 3 are the actors; the last explores least (epsilon 0.04, as SB3's)
+    first = first_env_step(run_dir)
+    return {str(t): from_first_step(first_reach(run_dir, t, actors=evaluator), first) for t in THRESHOLDS}
 
 
 def sb3(seed: int, budget: int, wall: float) -> dict:

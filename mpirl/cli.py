@@ -229,12 +229,15 @@ def cmd_bench(args) -> int:
         return _fail(f"--reps: at least {least} repetitions make a median with a range, got {args.reps}{alone}")
     if not args.breakout_wall >= 0:
         return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
+    if not (math.isfinite(args.atari_wall) and args.atari_wall > 0):
+        return _fail(f"--atari-wall: seconds > 0 (each side's own clock from its first env step), got "
+                     f"{args.atari_wall:g}")
     if args.device != "all":
-        if args.what != "learner":
-            return _fail(f"--device: only `mpirl bench learner` takes a device (got `mpirl bench {args.what}`); "
-                         "leave --device out")
+        if args.what not in ("learner", "gpu"):
+            return _fail(f"--device: only `mpirl bench learner` takes a device, and `mpirl bench gpu` (cpu: its "
+                         f"rehearsal) (got `mpirl bench {args.what}`); leave --device out")
         import torch
-        if args.device == "cuda" and not torch.cuda.is_available():
+        if args.what == "learner" and args.device == "cuda" and not torch.cuda.is_available():
             return _fail("--device: 'cuda' but torch sees no CUDA device here; use 'cpu', or 'all' (the CPU and "
                          "CUDA when present)")
     unknown = [t for t in tasks if t not in TASKS]
@@ -247,7 +250,8 @@ def cmd_bench(args) -> int:
     if out.exists():
         return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
     return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
-               learner={"device": args.device}, continuous={"tasks": tasks})
+               learner={"device": args.device}, continuous={"tasks": tasks}, gpu={"device": args.device},
+               atari={"wall": args.atari_wall, "game": args.game})
 
 
 def cmd_compare(args) -> int:
@@ -350,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
     sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
                                      "solve", "impala", "marl", "workers", "distql", "gradients", "startup",
-                                     "continuous"])
+                                     "continuous", "atari", "gpu"])
     sp.add_argument("--reps", type=int, default=5,
                     help="repetitions per measurement (median, min-max; >= 5, or >= 3 for continuous's long rows "
                          "alone: hopper, halfcheetah, novelocity)")
@@ -361,8 +365,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--tasks", default="pendulum,cartpole,hopper,halfcheetah,novelocity",
                     help="continuous: the rows to run, comma-separated (default all: pendulum,cartpole,hopper,"
                          "halfcheetah,novelocity; the MuJoCo ones take about 10 minutes a run, novelocity's up to 5)")
+    sp.add_argument("--atari-wall", type=float, default=60.0,
+                    help="atari: seconds of each run, on each side's own clock from its first env step (default 60)")
+    sp.add_argument("--game", choices=["pong", "breakout"], default="pong", help="atari: the ALE game (default pong)")
     sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
-                    help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present)")
+                    help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present); "
+                         "gpu: cuda or all (on CUDA; without it the list of what it would run), cpu (a rehearsal at "
+                         "tiny sizes)")
     sp.set_defaults(func=cmd_bench)
 
     from mpirl.trained.commands import add_parsers

@@ -10,8 +10,11 @@
 #      machine's Python packages (PyTorch with CUDA among them): mpiexec lands beside that venv's python;
 #   2. runs the tests marked cuda (tests/test_cuda.py: short jobs with the networks on the GPU through every role);
 #   3. runs `mpirl bench learner --device cuda` (our train step against a bare PyTorch step on the same GPU);
-# within about 8 minutes in all, and writes its log, the tests' JUnit XML and the bench's HDF5 to $OUT (default
-# ./gpu-check-out). It exits 0 when every test passed and the bench ran.
+#   4. runs `mpirl bench gpu` (Ape-X, IMPALA and PPO steps against bare ones, bf16, the frame cache on the device,
+#      an inference worker's forward pass on the GPU against the CPU);
+# each part under a timeout (GPU_CHECK_TESTS_S, GPU_CHECK_BENCH_S, GPU_CHECK_GPU_S: 200 + 100 + 150 s, with the
+# venv's set-up about 8 minutes at most), and writes its log, the tests' JUnit XML and the benches' HDF5 to $OUT
+# (default ./gpu-check-out). It exits 0 when every test passed and both benches ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -23,7 +26,10 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/gpu_check.sh [--rehearse]" >&2; exit 2 ;;
 esac
-TESTS_S=${GPU_CHECK_TESTS_S:-300}  # seconds for the cuda tests, then the bench's (0: no bench)
+# Seconds for the cuda tests (110 s on an H200 with 6 workers), then the benches' (0: that bench not run); the
+# rehearsal on a CPU takes longer for the same steps.
+if [ "$REHEARSE" = 1 ]; then TESTS_S=${GPU_CHECK_TESTS_S:-300} GPU_S=${GPU_CHECK_GPU_S:-600}
+else TESTS_S=${GPU_CHECK_TESTS_S:-200} GPU_S=${GPU_CHECK_GPU_S:-150}; fi
 BENCH_S=${GPU_CHECK_BENCH_S:-100}
 
 PY=${GPU_CHECK_PYTHON:-python3}  # here: the project's venv; there: the machine's python3
@@ -44,6 +50,8 @@ if [ "$cuda" != 1 ] && [ "$REHEARSE" = 0 ]; then
        "machine; nothing run. On a GPU machine it would run these tests (tests/test_cuda.py, marked cuda):"
   "$PY" "${PYTEST[@]}" --collect-only -q 2>/dev/null | grep '::' | sed 's/^/  /'
   echo "and then: $PY -m mpirl bench learner --device cuda --reps 5 --out \$OUT/bench_learner.h5"
+  echo "and then: $PY -m mpirl bench gpu --reps 5 --out \$OUT/bench_gpu.h5, which measures:"
+  "$PY" -c "from mpirl.bench.gpu import plan; print('\n'.join('  - ' + line for line in plan()))"
   n=$(ls "$WHEELS"/*.whl 2>/dev/null | wc -l)
   echo "gpu_check: $WHEELS holds $n wheels ($(du -sh "$WHEELS" 2>/dev/null | cut -f1 || echo 0));" \
        "scripts/gpu_wheels.sh makes them"
@@ -86,12 +94,25 @@ tests_rc=$?
 echo "gpu_check: cuda tests exit $tests_rc after $(( $(date +%s) - start )) s"
 
 # 3. The learner bench on the GPU: ours against a bare PyTorch step, same network, batch and device.
+bench_rc=0
 if [ "$BENCH_S" = 0 ]; then
   echo "gpu_check: no learner bench (GPU_CHECK_BENCH_S=0)"
-  exit "$tests_rc"
+else
+  start=$(date +%s)
+  timeout -k 10 "$BENCH_S" "$PY" -m mpirl bench learner --device "$DEVICE" --reps 5 --out "$OUT/bench_learner.h5"
+  bench_rc=$?
+  echo "gpu_check: learner bench exit $bench_rc after $(( $(date +%s) - start )) s"
 fi
-start=$(date +%s)
-timeout -k 10 "$BENCH_S" "$PY" -m mpirl bench learner --device "$DEVICE" --reps 5 --out "$OUT/bench_learner.h5"
-bench_rc=$?
-echo "gpu_check: learner bench exit $bench_rc after $(( $(date +%s) - start )) s"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+
+# 4. The gpu bench: every family's step against a bare one, bf16, the frame cache, an inference worker's pass
+#    (the rehearsal: the same at tiny sizes on the CPU).
+gpu_rc=0
+if [ "$GPU_S" = 0 ]; then
+  echo "gpu_check: no gpu bench (GPU_CHECK_GPU_S=0)"
+else
+  start=$(date +%s)
+  timeout -k 10 "$GPU_S" "$PY" -m mpirl bench gpu --device "$DEVICE" --reps 5 --out "$OUT/bench_gpu.h5"
+  gpu_rc=$?
+  echo "gpu_check: gpu bench exit $gpu_rc after $(( $(date +%s) - start )) s"
+fi
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$gpu_rc" = 0 ]

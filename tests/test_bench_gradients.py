@@ -56,9 +56,17 @@ def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tm
     learners = [r for r in rows if r.name.startswith("apex job, ")]
     assert any(r.name.startswith("apex job, 1 learner (4 ranks): train step rate") for r in learners)
     vs = next(r for r in learners if r.name.startswith("apex job, 2 learners (5 ranks): train step rate vs 1"))
+    # as many learner threads on both sides: 2 learners of one thread against one learner with two
+    assert vs.name.endswith("vs 1 learner with 2 threads") and vs.reference == "1 learner, 2 threads"
     assert np.isfinite(vs.ratio) and vs.ratio > 0
     step = next(r for r in rows if r.name.startswith("Ape-X train step of the Nature CNN, batch 4, 2 learners vs 1"))
-    assert step.target == 1.8 and np.isfinite(step.ratio) and step.ratio > 0
+    assert step.name.endswith("2 learners vs 1 with 2 threads")
+    assert (step.ours, step.reference) == ("2 learners x 1 thread", "1 learner x 2 threads")
+    assert step.target == 0.9 and np.isfinite(step.ratio) and step.ratio > 0
+    threads = next(r for r in rows
+                   if r.name == "Ape-X train step of the Nature CNN, batch 4, 1 learner: 2 threads vs 1")
+    assert threads.values["1 learner x 2 threads"] == step.values["1 learner x 2 threads"]  # the same runs
+    assert np.isfinite(threads.ratio) and threads.ratio > 0
     projected = [r for r in rows if r.name.startswith("projected, not measured")]
     assert len(projected) == 2 * len(proj.FABRICS) * len(proj.EXCHANGES)
     for r in rows:

@@ -23,9 +23,12 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
   (under ``async`` that one worker waits for the server's reply to each gradient, and the server for the next one:
   neither is busy all the time, so two workers can more than double it).
 * **data-parallel learners**: Ape-X's ``jobs/cartpole.toml`` (1 buffer, 2 actors) with ``topology.learners``
-  K = 1, 2: train steps/s (the first learner's ``learner.h5``), the ratio to one learner, and the bytes a train
-  step adds on the learners' communicator; and the train step alone (:mod:`mpirl.bench.learner_step_job`): the
-  Nature CNN's on a batch of 256 split over K learners against one learner's, target 0.9 x K.
+  K = 1, 2: train steps/s (the first learner's ``learner.h5``), the ratio to one learner with as many torch threads
+  (``agent.torch_threads`` = K) as the K learners have in all, and the bytes a train step adds on the learners'
+  communicator; and the train step alone (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's on a batch of 256
+  split over K learners of one thread each against one learner with K threads (the same cores: the speed-up is
+  what splitting the batch over processes gives over torch's own threads, not more threads), target 0.9; and one
+  learner's K threads against its one thread (what the threads alone give).
 * **on paper** (:mod:`mpirl.bench.projection`): from the W = 1 allreduce job's compute time per gradient (its
   worker's ``compute_s`` over its gradients; the CartPole MLP), one rollout's forward passes and gradient timed in
   this process for the Nature CNN (random 84x84 frames on this CPU; the game's own steps not counted; a GPU would
@@ -207,21 +210,23 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
     from mpirl.registry import algorithm
     cfg, _ = load(APEX_JOB, [])
     n_params = algorithm("apex").check(cfg, cfg.world_size, str(APEX_JOB)).n_params
-    rates: dict[int, list[float]] = {}
+    rates: dict[tuple[int, int], list[float]] = {}  # (learners, torch threads of each) -> train steps/s
+    runs = [(K, 1) for K in learners] + [(1, K) for K in learners if K > 1]  # 1 learner with K learners' threads
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
-            for K in learners:
+            for K, threads in runs:
                 run = run_job(K + 3, str(APEX_JOB), [*APEX_SETS, f"topology.learners={K}", "topology.actors=2",
+                                                    f"agent.torch_threads={threads}",
                                                     f"run.train_steps={train_steps}", f"run.seed={rep + 1}"],
-                              Path(tmp), f"learners-{K}-{rep}", timeout, "gradients")
-                rates.setdefault(K, []).append(train_rate(run))
+                              Path(tmp), f"learners-{K}x{threads}-{rep}", timeout, "gradients")
+                rates.setdefault((K, threads), []).append(train_rate(run))
     rows = []
     for K in learners:
         label = f"{K} learner{'s' if K > 1 else ''}"
         head = f"apex job, {label} ({K + 3} ranks)"
         r = Row(f"{head}: train step rate", "train steps/s", label, "(none)",
-                note=f"{train_steps} steps a run, batch 64; {_cores_note(K + 3)}")
-        r.values = {label: rates[K]}
+                note=f"{train_steps} steps a run, batch 64, one torch thread a learner; {_cores_note(K + 3)}")
+        r.values = {label: rates[(K, 1)]}
         rows.append(r)
         if K > 1:
             grad = proj.ring_bytes_per_rank(4 * (n_params + 1 + K), K) + 32 * K  # LearnerPeers.sum_grads, .control
@@ -230,34 +235,52 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
                                                  "and the control gather")
             b.values = {label: [grad] * reps}
             rows.append(b)
-            one = "1 learner"
-            e = Row(f"{head}: train step rate vs 1 learner", "train steps/s", label, one,
-                    note=f"the same batch split {K} ways: < 1 when the sums cost more than the compute they split; "
-                         f"{_cores_note(K + 3)}")
-            e.values = {label: rates[K], one: rates[1]}
+            one = f"1 learner, {K} threads"
+            e = Row(f"{head}: train step rate vs 1 learner with {K} threads", "train steps/s", label, one,
+                    note=f"the same batch split {K} ways, one thread a learner, against one learner with "
+                         f"agent.torch_threads = {K} (4 ranks): as many learner threads on each side; < 1 when the "
+                         f"sums cost more than the compute they split; {_cores_note(K + 3)}")
+            e.values = {label: rates[(K, 1)], one: rates[(1, K)]}
             rows.append(e)
     return rows
 
 
 def learner_step_rows(reps: int, learners: tuple, batch: int, steps: int) -> list[Row]:
     """The train step itself (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's Ape-X step on a batch of
-    ``batch`` split over K learners, each rank a thread, against one learner on the whole batch."""
-    rates = {}
-    for K in learners:
-        out = mpiexec_json("step", {"batch": batch, "steps": steps, "reps": reps}, timeout=600 + 60 * reps, n=K,
-                           module="mpirl.bench.learner_step_job")
-        rates[K] = out["rates"]
+    ``batch`` split over K learners of one torch thread each, against one learner on the whole batch with K
+    threads: both sides use K threads on the same cores, so the ratio is what data-parallel learners give over
+    torch's intra-op threads, not over fewer threads. And one learner's K threads against its one thread. Each
+    repetition is one job of each (learners, threads) in turn, so drifts of the machine hit every side."""
+    runs = ([(1, 1)] if 1 in learners else []) + [r for K in learners if K > 1 for r in ((K, 1), (1, K))]
+    got: dict[tuple[int, int], list[float]] = {r: [] for r in runs}
+    for _ in range(reps):
+        for K, threads in runs:
+            out = mpiexec_json("step", {"batch": batch, "steps": steps, "reps": 1, "threads": threads},
+                               timeout=660, n=K, module="mpirl.bench.learner_step_job")
+            if out["threads"] != threads:
+                raise RuntimeError(f"the learner step job ran {out['threads']} torch threads a rank, asked {threads}")
+            got[(K, threads)] += out["rates"]
     rows = []
-    one = "1 learner"
+    alone = got.get((1, 1))
     for K in learners:
         if K == 1:
             continue
-        label = f"{K} learners"
-        r = Row(f"Ape-X train step of the Nature CNN, batch {batch}, {K} learners vs 1", "train steps/s", label, one,
-                target=0.9 * K, note=f"target: 0.9 x {K} (linear); {_cores_note(K)}, one thread each; the part of "
-                                     "each, the gradient sum and the step")
-        r.values = {label: rates[K], one: rates[1]}
+        split, threaded = got[(K, 1)], got[(1, K)]
+        label, one = f"{K} learners x 1 thread", f"1 learner x {K} threads"
+        r = Row(f"Ape-X train step of the Nature CNN, batch {batch}, {K} learners vs 1 with {K} threads",
+                "train steps/s", label, one, target=0.9,
+                note=f"{K} torch threads on each side, {_cores_note(K)}; target 0.9: splitting the batch over "
+                     f"learners costs at most a tenth against one learner's {K} threads; the part of each, the "
+                     "gradient sum and the step")
+        r.values = {label: split, one: threaded}
         rows.append(r)
+        if alone is not None:
+            t = Row(f"Ape-X train step of the Nature CNN, batch {batch}, 1 learner: {K} threads vs 1",
+                    "train steps/s", one, "1 learner x 1 thread",
+                    note=f"what {K} torch threads alone give one learner: one rank on {os.cpu_count() or 1} "
+                         "cores")
+            t.values = {one: threaded, "1 learner x 1 thread": alone}
+            rows.append(t)
     return rows
 
 

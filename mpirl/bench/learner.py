@@ -10,7 +10,10 @@ stacks rebuilt by one gather on the device), the double-DQN step of
 :meth:`ApexTraining.train <mpirl.algos.apex.learner.ApexTraining.train>`.
 *Bare* is a hand-written double-DQN step of the same network on the same batch,
 already as tensors on the device: forward, Huber loss with the weights, backward,
-gradient clipping, Adam. The ratio is bare seconds over ours (1: no overhead).
+gradient clipping, Adam. Both sides run the same passes with the same autograd mode: the
+double-DQN target's two passes without it (ours: ``n_step_target`` is a ``torch.no_grad``
+function; bare: under ``torch.no_grad``), the Q pass with it (``tests/test_bench_gpu.py``
+checks each pass's mode on both). The ratio is bare seconds over ours (1: no overhead).
 CartPole (MLP 128x128, batch 64) and Breakout (Nature CNN, batch 64, frames once),
 on the CPU and, when present, on CUDA (``--device cpu|cuda|all``; on CUDA each step is timed to its
 ``torch.cuda.synchronize()``).
@@ -40,40 +43,51 @@ SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84,
 BATCH = 64
 
 
-def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list) -> ApexTraining:
+def _learner(device: torch.device, obs: tuple, n_actions: int, hidden: list, batch: int = BATCH,
+             precision: str = "fp32") -> ApexTraining:
     """The Ape-X learner's algorithm without MPI: what it reads of a role's context, nothing more."""
     cfg = JobConfig()
-    cfg.agent.hidden, cfg.replay.batch_size = hidden, BATCH
-    cfg.agent.device, cfg.run.seed = str(device), 1
+    cfg.agent.hidden, cfg.replay.batch_size = hidden, batch
+    cfg.agent.device, cfg.run.seed, cfg.agent.precision = str(device), 1, precision
     ctx = SimpleNamespace(cfg=cfg, spaces=SimpleNamespace(obs_shape=obs[0], n_actions=n_actions))
     return ApexTraining(ctx, np.random.default_rng(0), Counters(1, cfg.run.return_window))
 
 
-def _reply(obs: tuple, n_actions: int, capacity: int = 4096) -> tuple[dict, list[str], int]:
-    """A sampled reply of BATCH from a filled shard, as the buffer sends it (frames once for Atari)."""
+def _reply(obs: tuple, n_actions: int, capacity: int = 4096, batch: int = BATCH) -> tuple[dict, list[str], int]:
+    """A sampled reply of ``batch`` from a filled shard, as the buffer sends it (frames once for Atari)."""
     spec = transition_spec(*obs)
     mem = Ours(spec, capacity)
     stream, rng = Stream(*obs, seed=3), np.random.default_rng(4)
     while mem.size < capacity:
         mem.insert(*mem.incoming(stream, rng.random(INSERT) + 0.1))
     from mpirl.comm.messages import sample_layout
-    lay = sample_layout(spec, BATCH, framed_fields(spec))
+    lay = sample_layout(spec, batch, framed_fields(spec))
     buf = lay.buffer()
-    views = lay.views(buf, BATCH, **({"frames": lay.counted["frames"][2]} if lay.counted else {}))
-    s = mem.shard.sample_into(BATCH, rng, views)
-    lay.set(buf, rows=BATCH, **({"frames_rows": s.frames} if lay.counted else {}))
+    views = lay.views(buf, batch, **({"frames": lay.counted["frames"][2]} if lay.counted else {}))
+    s = mem.shard.sample_into(batch, rng, views)
+    lay.set(buf, rows=batch, **({"frames_rows": s.frames} if lay.counted else {}))
     fields = [n for n in lay.fields if n not in ("ids", "versions", "probs", "priority")] + list(lay.counted)
     views = lay.views(buf)
     views["action"] %= n_actions  # the synthetic stream has 4 actions
     return views, fields, mem.shard.size
 
 
-def _bare_step(online, target, optimizer, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, clip: float) -> None:
-    with torch.no_grad():  # double DQN: the online net picks, the target net values
-        pick = online(b["next_obs"]).argmax(1, keepdim=True)
-        y = b["reward"] + gamma_done * target(b["next_obs"]).gather(1, pick).squeeze(1)
-    q = online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1)
-    loss = (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+def bare_loss(online, target, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+    """The double-DQN loss written out: the target's two passes without autograd and the Q pass with it, as
+    :meth:`DQNLearner._forward <mpirl.agents.dqn.DQNLearner._forward>` runs them (its ``n_step_target`` is a
+    ``torch.no_grad`` function), so both sides build the same graph; ``bf16``: the passes under bfloat16 autocast,
+    the loss in float32, as ``agent.precision = "bf16"``."""
+    with torch.autocast(w.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.no_grad():  # double DQN: the online net picks, the target net values
+            pick = online(b["next_obs"]).argmax(1, keepdim=True)
+            y = (b["reward"] + gamma_done * target(b["next_obs"]).gather(1, pick).squeeze(1)).float()
+        q = online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
+    return (w * F.smooth_l1_loss(q, y, reduction="none")).mean()
+
+
+def _bare_step(online, target, optimizer, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, clip: float,
+               bf16: bool = False) -> None:
+    loss = bare_loss(online, target, b, w, gamma_done, bf16)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(online.parameters(), clip)
@@ -93,15 +107,23 @@ def _seconds(op, reps: int, seconds: float, sync) -> list[float]:
     return out
 
 
-def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.device, reps: int,
-          seconds: float) -> Row:
+def sync_of(device: torch.device):
+    """What waits for the device's queued work: ``torch.cuda.synchronize`` on CUDA, nothing on the CPU."""
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def steps(obs: tuple, n_actions: int, hidden: list, device: torch.device, batch: int = BATCH,
+          precision: str = "fp32", reply: tuple | None = None):
+    """``(ours, bare, learner)``: our train step from a reply's views and the bare step on the same batch as
+    tensors already on ``device``, both on one network (the learner's); ``precision`` "bf16": ours with
+    ``agent.precision = "bf16"``, the bare step under the same autocast. ``reply``: what :func:`_reply` gave for
+    ``batch`` (made here if None)."""
     torch.manual_seed(0)
-    views, fields, size = _reply(obs, n_actions)
-    learner = _learner(device, obs, n_actions, hidden)
-    sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
+    views, fields, size = reply if reply is not None else _reply(obs, n_actions, batch=batch)
+    learner = _learner(device, obs, n_actions, hidden, batch, precision)
 
     def ours():
-        n = BATCH
+        n = batch
         probs = views["probs"] * (len(views["probs"]) / n)
         learner.train(Batch(joined([views], fields), views["priority"], probs, size))
 
@@ -113,10 +135,18 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
     gamma_done = b["discount"] * (~b["done"]).float()
     online, target = agent.online, agent.target
     optimizer = torch.optim.Adam(online.parameters(), lr=1e-4)
-    bare = lambda: _bare_step(online, target, optimizer, b, w, gamma_done, 10.0)  # noqa: E731
+    bf16 = precision == "bf16"
+    bare = lambda: _bare_step(online, target, optimizer, b, w, gamma_done, 10.0, bf16)  # noqa: E731
+    return ours, bare, learner
+
+
+def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.device, reps: int,
+          seconds: float, batch: int = BATCH) -> Row:
+    ours, bare, _ = steps(obs, n_actions, hidden, device, batch)
+    sync = sync_of(device)
     r = Row(f"learner train step, {label}, {device.type}", "s per step", "ours", "bare PyTorch step",
             higher_is_better=False, target=0.9,
-            note=f"batch {BATCH}; ours from the reply's views, bare from tensors already on {device.type}")
+            note=f"batch {batch}; ours from the reply's views, bare from tensors already on {device.type}")
     for _ in range(2):  # alternate, so drifts of the machine hit both
         r.values.setdefault("ours", []).extend(_seconds(ours, reps, seconds, sync))
         r.values.setdefault("bare PyTorch step", []).extend(_seconds(bare, reps, seconds, sync))

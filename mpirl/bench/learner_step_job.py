@@ -1,13 +1,15 @@
 """One train step of K data-parallel DQN learners (``topology.learners``), timed under ``mpiexec -n K``; run by
 ``mpirl bench gradients`` (:func:`mpirl.bench.gradients.learner_step_rows`):
 
-    mpiexec -n K python -m mpirl.bench.learner_step_job step OUT.json '{"batch": 256, "steps": 20, "reps": 3}'
+    mpiexec -n K python -m mpirl.bench.learner_step_job step OUT.json \\
+        '{"batch": 256, "steps": 20, "reps": 3, "threads": 1}'
 
 Each rank builds the Ape-X learner of the Nature CNN (4x84x84 uint8 frames, 4 actions) and trains its part of a
 batch of ``batch`` random transitions (:func:`mpirl.replay.quotas.learner_quotas`) with
 :class:`mpirl.actor_learner.learner_peers.LearnerPeers` on ``COMM_WORLD``: the control gather, the loss over its rows, the
 gradient sum, the clipped Adam step, every rank on identical inputs. With K = 1 the same step with no peers (the
-one-learner path). Train steps/s of the slowest rank, per repetition, from a barrier; one thread per rank.
+one-learner path). Train steps/s of the slowest rank, per repetition, from a barrier; ``threads`` torch threads per
+rank (default 1), so that one learner with K threads and K learners of one thread each use the same cores.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ AGENT = SimpleNamespace(hidden=[512], network="nature", lr=1e-4, adam_eps=1.5e-4
 OBS, ACTIONS = (4, 84, 84), 4
 
 
-def measure(comm, batch: int, steps: int, reps: int) -> dict:
-    torch.set_num_threads(1)
+def measure(comm, batch: int, steps: int, reps: int, threads: int = 1) -> dict:
+    torch.set_num_threads(threads)
     K, k = comm.size, comm.rank
     part = np.cumsum([0] + [sum(q) for q in learner_quotas([batch], K)])
     lo, hi = int(part[k]), int(part[k + 1])
@@ -60,11 +62,12 @@ def measure(comm, batch: int, steps: int, reps: int) -> dict:
         for _ in range(steps):
             step()
         rates.append(steps / comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
-    return {"rates": rates, "n_params": learner.n_params, "rows": [lo, hi]}
+    return {"rates": rates, "n_params": learner.n_params, "rows": [lo, hi], "threads": torch.get_num_threads()}
 
 
 def measure_step(comm, opts: dict) -> dict:
-    return measure(comm, int(opts.get("batch", 256)), int(opts.get("steps", 20)), int(opts.get("reps", 3)))
+    return measure(comm, int(opts.get("batch", 256)), int(opts.get("steps", 20)), int(opts.get("reps", 3)),
+                   int(opts.get("threads", 1)))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 from mpirl.bench.report import Row, format_rows, write_rows
 
 BENCHES = ("replay", "cache", "transport", "pipeline", "actor", "fairness", "learner", "solve", "impala", "marl",
-           "workers", "distql", "gradients", "startup", "continuous")
+           "workers", "distql", "gradients", "startup", "continuous", "atari", "gpu")
 
 
 def _module(name: str):

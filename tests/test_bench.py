@@ -123,7 +123,7 @@ def test_impala_bench_runs_ours_and_the_references_each_in_its_venv_and_reports_
     from mpirl.bench import impala
     refs = ("SB3 PPO (zoo)", "RLlib APPO", "Sample Factory APPO")
     rows = impala.run(reps=1, budget=3000, wall=60, references=refs, breakout_wall=0)  # Breakout: the next test
-    trained = ("RLlib APPO",)  # whose learner's count the bench reads
+    trained = ("RLlib APPO", "Sample Factory APPO")  # whose learner's count the bench reads
     assert [r.name for r in rows] == [name for ref in refs for name in (
         f"solve CartPole-v1 to 475 vs {ref} (wall time)", f"solve CartPole-v1 to 475 vs {ref} (env steps)",
         f"env steps/s collected on the way vs {ref}", *([f"learner env steps/s trained vs {ref}"] * (ref in trained)))]

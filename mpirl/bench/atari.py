@@ -216,8 +216,7 @@ def frames_per_s(r: dict) -> float:
 def trained_per_s(r: dict) -> float | None:
     if r.get("env_steps_trained") is None:
         return None
-    seconds = r.get("trained_seconds") or r["seconds"]  # a library whose count is as of its last report
-    return r["env_steps_trained"] / seconds
+    return r["env_steps_trained"] / r["seconds"]
 
 
 QUANTITIES = {  # name -> (unit, the value of one run's JSON or None where it is not known)

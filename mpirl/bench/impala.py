@@ -22,14 +22,17 @@ What is timed: the first episode after which the mean return of the last 20 epis
 implementation counts the episodes it trains on: each samples its actions from its current policy (no epsilon), so
 every actor's episodes count for mpirl (its ``episodes`` tables, all actors), the training episodes for the others
 (SB3's Monitor; for RLlib and Sample Factory a Gymnasium wrapper in every worker that records each episode's end).
-Times run from the start of learning: MPI start-up and imports excluded for mpirl (its job clock), imports and model
-construction for SB3 and RLlib (``ray.init`` and ``build_algo``); Sample Factory builds its workers inside the
-process the clock starts with. A seed that never gets there within the budget counts as not reached (infinite
-time). Env steps/s is every env step sampled over the run's seconds (to the crossing, the budget or the wall);
-for Sample Factory, the steps of the episodes that finished. Learner env steps/s is every env step the learner
-trained on over the same seconds, each pass counted (ours: trajectories x unroll; RLlib's APPO's and IMPALA's
-lifetime counts; RLlib's PPO counts every minibatch pass of every epoch, and SB3's and Sample Factory's are not
-read, so those rows are left out).
+**Each side's clock runs from its own first env step**, its start-up reported apart: mpirl's from the earliest
+``started_s`` of its actors on the job clock (imports, MPI start-up, env and network construction left out), SB3's
+from the start of ``learn``, RLlib's and Sample Factory's from the first step any of their workers took (recorded
+by ``refs/episode_file.py``; before this, Sample Factory's CartPole clock included its 15-30 s start-up while the
+others excluded theirs). A seed that never gets there within the budget counts as not reached (infinite time). Env
+steps/s is every env step sampled over the run's seconds (to the crossing, the budget or the wall). Every side plays
+8 games per runner (RLlib's env runners too; before this, RLlib played 1 on CartPole). Learner env steps/s is every
+env step the learner trained on over the same seconds, **every pass counted** (ours: trajectories x unroll, each
+once; RLlib's APPO's and IMPALA's lifetime counts, each circular-buffer pass; Sample Factory's consumed samples x
+its epochs; RLlib's PPO counts every minibatch pass of every epoch, and SB3's is not read, so those rows are left
+out).
 
 MinAtar Breakout (``MinAtar/Breakout-v1``: 10x10 planes, 4 channels, 3 actions, sticky actions 0.1) follows the
 CartPole rows in the same command (``--breakout-wall 0`` leaves it out): per seed, back to back,
@@ -41,11 +44,9 @@ settings, asynchronous, 2 workers of 8 games; Conv 16x3x3, 128, linear heads), e
 (default 60; no target; the references' budget of 10M env steps is never reached), the references being those of
 ``references`` that have a Breakout run (SB3 has none here). RLlib and Sample Factory play the game through
 ``refs/minatar_env.py``: MinAtar's own, with the same defaults. Rows: env steps/s collected, ours against each
-(counted as for CartPole, except that Sample Factory's seconds and wall run from its signal to its rollout workers
-to start: its start-up, 15-30 s here, is left out as RLlib's build and our MPI start-up are), and learner env
-steps/s trained, ours against each: ours trajectories x unroll, each once; RLlib's lifetime count, each pass (APPO
-trains a batch up to twice from its circular buffer, IMPALA once); Sample Factory's learner's own count, each sample
-once (though 4 epochs train on it), over the seconds to its last report (every 5 s).
+(counted as for CartPole), and learner env steps/s trained, ours against each, every pass counted: ours
+trajectories x unroll, each once; RLlib's lifetime count, each pass (APPO trains a batch up to twice from its
+circular buffer, IMPALA once); Sample Factory's learner's consumed samples x its 4 epochs, when the stop was asked.
 """
 
 from __future__ import annotations
@@ -153,10 +154,8 @@ BREAKOUT_REFERENCES = {  # name -> one seed's run on MinAtar Breakout: (seed, wa
 
 
 def learner_rate(result: dict) -> float | None:
-    """A run's learner env steps/s: its count over its seconds, or Sample Factory's over the seconds to the report
-    it was read from; None where the library's count is not read."""
-    if result.get("learner_env_steps") is not None:
-        return result["learner_env_steps"] / result["learner_seconds"] if result["learner_seconds"] > 0 else 0.0
+    """A run's learner env steps/s, every pass counted: its count over its seconds; None where the library's count
+    is not read."""
     if result.get("env_steps_trained") is not None:
         return result["env_steps_trained"] / result["seconds"]
     return None
@@ -175,7 +174,7 @@ def breakout(reps: int = MIN_REPS, wall: float = 60.0,
     note = f"{BREAKOUT}, {wall:g} s wall"
     counted = {OURS: "ours each trajectory step once", "RLlib APPO": "RLlib APPO each pass (up to 2 per batch)",
                "RLlib IMPALA": "RLlib IMPALA each pass (1 per batch)",
-               "Sample Factory APPO": "Sample Factory each sample once (4 epochs), to its last report"}
+               "Sample Factory APPO": "Sample Factory each pass (4 epochs)"}
     rows = []
     for name in references:
         pair = {OURS: results[OURS], name: results[name]}
@@ -214,7 +213,7 @@ def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
         for impl, runs in pair.items():
             rate.values[impl] = [r["env_steps_sampled"] / r["seconds"] for r in runs]
         rows.append(rate)
-        if all(r.get("env_steps_trained") is not None for r in results[name]):  # Sample Factory's is not read
+        if all(r.get("env_steps_trained") is not None for r in results[name]):  # SB3's is not read
             learned = Row(f"learner env steps/s trained vs {name}", "env steps/s", OURS, name, target=1.0,
                           note=note + "; every pass counted")
             for impl, runs in pair.items():

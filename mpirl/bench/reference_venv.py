@@ -22,11 +22,13 @@ from pathlib import Path
 
 TORCH = "torch==2.13.0"
 MINATAR = "minatar==1.0.15"  # MinAtar Breakout for the IMPALA bench's throughput rows (the project's minatar extra)
+ALE = "ale-py==0.12.1"  # Atari 2600 games with their ROMs bundled, for the Atari bench (as the project's venv has)
+OPENCV = "opencv-python-headless==4.13.0.92"  # RLlib's Atari wrappers resize and grayscale with it (not a dependency)
 VENVS: dict[str, tuple[str, ...]] = {
     # RLlib's new API stack (PPO, APPO, IMPALA) on torch.
-    "rllib": ("ray[rllib]==2.60.0", TORCH, MINATAR),
+    "rllib": ("ray[rllib]==2.60.0", TORCH, MINATAR, ALE, OPENCV),
     # Sample Factory's APPO.
-    "sample-factory": ("sample-factory==2.1.1", TORCH, "numpy<2", "gymnasium<1.0", MINATAR),
+    "sample-factory": ("sample-factory==2.1.1", TORCH, "numpy<2", "gymnasium<1.0", MINATAR, ALE),
 }
 READY = "mpirl-ready"
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mpirl.replay.batch_frames import distinct_frames
 from mpirl.replay.frames import FramePool, framed_fields
 from mpirl.replay.ring import RingStore
 from mpirl.replay.shard import PrioritizedShard
@@ -212,3 +213,20 @@ def test_real_atari_frames_dedup(tmp_path):
     ref.gather(np.arange(ref.size), want)
     for name in SPEC:
         np.testing.assert_array_equal(out[name], want[name])
+
+
+@pytest.mark.parametrize("max_frames", [1, 5, 4096, 600_000, 1 << 25])
+def test_distinct_frames_are_ascending_and_index_every_entry(max_frames):
+    """A batch's distinct frames (a radix sort of its (frame, entry) pairs: one pass for small pools, three for
+    2^25 frames) are numpy's unique frames, and each entry's position among them its inverse; repeated slots,
+    repeated frames within a slot and an empty batch included."""
+    rng = np.random.default_rng(max_frames)
+    cols = rng.integers(0, max_frames, (300, 8)).astype(np.int32)
+    cols[3] = max_frames - 1
+    cols[4] = cols[4, 0]  # one frame in every column
+    for slots in (rng.integers(0, 300, 512), np.array([3, 4, 4, 3]), np.arange(300), np.zeros(0, np.int64)):
+        uniq, local = distinct_frames(cols, slots, max_frames)
+        want, inverse = np.unique(cols[slots], return_inverse=True)
+        np.testing.assert_array_equal(uniq, want)
+        np.testing.assert_array_equal(local, inverse.reshape(len(slots), 8))
+        assert uniq.dtype == np.int64 and local.dtype == np.int32 and local.shape == (len(slots), 8)

@@ -64,6 +64,64 @@ def test_sumtree_find_hand_built():
         SumTree(3).find(np.array([0.0]))
 
 
+def _find_one_at_a_time(tree: SumTree, u: np.ndarray) -> np.ndarray:
+    """The descent as find() documents it, one draw at a time in plain Python (a reference)."""
+    total, out = tree.tree[1], []
+    for x in u.tolist():
+        x = 0.0 if not x >= 0.0 else min(x, float(np.nextafter(total, 0.0)))
+        node = 1
+        while node < tree.size:
+            node *= 2
+            if x >= tree.tree[node] and tree.tree[node + 1] > 0.0:
+                x -= tree.tree[node]
+                node += 1
+        out.append(node - tree.size)
+    return np.array(out, dtype=np.int64)
+
+
+def test_sumtree_batch_descent_matches_one_draw_at_a_time():
+    """find() takes the whole batch down level by level: every draw ends where it would alone (zero leaves,
+    draws outside [0, total), NaN, repeats and unsorted draws included)."""
+    rng = np.random.default_rng(11)
+    for cap in (1, 2, 5, 64, 1000):
+        t = SumTree(cap)
+        values = rng.random(cap) ** 3
+        values[rng.random(cap) < 0.3] = 0.0
+        values[rng.integers(0, cap)] = 0.5
+        t.update(np.arange(cap), values)
+        total = t.total
+        u = np.concatenate([rng.random(300) * total, [-1.0, np.nan, 0.0, total, 2 * total, np.inf, -np.inf],
+                            np.full(3, total / 2)])
+        got = t.find(u)
+        np.testing.assert_array_equal(got, _find_one_at_a_time(t, u))
+        assert (t.get(got) > 0).all()
+
+
+def test_stratified_draws_come_with_their_probs_versions_and_priorities():
+    """sample_scored is sample, plus probs() and weights_of() of its picks from the same pass; the draws are
+    the stratified u_i = (r_i + i) * total / b of the sampler's generator, as they always were."""
+    rng = np.random.default_rng(5)
+    shard = PrioritizedShard(SPEC, 300, alpha=0.6, eps=0.0)
+    raw = (rng.random(260) * 3).astype(np.float32)
+    raw[::5] = 0.0  # never drawn
+    shard.add(make_records(0, 260), raw)
+    sampler = shard.sampler
+    for b in (1, 7, 512):
+        picks, probs, priorities = sampler.sample_scored(b, shard.size, np.random.default_rng(b))
+        u = (np.random.default_rng(b).random(b) + np.arange(b)) * (shard.total / b)
+        np.testing.assert_array_equal(picks.ids, _find_one_at_a_time(shard.tree, u))
+        np.testing.assert_array_equal(picks.versions, shard.versions[picks.ids])
+        np.testing.assert_array_equal(probs, sampler.probs(picks.ids, shard.size))
+        np.testing.assert_array_equal(priorities, sampler.weights_of(picks.ids))
+        assert probs.dtype == np.float64 and priorities.dtype == np.float32 and (priorities > 0).all()
+        assert (np.diff(picks.ids) >= 0).all()  # stratified draws, monotone descent
+        again = shard.sample(b, np.random.default_rng(b))
+        np.testing.assert_array_equal(again.ids, picks.ids)
+        np.testing.assert_array_equal(again.probs, probs)
+    with pytest.raises(ValueError):
+        PrioritizedShard(SPEC, 8, alpha=0.6).sampler.sample_scored(4, 0, rng)
+
+
 def test_sumtree_never_returns_zero_leaf_rounding_case():
     # root = fl(fl(a + b) + c) rounds up, so the top draw, after subtracting the
     # left subtree, exceeds c and a naive descent walks into the zero leaf 3.
@@ -331,6 +389,32 @@ def test_importance_weights():
     np.testing.assert_array_equal(importance_weights(probs, 8, 0.0), np.ones(3))
     w1 = importance_weights(np.array([0.1, 0.4]), n=10, beta=1.0)
     np.testing.assert_allclose(w1, [1.0, 0.25], rtol=1e-6)
+
+
+def test_importance_weights_follow_the_formula_in_every_case():
+    """(n P)^-beta over its largest (or over (n smallest)^-beta), in float32, for any shape; a NaN probability
+    makes every weight NaN (the largest is NaN), a zero one an infinite weight."""
+    rng = np.random.default_rng(2)
+
+    def formula(p, n, beta, smallest=None):
+        w = np.power(n * np.asarray(p, np.float64), -beta)
+        return (w / (w.max() if smallest is None else np.power(n * smallest, -beta))).astype(np.float32)
+
+    for beta in (0.0, 0.4, 0.5, 1.0):
+        p = rng.random(512) / 512
+        np.testing.assert_array_equal(importance_weights(p, 65_536, beta), formula(p, 65_536, beta))
+        np.testing.assert_array_equal(importance_weights(p, 10, beta, smallest=p.min() / 2),
+                                      formula(p, 10, beta, p.min() / 2))
+        grid = p[:12].reshape(3, 4)
+        assert importance_weights(grid, 8, beta).shape == (3, 4)
+        np.testing.assert_array_equal(importance_weights(grid, 8, beta), formula(grid, 8, beta))
+    assert importance_weights(np.array(0.25), 4, 0.5).shape == ()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert np.isnan(importance_weights(np.array([0.1, np.nan, 0.2]), 8, 0.5)).all()
+        w = importance_weights(np.array([0.0, 0.5]), 2, 0.5)
+        assert np.isnan(w[0]) and w[1] == 0.0  # inf / inf and 1 / inf, as numpy divides
+    with pytest.raises(ValueError):
+        importance_weights(np.array([0.5]), 0, 0.5)
 
 
 def test_linear_schedule():

@@ -4,7 +4,9 @@
 
 Shapes: Atari (uint8 (4, 84, 84) frame stacks, as actors send them) and CartPole
 (float32 (4,)). Capacity 65,536, learner batch 512, actor messages of 64. In the
-same process, one after the other:
+same process, both memories full side by side, each operation of ours and cpprb
+timed in turns, repetition by repetition (a shared machine drifts; two numbers
+taken a minute apart would put the drift into the ratio):
 
 * **insert**: add a message of 64 transitions with their priorities to a full
   memory (so old records are overwritten, as in a running job). Ours takes the
@@ -216,45 +218,65 @@ def _timed(op, prepare=None, reps: int = MIN_REPS, seconds: float = 0.3, per_cal
     return out
 
 
+def _filled(impl, spec: dict, capacity: int, obs: tuple, prio_rng: np.random.Generator, memory: Row):
+    """A full memory of ``impl`` (filled untimed) and its stream; its bytes per slot go into ``memory``."""
+    gc.collect()
+    before = _rss()
+    mem = impl(spec, capacity)
+    stream = Stream(*obs, seed=3)
+    while mem.size < capacity:
+        mem.insert(*mem.incoming(stream, prio_rng.random(INSERT) * 2))
+    grown = _rss() - before
+    memory.values[impl.name] = [mem.bytes_per_slot]
+    if len(obs[0]) == 3:  # GB-sized: the process's resident memory confirms the count (small ones hide in the heap)
+        memory.values[f"{impl.name} (process RSS growth)"] = [grown / capacity]
+    return mem, stream
+
+
+def _ops(mem, stream, prio_rng: np.random.Generator) -> dict[str, tuple]:
+    """Per row key: (call, untimed preparation or None, per_call) of ``mem``."""
+    return {"insert": (mem.insert, lambda: mem.incoming(stream, prio_rng.random(INSERT) * 2), INSERT),
+            "sample": (mem.sample, None, 1.0),
+            "update": (mem.update, lambda: (prio_rng.random(BATCH) * 2,), BATCH)}
+
+
 def bench_shape(label: str, obs: tuple, capacity: int, reps: int, seconds: float, with_cpprb: bool) -> list[Row]:
+    """One shape's rows. Ours and cpprb live side by side and every operation is timed in turns, repetition by
+    repetition (``_in_turns``), as our sample and the floor are: a drift of the shared machine between two
+    measurements one after the other would otherwise be read as a ratio. Peak memory stays one Atari-sized
+    reference: the floor's rows are gone before cpprb's memory is made."""
     spec = transition_spec(*obs)
-    impls = [Ours]
-    if with_cpprb:
-        impls.append(Cpprb)
-    rows = {key: Row(f"{label} {key}", unit, Ours.name, Cpprb.name, target=target)
-            for key, unit, target in (("insert (messages of 64)", "transitions/s", 2.0 if len(obs[0]) == 3 else 1.0),
-                                      ("sample 512 + IS weights into the message", "batches/s", 2.0),
-                                      ("priority update of 512 ids", "ids/s", 1.0))}
+    image = len(obs[0]) == 3
+    measured = (("insert", "insert (messages of 64)", "transitions/s", 2.0 if image else 1.0),
+                ("sample", "sample 512 + IS weights into the message", "batches/s", 2.0),
+                ("update", "priority update of 512 ids", "ids/s", 1.0))
+    rows = {key: Row(f"{label} {name}", unit, Ours.name, Cpprb.name, target=target)
+            for key, name, unit, target in measured}
     memory = Row(f"{label} memory per slot", "bytes", Ours.name, Cpprb.name, higher_is_better=False,
-                 at_most=16_384 if len(obs[0]) == 3 else None)
+                 at_most=16_384 if image else None)
     prio_rng = np.random.default_rng(7)
-    for impl in impls:
-        gc.collect()
-        before = _rss()
-        mem = impl(spec, capacity)
-        stream = Stream(*obs, seed=3)
-        while mem.size < capacity:  # fill, untimed
-            mem.insert(*mem.incoming(stream, prio_rng.random(INSERT) * 2))
-        grown = _rss() - before
-        memory.values[impl.name] = [mem.bytes_per_slot]
-        if len(obs[0]) == 3:  # GB-sized: the process's resident memory confirms the count (small ones hide in the heap)
-            memory.values[f"{impl.name} (process RSS growth)"] = [grown / capacity]
-        ins, smp, upd = rows.values()
-        ins.values[impl.name] = _timed(mem.insert, lambda: mem.incoming(stream, prio_rng.random(INSERT) * 2),
-                                       reps, seconds, INSERT)
-        if impl is Ours and len(obs[0]) == 3:  # against the floor, in turns
-            smp.values[impl.name], floor = _in_turns(mem.sample, _floor(spec, capacity), reps, seconds)
+    ours, ours_stream = _filled(Ours, spec, capacity, obs, prio_rng, memory)
+    mine = _ops(ours, ours_stream, prio_rng)
+    if image:  # against the floor, in turns; its rows are freed on return
+        on_floor, floor = _in_turns(mine["sample"][:2], _floor(spec, capacity), reps, seconds)
+    theirs = None
+    if with_cpprb:
+        ref, ref_stream = _filled(Cpprb, spec, capacity, obs, prio_rng, memory)
+        theirs = _ops(ref, ref_stream, prio_rng)
+    for key, row in rows.items():
+        if key == "update":  # each memory's last sample is what its updates are for
+            ours.sample()
+            if theirs:
+                ref.sample()
+        op, prepare, per_call = mine[key]
+        if theirs is None:
+            row.values[Ours.name] = _timed(op, prepare, reps, seconds, per_call)
         else:
-            smp.values[impl.name] = _timed(mem.sample, reps=reps, seconds=seconds)
-        mem.sample()
-        upd.values[impl.name] = _timed(mem.update, lambda: (prio_rng.random(BATCH) * 2,), reps, seconds, BATCH)
-        del mem, stream
-    out = list(rows.values())
-    if len(obs[0]) == 3:
-        out.append(memory)
-        out.append(gather_floor(spec, floor, rows[next(k for k in rows if k.startswith("sample"))]))
-    else:
-        out.append(memory)
+            row.values[Ours.name], row.values[Cpprb.name] = _in_turns((op, prepare), theirs[key][:2], reps, seconds,
+                                                                      per_call)
+    out = [*rows.values(), memory]
+    if image:
+        out.append(gather_floor(spec, on_floor, floor))
     if not with_cpprb:
         for r in out:
             r.note = "cpprb not installed: pip install 'mpirl[bench]'"
@@ -278,21 +300,23 @@ def _floor(spec: dict, capacity: int):
             lambda: (rng.integers(0, capacity, BATCH),))
 
 
-def _in_turns(op, other: tuple, reps: int, seconds: float) -> tuple[list[float], list[float]]:
-    """Calls/s of ``op`` and of ``other`` (a call and its untimed preparation), one repetition of each in turn."""
-    mine, theirs = [], []
+def _in_turns(mine: tuple, other: tuple, reps: int, seconds: float,
+              per_call: float = 1.0) -> tuple[list[float], list[float]]:
+    """``per_call`` x calls/s of two operations, each a (call, untimed preparation or None), one repetition of each
+    in turn."""
+    a, b = [], []
     for _ in range(reps):
-        mine += _timed(op, reps=1, seconds=seconds)
-        theirs += _timed(*other, reps=1, seconds=seconds)
-    return mine, theirs
+        a += _timed(mine[0], mine[1], reps=1, seconds=seconds, per_call=per_call)
+        b += _timed(other[0], other[1], reps=1, seconds=seconds, per_call=per_call)
+    return a, b
 
 
-def gather_floor(spec: dict, floor: list[float], sample_row: Row) -> Row:
+def gather_floor(spec: dict, ours: list[float], floor: list[float]) -> Row:
     """The Atari sample against the floor (timed in turns with it, see ``_in_turns``)."""
-    r = Row("atari sample 512 vs the gather floor", "batches/s", sample_row.ours, "numpy take floor", target=1.0,
+    r = Row("atari sample 512 vs the gather floor", "batches/s", Ours.name, "numpy take floor", target=1.0,
             note=f"floor: np.take of {BATCH} random {_stack_row_bytes(spec):,} B rows into a preallocated buffer, "
                  "timed in turns with ours")
-    r.values[sample_row.ours] = sample_row.values[sample_row.ours]
+    r.values[Ours.name] = ours
     r.values["numpy take floor"] = floor
     return r
 

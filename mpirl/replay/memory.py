@@ -69,7 +69,11 @@ class Store(Protocol):
 
 
 class Sampler(Protocol):
-    """Which slots a batch takes, and each slot's priority or weight; never the records."""
+    """Which slots a batch takes, and each slot's priority or weight; never the records.
+
+    A sampler may also offer ``sample_scored(b, size, rng) -> (Picks, probs, weights)``: :meth:`sample` with
+    :meth:`probs` and :meth:`weights_of` of its picks, read in the same pass (the prioritized one does; a memory
+    uses it when there)."""
 
     distinct: bool  # a batch never repeats a slot (then it refuses size < b)
 
@@ -190,13 +194,23 @@ class ReplayMemory:
         return Sample(ids, picks.versions, self.sampler.probs(ids, self.store.size), self.sampler.weights_of(ids),
                       frames)
 
+    def _pick_scored(self, k: int, rng: np.random.Generator) -> tuple[Picks, Sample]:
+        """:meth:`pick` and its :class:`Sample`; from a sampler that reads the probs and weights as it draws
+        (``sample_scored``, the prioritized one) in that one pass."""
+        scored = getattr(self.sampler, "sample_scored", None)
+        if scored is None or (k > self.store.size and self.sampler.distinct):
+            picks = self.pick(k, rng)
+            return picks, self._sample(picks)
+        picks, probs, priorities = scored(k, self.store.size, rng)
+        return picks, Sample(picks.ids, picks.versions, probs, priorities)
+
     def sample(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray] | None = None) -> Sample:
         """Draw ``k`` slots; if ``out`` is given (``{name: array (>=k, *shape)}``), gather the records into its
         first k rows. Raises ValueError if nothing can be sampled."""
-        picks = self.pick(k, rng)
+        picks, s = self._pick_scored(k, rng)
         if out is not None:
             self._gather(picks, out)
-        return self._sample(picks)
+        return s
 
     def sample_into(self, k: int, rng: np.random.Generator, out: Mapping[str, np.ndarray],
                     mirror: CacheMirror | None = None) -> Sample:
@@ -208,13 +222,12 @@ class ReplayMemory:
         batch once (``Sample.frames`` says how many); with the learner's frame cache (``mirror``) only those it does
         not hold (:mod:`mpirl.replay.frame_cache`). A reuse block is copied from the cache.
         """
-        picks = self.pick(k, rng)
-        frames = 0
+        picks, s = self._pick_scored(k, rng)
         if self.framed:
             frames = self.store.gather_framed(picks.ids, out, out["frames"], mirror)  # type: ignore[attr-defined]
+            s = s._replace(frames=frames)
         else:
             self._gather(picks, out)
-        s = self._sample(picks, frames)
         out["ids"][:k], out["versions"][:k] = s.ids, s.versions
         out["probs"][:k], out["priority"][:k] = s.probs, s.priorities
         return s

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from .samplers import Picks
-from .sumtree import SumTree, _update_sorted
+from .sumtree import SumTree, _clip, _descend, _update_sorted
 
 UNSORTED, OUT_OF_RANGE, NOT_FINITE = -1, -2, -3
 
@@ -77,6 +77,26 @@ def _insert_priorities(tree, size, raw_priority, ids, priorities, eps, alpha):  
     return 0
 
 
+@njit(cache=True, nogil=True)
+def _draw_stratified(tree, size, r, scale, total, slot_versions, raw_priority,
+                     ids, versions, probs, priorities):  # pragma: no cover - compiled
+    """A batch of stratified draws in one call: draw i is ``u = (r[i] + i) * scale`` (as numpy computes
+    ``(r + arange(b)) * scale``), its slot the leaf whose prefix interval holds u (SumTree.find's descent), and
+    per slot its version, ``P = leaf / total`` and its raw priority."""
+    hi = np.nextafter(total, 0.0)
+    x = np.empty(r.size, np.float64)
+    for i in range(r.size):
+        x[i] = _clip((r[i] + np.float64(i)) * scale, hi)
+    _descend(tree, size, x, ids)
+    for i in range(r.size):
+        node = ids[i]
+        slot = node - size
+        ids[i] = slot
+        versions[i] = slot_versions[slot]
+        probs[i] = tree[node] / total
+        priorities[i] = raw_priority[slot]
+
+
 class PrioritizedSampler:
     """Stratified proportional sampling over ``capacity`` slots (module docstring).
 
@@ -104,7 +124,6 @@ class PrioritizedSampler:
         self.raw_priority = np.zeros(self.capacity, dtype=np.float32)
         self._shared = versions is not None
         self.versions = versions if versions is not None else np.full(self.capacity, -1, dtype=np.int64)
-        self._arange: np.ndarray = np.arange(0, dtype=np.float64)  # grown on demand
 
     @property
     def nbytes(self) -> int:
@@ -130,16 +149,19 @@ class PrioritizedSampler:
         """Draw b slots, stratified: ``[0, total)`` is cut into b equal segments and one uniform draw is made
         in each (with replacement across segments, so a high-priority slot may appear more than once).
         Raises ValueError if nothing is stored (or all stored priorities are 0, possible only with eps=0)."""
+        return self.sample_scored(b, size, rng)[0]
+
+    def sample_scored(self, b: int, size: int, rng: np.random.Generator) -> tuple[Picks, np.ndarray, np.ndarray]:
+        """:meth:`sample`, with the picks' :meth:`probs` (float64) and :meth:`weights_of` (float32) read in the
+        same compiled pass as the tree descent."""
         total = self.tree.total
         if size == 0 or not total > 0.0:
             raise ValueError("cannot sample from an empty replay shard")
-        if len(self._arange) < b:
-            self._arange = np.arange(b, dtype=np.float64)
-        u = rng.random(b)
-        u += self._arange[:b]
-        u *= total / b
-        ids = self.tree.find(u)
-        return Picks(ids, self.versions[ids])
+        ids, versions = np.empty(b, np.int64), np.empty(b, np.int64)
+        probs, priorities = np.empty(b, np.float64), np.empty(b, np.float32)
+        _draw_stratified(self.tree.tree, self.tree.size, rng.random(b), total / b, total, self.versions,
+                         self.raw_priority, ids, versions, probs, priorities)
+        return Picks(ids, versions), probs, priorities
 
     def probs(self, ids: np.ndarray, size: int) -> np.ndarray:
         """float64 ``P(i) = p_i / total`` of slots ``ids``."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from numba import njit
 
+from .batch_frames import distinct_frames
 from .frames import FramePool, framed_fields
 
 if TYPE_CHECKING:
@@ -69,31 +70,6 @@ def _place_frames(cols, versions, ids, new, refs, take, dead):  # pragma: no cov
     return nd
 
 
-@njit(cache=True, nogil=True)
-def _distinct_frames(cols, slots, seen, uniq, local):  # pragma: no cover - compiled
-    """The distinct frame indices of rows ``slots`` of ``cols`` into ``uniq`` (ascending) and, per entry, its
-    position among them into ``local`` (``local[i, c]`` is where ``cols[slots[i], c]`` sits in ``uniq``);
-    returns their number. ``seen`` (one int32 per pool frame) is scratch: all -1 before and after."""
-    k, d = local.shape
-    n = 0
-    for i in range(k):
-        for c in range(d):
-            f = cols[slots[i], c]
-            if seen[f] < 0:
-                seen[f] = 0
-                uniq[n] = f
-                n += 1
-    uniq[:n].sort()  # the copy then walks the pool one way
-    for p in range(n):
-        seen[uniq[p]] = p
-    for i in range(k):
-        for c in range(d):
-            local[i, c] = seen[cols[slots[i], c]]
-    for p in range(n):
-        seen[uniq[p]] = -1
-    return n
-
-
 class RingStore:
     """Fixed-capacity FIFO of records.
 
@@ -125,7 +101,6 @@ class RingStore:
             self.frame_idx[name] = self.frame_cols[:, col:col + depth]
             col += depth
         self.pool = None
-        self._seen = None  # see _frames_once
         if self.framed:
             shapes = {shape for _, shape in self.framed.values()}
             if len(shapes) > 1:
@@ -335,20 +310,14 @@ class RingStore:
                      mirror: CacheMirror | None = None) -> int:
         """The frames of ``slots`` once each into ``frames_out`` (sorted by pool index, so the copy walks the
         pool one way) and each slot's stacks as indices into them in ``out['<name>_idx']``."""
-        k, width = len(slots), self.frame_cols.shape[1]
-        if self._seen is None:  # scratch for _distinct_frames (-1 per pool frame between calls), made on first use
-            self._seen = np.full(self.pool.max_frames, -1, dtype=np.int32)
-        uniq = np.empty(k * width, dtype=np.int64)
-        local = np.empty((k, width), dtype=np.int32)
-        n = _distinct_frames(self.frame_cols, slots, self._seen, uniq, local)
+        k = len(slots)
+        uniq, local = distinct_frames(self.frame_cols, slots, self.pool.max_frames)
         if mirror is not None:
-            place, send, install = mirror.split(uniq[:n], self.pool.generation)
+            place, uniq, install = mirror.split(uniq, self.pool.generation)
             local = place[local]
-            n = len(send)
-            np.take(self.pool.frames, send, axis=0, out=frames_out[:n], mode="clip")
-            out["frame_slots"][:n] = install
-        else:
-            np.take(self.pool.frames, uniq[:n], axis=0, out=frames_out[:n], mode="clip")
+            out["frame_slots"][:len(uniq)] = install
+        n = len(uniq)
+        np.take(self.pool.frames, uniq, axis=0, out=frames_out[:n], mode="clip")
         pos = 0
         for name, (depth, _) in self.framed.items():
             out[f"{name}_idx"][:k] = local[:, pos:pos + depth]

@@ -9,6 +9,7 @@ Also here: the importance weights a learner computes from the sampled probabilit
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .memory import ReplayMemory, Sample
 from .prioritized import PrioritizedSampler
@@ -61,9 +62,28 @@ def importance_weights(probs: np.ndarray, n: int, beta: float, smallest: float |
         raise ValueError("n must be >= 1")
     if probs.size == 0:
         return np.zeros(0, dtype=np.float32)
-    w = np.power(n * probs, -float(beta))
-    w /= w.max() if smallest is None else np.power(n * float(smallest), -float(beta))
-    return w.astype(np.float32)
+    out = np.empty(probs.shape, dtype=np.float32)
+    whole = np.nan if smallest is None else float(smallest)
+    _weights(np.ascontiguousarray(probs.reshape(-1)), float(n), -float(beta), whole, out.reshape(-1))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _weights(probs, n, power, smallest, out):  # pragma: no cover - compiled
+    """``out = (n * probs) ** power / m`` (float32), ``m`` the largest of them, or ``(n * smallest) ** power``
+    if ``smallest`` is not NaN: one pass where numpy takes five (a NaN weight makes every weight NaN, as
+    numpy's max does)."""
+    w = np.empty(probs.size, np.float64)
+    top = -np.inf
+    for i in range(probs.size):
+        w[i] = (n * probs[i]) ** power
+        if not w[i] <= top:  # larger, or NaN (which then stays)
+            if not top != top:
+                top = w[i]
+    if smallest == smallest:
+        top = (n * smallest) ** power
+    for i in range(probs.size):
+        out[i] = w[i] / top
 
 
 def linear_schedule(start: float, end: float, t: float, duration: float) -> float:

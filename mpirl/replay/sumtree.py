@@ -50,22 +50,45 @@ def _update_sorted(tree, size, idx, values):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _descend(tree, size, x, node):  # pragma: no cover - compiled
+    """Every draw ``x[i]`` down to its leaf: ``node[i]`` := the leaf's node (``x`` is used up).
+
+    Each draw is clipped into ``[0, hi]`` (NaN as 0) by the caller. The batch goes down level by level: the
+    loads of one level are independent of each other, so their cache misses overlap, where one draw at a
+    time would wait for each of its ~16 levels in turn (the tree is cold after a sample's frame copy). The
+    step is branch-free; it decides as ``find`` documents (right only if ``x >= left`` and the right sum > 0).
+    """
+    b = x.size
+    for i in range(b):
+        node[i] = 1
+    width = 1
+    while width < size:
+        for i in range(b):
+            child = node[i] << 1  # left child
+            left = tree[child]
+            right = (x[i] >= left) & (tree[child + 1] > 0.0)
+            x[i] = x[i] - left if right else x[i]
+            node[i] = child + np.int64(right)
+        width <<= 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clip(x, hi):  # pragma: no cover - compiled
+    """``x`` clipped into ``[0, hi]``, NaN as 0."""
+    if not x >= 0.0:
+        return 0.0
+    return hi if x > hi else x
+
+
+@njit(cache=True, nogil=True)
 def _find(tree, size, u, hi, out):  # pragma: no cover - compiled
     """For each draw ``u[i]`` (clipped into ``[0, hi]``, NaN as 0) the leaf whose prefix interval holds it."""
+    x = np.empty(u.size, np.float64)
     for i in range(u.size):
-        x = u[i]
-        if not x >= 0.0:
-            x = 0.0
-        elif x > hi:
-            x = hi
-        node = 1
-        while node < size:
-            node <<= 1  # left child
-            left = tree[node]
-            if x >= left and tree[node + 1] > 0.0:
-                x -= left
-                node += 1
-        out[i] = node - size
+        x[i] = _clip(u[i], hi)
+    _descend(tree, size, x, out)
+    for i in range(u.size):
+        out[i] -= size
 
 
 def last_unique(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

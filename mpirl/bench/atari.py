@@ -21,8 +21,9 @@ the job clock; the references' from the first step any of their workers took) to
 (imports, MPI or Ray or Sample Factory's workers, model construction, to the first env step) is reported apart.
 The counts, like for like:
 
-* **env frames/s collected**: agent steps x frame skip (4) over those seconds (ours: the learner's or rank 0's
-  count of the env steps the actors had reported at its last row);
+* **env frames/s collected**: agent steps x frame skip (4) over those seconds (ours IMPALA: the learner's count of
+  the env steps its actors had reported, at its last row within the seconds; ours PPO: each worker's steps at its
+  last rollout within them);
 * **samples/s trained, every pass counted**: ours IMPALA each trajectory step once (trajectories x unroll); ours PPO
   every sample of every epoch (gradients x minibatch size, all workers); Sample Factory every sample of each of its
   4 epochs; RLlib APPO each pass of its circular buffer (up to 2 a batch), IMPALA once;

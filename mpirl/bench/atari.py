@@ -189,15 +189,9 @@ def ours_ppo(game: str, seed: int, wall: float, out: Path) -> dict:
 
 
 def library(venv: str, script: str, args: list, wall: float) -> dict:
-    """One run of a reference script of ``refs/`` in its reference venv: the JSON line it printed last."""
-    from mpirl.bench.reference_venv import python_of
-    python = python_of(venv, log=lambda line: print(line, file=sys.stderr, flush=True))
-    proc = subprocess.run([str(python), str(REFS / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=wall + 400, cwd=tempfile.gettempdir())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(map(str, args))} failed (exit {proc.returncode}): "
-                           f"{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """One run of a reference script in its venv (:func:`mpirl.bench.impala.library`), with Atari's longer start."""
+    from mpirl.bench.impala import library as run_library
+    return run_library(venv, script, args, wall, grace=400.0)
 
 
 REFERENCES = {  # name -> one seed's run: (env id, seed, wall) -> its JSON

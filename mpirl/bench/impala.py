@@ -118,12 +118,12 @@ def ppo_main(seed: int, budget: int, wall: float) -> None:
     print(w.crossings())
 
 
-def library(venv: str, script: str, args: list, wall: float) -> dict:
+def library(venv: str, script: str, args: list, wall: float, grace: float = 300.0) -> dict:
     """One run of a reference script of ``refs/`` in its reference venv: the JSON line it printed last."""
     from mpirl.bench.reference_venv import python_of
     python = python_of(venv, log=lambda line: print(line, file=sys.stderr, flush=True))
     proc = subprocess.run([str(python), str(REFS / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=wall + 300, cwd=tempfile.gettempdir())
+                          timeout=wall + grace, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(f"{script} {' '.join(map(str, args))} failed (exit {proc.returncode}): "
                            f"{proc.stderr[-2000:]}")

@@ -7,7 +7,7 @@ messages of 64), filled as the bench fills it. Printed side by side, each the me
 of ``--reps`` repetitions:
 
 * a sample into the reply (with IS weights), and its parts: the tree descent, finding
-  the batch's distinct frames (the compiled pass, and ``np.unique`` on the same batch),
+  the batch's distinct frames (the compiled radix pass, and ``np.unique`` on the same batch),
   copying those frames; the gather floor, timed in turns with the sample;
 * an insert of one actor message, and the plain copy of its frames (the rest is the
   code around it);
@@ -25,7 +25,7 @@ import numpy as np
 
 from mpirl.agents.dqn import transition_spec
 from mpirl.bench.replay import ATARI, BATCH, INSERT, Cpprb, Ours, Stream, _floor, _in_turns, _timed
-from mpirl.replay.ring import _distinct_frames
+from mpirl.replay.batch_frames import distinct_frames
 
 
 def huge_pages_kb() -> int:
@@ -61,18 +61,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ids = shard.sample(BATCH, rng, out=None).ids
     used = store.frame_cols[ids]
     store.gather_framed(ids, mem.views, mem.views["frames"])  # makes the scratch
-    uniq, local = np.empty(used.size, np.int64), np.empty(used.shape, np.int32)
-    n = _distinct_frames(store.frame_cols, ids, store._seen, uniq, local)
+    uniq, _ = distinct_frames(store.frame_cols, ids, store.pool.max_frames)
+    n = uniq.size
     frames_out = mem.views["frames"]
-    sample, floor = _in_turns(mem.sample, _floor(spec, args.capacity), reps, 0.3)
+    sample, floor = _in_turns((mem.sample, None), _floor(spec, args.capacity), reps, 0.3)
     t = {
         "sample into the reply": us(sample),
         "  tree descent (no gather)": us(_timed(lambda: shard.sample(BATCH, rng, out=None), reps=reps)),
-        "  distinct frames, compiled": us(_timed(lambda: _distinct_frames(store.frame_cols, ids, store._seen, uniq,
-                                                                           local), reps=reps)),
+        "  distinct frames, compiled": us(_timed(lambda: distinct_frames(store.frame_cols, ids,
+                                                                         store.pool.max_frames), reps=reps)),
         "  distinct frames, np.unique": us(_timed(lambda: np.unique(used, return_inverse=True), reps=reps)),
         f"  copy of the batch's {n} distinct frames": us(_timed(
-            lambda: np.take(store.pool.frames, uniq[:n], axis=0, out=frames_out[:n], mode="clip"), reps=reps)),
+            lambda: np.take(store.pool.frames, uniq, axis=0, out=frames_out[:n], mode="clip"), reps=reps)),
         "gather floor (in turns with the sample)": us(floor),
         "insert of one message": us(_timed(mem.insert, lambda: mem.incoming(stream, rng.random(INSERT) * 2),
                                            reps=reps)),

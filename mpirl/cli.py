@@ -19,17 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from mpirl import config, phases
+from mpirl.domain import EXIT_BAD_INPUT
+from mpirl.domain import bad_input as _fail
 from mpirl.launcher import GRACE_SECONDS, find_mpiexec, launch_command, supervise
 
 if TYPE_CHECKING:
     from mpirl.job.contract import Info
-
-EXIT_BAD_INPUT = 2
-
-
-def _fail(message: str) -> int:
-    print(f"mpirl: error: {message}", file=sys.stderr, flush=True)
-    return EXIT_BAD_INPUT
 
 
 def imports_done() -> None:
@@ -217,43 +212,6 @@ def cmd_watch(args) -> int:
         return 0
 
 
-def cmd_bench(args) -> int:
-    import datetime as dt
-
-    from mpirl.bench.suite import run
-    from mpirl.bench.continuous import LONG_TASKS, TASKS
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    least = 3 if args.what == "continuous" and tasks and set(tasks) <= set(LONG_TASKS) else 5
-    if args.reps < least:
-        alone = "" if least == 3 else f" (3 for `--tasks` of {', '.join(LONG_TASKS)} alone: many minutes a seed)"
-        return _fail(f"--reps: at least {least} repetitions make a median with a range, got {args.reps}{alone}")
-    if not args.breakout_wall >= 0:
-        return _fail(f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}")
-    if not (math.isfinite(args.atari_wall) and args.atari_wall > 0):
-        return _fail(f"--atari-wall: seconds > 0 (each side's own clock from its first env step), got "
-                     f"{args.atari_wall:g}")
-    if args.device != "all":
-        if args.what not in ("learner", "gpu"):
-            return _fail(f"--device: only `mpirl bench learner` takes a device, and `mpirl bench gpu` (cpu: its "
-                         f"rehearsal) (got `mpirl bench {args.what}`); leave --device out")
-        import torch
-        if args.what == "learner" and args.device == "cuda" and not torch.cuda.is_available():
-            return _fail("--device: 'cuda' but torch sees no CUDA device here; use 'cpu', or 'all' (the CPU and "
-                         "CUDA when present)")
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        return _fail(f"--tasks: comma-separated names of {', '.join(TASKS)}, got {args.tasks!r}")
-    if args.what != "continuous" and args.tasks != ",".join(TASKS):
-        return _fail(f"--tasks: only `mpirl bench continuous` takes tasks (got `mpirl bench {args.what}`); "
-                     "leave --tasks out")
-    out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
-    if out.exists():
-        return _fail(f"--out: {out} exists; pass a new file name (results are never overwritten)")
-    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
-               learner={"device": args.device}, continuous={"tasks": tasks}, gpu={"device": args.device},
-               atari={"wall": args.atari_wall, "game": args.game})
-
-
 def cmd_compare(args) -> int:
     """Seeds together (mpirl/metrics/compare.py): runs grouped by their job but the seed and what a resumed job may
     change, one PNG of the median curves, the table of final values; a run skipped is a note on stderr."""
@@ -351,28 +309,8 @@ def parser() -> argparse.ArgumentParser:
                     help="the progress line instead of the frame (`mpirl launch` prints it every log.progress_seconds)")
     sp.set_defaults(func=cmd_watch)
 
-    sp = sub.add_parser("bench", help="benchmarks: ours vs a reference or the physical limit, side by side")
-    sp.add_argument("what", choices=["all", "replay", "cache", "transport", "pipeline", "actor", "fairness", "learner",
-                                     "solve", "impala", "marl", "workers", "distql", "gradients", "startup",
-                                     "continuous", "atari", "gpu"])
-    sp.add_argument("--reps", type=int, default=5,
-                    help="repetitions per measurement (median, min-max; >= 5, or >= 3 for continuous's long rows "
-                         "alone: hopper, halfcheetah, novelocity)")
-    sp.add_argument("--out", help="HDF5 file for the numbers (default bench/bench-DATE.h5; never overwritten)")
-    sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
-                    help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
-                         "(default 60; 0 leaves them out)")
-    sp.add_argument("--tasks", default="pendulum,cartpole,hopper,halfcheetah,novelocity",
-                    help="continuous: the rows to run, comma-separated (default all: pendulum,cartpole,hopper,"
-                         "halfcheetah,novelocity; the MuJoCo ones take about 10 minutes a run, novelocity's up to 5)")
-    sp.add_argument("--atari-wall", type=float, default=60.0,
-                    help="atari: seconds of each run, on each side's own clock from its first env step (default 60)")
-    sp.add_argument("--game", choices=["pong", "breakout"], default="pong", help="atari: the ALE game (default pong)")
-    sp.add_argument("--device", choices=["all", "cpu", "cuda"], default="all",
-                    help="learner: where ours and the bare step run (default all: the CPU, and CUDA when present); "
-                         "gpu: cuda or all (on CUDA; without it the list of what it would run), cpu (a rehearsal at "
-                         "tiny sizes)")
-    sp.set_defaults(func=cmd_bench)
+    from mpirl.bench.command import add_parser
+    add_parser(sub)  # bench
 
     from mpirl.trained.commands import add_parsers
     add_parsers(sub)  # play, export

@@ -11,9 +11,17 @@ forgotten. Standard library only.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 INT_MAX = 2**63 - 1  # what HDF5 attributes, numpy and torch take for an int
+EXIT_BAD_INPUT = 2  # what every command exits with on bad input (a field, a flag, a file), after one line
+
+
+def bad_input(message: str) -> int:
+    """One line on stderr naming the field (or flag) and the fix; the exit code a command returns for it."""
+    print(f"mpirl: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
 
 
 class ConfigError(ValueError):

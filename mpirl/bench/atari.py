@@ -52,6 +52,7 @@ import h5py
 import numpy as np
 
 from mpirl.bench.report import MIN_REPS, Row
+from mpirl.bench.impala import library
 from mpirl.bench.solve import first_env_step
 from mpirl.launcher import find_mpiexec, launch_command
 
@@ -186,12 +187,6 @@ def ours_ppo(game: str, seed: int, wall: float, out: Path) -> dict:
                             wall, out)
     counts = ppo_counts(run_dir, wall)
     return {**counts, "start_seconds": _start_up(run_dir, counts["first_step"], took), "frameskip": FRAMESKIP}
-
-
-def library(venv: str, script: str, args: list, wall: float) -> dict:
-    """One run of a reference script in its venv (:func:`mpirl.bench.impala.library`), with Atari's longer start."""
-    from mpirl.bench.impala import library as run_library
-    return run_library(venv, script, args, wall, grace=400.0)
 
 
 REFERENCES = {  # name -> one seed's run: (env id, seed, wall) -> its JSON

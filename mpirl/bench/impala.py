@@ -52,7 +52,6 @@ circular buffer, IMPALA once); Sample Factory's learner's consumed samples x its
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -118,12 +117,14 @@ def ppo_main(seed: int, budget: int, wall: float) -> None:
     print(w.crossings())
 
 
-def library(venv: str, script: str, args: list, wall: float, grace: float = 300.0) -> dict:
-    """One run of a reference script of ``refs/`` in its reference venv: the JSON line it printed last."""
+def library(venv: str, script: str, args: list, wall: float) -> dict:
+    """One run of a reference script of ``refs/`` in its reference venv, in a session of its own (what it started
+    is gone when it ends: :mod:`mpirl.bench.reference_process`): the JSON line it printed last."""
+    from mpirl.bench import reference_process
     from mpirl.bench.reference_venv import python_of
     python = python_of(venv, log=lambda line: print(line, file=sys.stderr, flush=True))
-    proc = subprocess.run([str(python), str(REFS / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=wall + grace, cwd=tempfile.gettempdir())
+    proc = reference_process.run([str(python), str(REFS / script), *map(str, args)],
+                                 timeout=wall + reference_process.START_ALLOWANCE, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(f"{script} {' '.join(map(str, args))} failed (exit {proc.returncode}): "
                            f"{proc.stderr[-2000:]}")

@@ -82,8 +82,9 @@ def from_first_step(reach: dict, first: float) -> dict:
 
 def reference_run(module: str, flag: str, seed: int, budget: int, wall: float) -> dict:
     """``python -m module flag seed budget wall`` (a reference's run in its own process): the JSON it printed last."""
-    proc = subprocess.run([sys.executable, "-m", module, flag, str(seed), str(budget), str(wall)],
-                          capture_output=True, text=True, timeout=wall + 180)
+    from mpirl.bench import reference_process
+    proc = reference_process.run([sys.executable, "-m", module, flag, str(seed), str(budget), str(wall)],
+                                 timeout=wall + reference_process.START_ALLOWANCE)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} {flag} run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -10,15 +10,7 @@ import sys
 from pathlib import Path
 
 from mpirl.config import ConfigError
-
-EXIT_BAD_INPUT = 2
-
-
-def _fail(message: str) -> int:
-    print(f"mpirl: error: {message}", file=sys.stderr, flush=True)
-    return EXIT_BAD_INPUT
-
-
+from mpirl.domain import bad_input as _fail
 
 
 def cmd_play(args) -> int:

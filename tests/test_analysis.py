@@ -87,3 +87,28 @@ def test_replay_profile_takes_the_atari_sample_and_insert_apart():
         assert times[part] > 0, (part, proc.stdout)
     assert any(k.startswith("copy of the batch's") for k in times), proc.stdout
     assert "huge pages backing ours" in proc.stdout
+
+
+def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_hours(tmp_path):
+    """``analysis/atari_learning.py --redraw``: the episodes of each side (seconds since its first env step,
+    length, return) as a PNG of both axes and a table of the last-20 mean at equal frames and hours."""
+    rising = np.column_stack([np.arange(1, 101) * 36.0, np.full(100, 1000), np.linspace(-21, 0, 100)])
+    flat = np.column_stack([np.arange(1, 41) * 90.0, np.full(40, 2000), np.full(40, -20.0)])
+    with h5py.File(tmp_path / "runs.h5", "w") as f:
+        f.attrs["game"] = "pong"
+        f["mpirl IMPALA async/seed1"] = rising
+        f["Sample Factory APPO/seed1"] = flat
+    proc = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs.png").stat().st_size > 10_000
+    lines = proc.stdout.splitlines()
+    ours = next(l for l in lines if l.startswith("mpirl IMPALA async")).split()
+    theirs = next(l for l in lines if l.startswith("Sample Factory APPO")).split()
+    # Both reach 3,600 s; frames: ours 400,000 (100 x 1000 x 4), theirs 320,000: the common span is 320,000 frames.
+    assert "0.32M" in lines[1] and "1.00 h" in lines[1]
+    # At 320,000 frames ours has finished 80 episodes: the mean of episodes 61..80 of the line from -21 to 0.
+    assert float(ours[5]) == pytest.approx(np.linspace(-21, 0, 100)[60:80].mean(), abs=0.05)
+    assert float(theirs[5]) == -20.0 and float(theirs[8]) == -20.0  # all of it, by frames and by hours
+    assert ours[-3:] == ["100", "400,000", "1.00"]
+    bad = script("analysis/atari_learning.py", "--which", "impala,dqn")
+    assert bad.returncode == 2 and "--which" in bad.stderr

@@ -173,19 +173,27 @@ def ppo_counts(run_dir: Path, wall: float) -> dict:
             "learner_busy": compute / (compute + wait)}
 
 
-def ours_impala(game: str, seed: int, wall: float, out: Path) -> dict:
-    run_dir, took = _launch(ROOT / "jobs" / f"impala_{game}.toml", 4, f"atari-impala-s{seed}",
-                            [f"run.seed={seed}", "impala.test_episodes=0", f"env.envs_per_actor={ENVS_PER_RUNNER}", "log.interval=1.0"],
-                            wall, out)
-    counts = impala_counts(run_dir, wall)
-    return {**counts, "start_seconds": _start_up(run_dir, counts["first_step"], took), "frameskip": FRAMESKIP}
+OUR_JOBS = {  # ours: (jobs/<prefix>_<game>.toml, its ranks, the section of its test round, its counts)
+    IMPALA: ("impala", 4, "impala", impala_counts),
+    PPO: ("ppo", 2, "a3c", ppo_counts),
+}
 
 
-def ours_ppo(game: str, seed: int, wall: float, out: Path) -> dict:
-    run_dir, took = _launch(ROOT / "jobs" / f"ppo_{game}.toml", 2, f"atari-ppo-s{seed}",
-                            [f"run.seed={seed}", "a3c.test_episodes=0", f"env.envs_per_actor={ENVS_PER_RUNNER}", "log.interval=1.0"],
-                            wall, out)
-    counts = ppo_counts(run_dir, wall)
+def launch_ours(which: str, game: str, seed: int, wall: float, out: Path, sets: tuple[str, ...] = ()
+                ) -> tuple[Path, float]:
+    """One run of ours (``which``: IMPALA or PPO) on ``game`` with 8 games an acting rank and no test round, stopped
+    ``wall`` seconds after its first env step (:func:`_launch`); ``sets``: more of its fields. Its run directory
+    (under ``out``) and the command's seconds."""
+    prefix, ranks, section, _ = OUR_JOBS[which]
+    return _launch(ROOT / "jobs" / f"{prefix}_{game}.toml", ranks, f"atari-{prefix}-s{seed}",
+                   [f"run.seed={seed}", f"{section}.test_episodes=0", f"env.envs_per_actor={ENVS_PER_RUNNER}",
+                    "log.interval=1.0", *sets], wall, out)
+
+
+def ours(which: str, game: str, seed: int, wall: float, out: Path) -> dict:
+    """One run of ours and its counts over ``wall`` seconds from its first env step, its start-up apart."""
+    run_dir, took = launch_ours(which, game, seed, wall, out)
+    counts = OUR_JOBS[which][3](run_dir, wall)
     return {**counts, "start_seconds": _start_up(run_dir, counts["first_step"], took), "frameskip": FRAMESKIP}
 
 
@@ -251,18 +259,17 @@ def rows_of(results: dict[str, list[dict]], game: str, wall: float) -> list[Row]
 
 
 def run(reps: int = MIN_REPS, wall: float = 60.0, game: str = "pong",
-        references: tuple[str, ...] = tuple(REFERENCES), ours: tuple[str, ...] = OURS) -> list[Row]:
+        references: tuple[str, ...] = tuple(REFERENCES), mine: tuple[str, ...] = OURS) -> list[Row]:
     """Per seed 1..reps, ours (IMPALA, PPO) then every reference, back to back, each for ``wall`` seconds. A
     library whose run fails is reported (stderr) and left out of the rows; ours failing fails the bench."""
     if game not in GAMES:
         raise ValueError(f"game: one of {', '.join(GAMES)}, got {game!r}")
-    runs = {IMPALA: ours_impala, PPO: ours_ppo}
-    results: dict[str, list[dict]] = {**{o: [] for o in ours}, **{name: [] for name in references}}
+    results: dict[str, list[dict]] = {**{o: [] for o in mine}, **{name: [] for name in references}}
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, reps + 1):
-            for o in ours:
-                results[o].append(runs[o](game, seed, wall, Path(tmp)))
+            for o in mine:
+                results[o].append(ours(o, game, seed, wall, Path(tmp)))
             for name in references:
                 if name in failed:
                     continue
@@ -283,9 +290,9 @@ def main() -> None:
     """``python -m mpirl.bench.atari ours GAME SEED WALL``: one run of ours, its counts as a JSON line (a check)."""
     which, game, seed, wall = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     with tempfile.TemporaryDirectory() as tmp:
-        for o, fn in ((IMPALA, ours_impala), (PPO, ours_ppo)):
+        for o in OURS:
             if which in ("ours", o):
-                print(json.dumps({o: fn(game, seed, wall, Path(tmp))}), flush=True)
+                print(json.dumps({o: ours(o, game, seed, wall, Path(tmp))}), flush=True)
 
 
 if __name__ == "__main__":

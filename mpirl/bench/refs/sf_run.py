@@ -59,6 +59,9 @@ batch), from the learner's timers Sample Factory logs as it stops (null, with th
 ``learner_busy_note``, where the child had to be stopped before it logged them); ``first_step_at``, the seconds
 from the child's start to the first env step; ``start_seconds``, from the child's start to Sample Factory's
 signal to its rollout workers to start.
+
+With ``MPIRL_SF_EPISODES`` set to a file name, the run's episodes are kept there as text (:func:`keep_episodes`: a
+learning curve, ``analysis/atari_learning.py``); ``MPIRL_SF_LOG``, Sample Factory's log.
 """
 
 from __future__ import annotations
@@ -295,6 +298,13 @@ def stop(child: subprocess.Popen, folder: str, ask: bool = True) -> None:
         child.wait()
 
 
+def keep_episodes(rows, origin: float, path: str) -> None:
+    """The run's episodes as text, one a line: seconds since the first env step, length (agent steps), return."""
+    with open(path, "w") as f:
+        for t, length, ret in rows:
+            f.write(f"{t - origin:.3f} {length} {ret:g}\n")
+
+
 def main(seed: int, budget: int, wall: float, target: float, env_id: str = CARTPOLE) -> None:
     """Every time here runs from Sample Factory's first env step in any worker (``first_step_at`` after the child's
     start)."""
@@ -333,6 +343,8 @@ def main(seed: int, budget: int, wall: float, target: float, env_id: str = CARTP
         log.close()
         if os.environ.get("MPIRL_SF_LOG"):  # where to keep Sample Factory's log, to look at
             shutil.copy(log_path, os.environ["MPIRL_SF_LOG"])
+        if os.environ.get("MPIRL_SF_EPISODES") and origin is not None:  # where to keep the episodes (a curve)
+            keep_episodes(rows, origin, os.environ["MPIRL_SF_EPISODES"])
         shutil.rmtree(folder, ignore_errors=True)
     if not steps or origin is None:
         raise SystemExit(f"Sample Factory took no env step (exit {child.returncode}): {err[-3000:]}")

@@ -1,0 +1,200 @@
+"""Learning on Atari, side by side: ours (IMPALA, PPO) and Sample Factory's APPO on one game, on the same cores,
+each for the same frame budget and the same wall, return against env frames and against hours.
+
+    python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1]
+                                      [--which impala,ppo,sf] [--runs runs/atari-learning]
+                                      [--out docs/figures/atari-pong-learning.png]
+    python analysis/atari_learning.py --redraw FILE.h5 [--out FILE.png]
+
+Runs back to back on this machine, seed by seed, each until ``--frames`` env frames (agent steps x frame skip 4)
+or ``--wall`` seconds of its own clock from its first env step, whichever comes first:
+
+* ours IMPALA: ``jobs/impala_<game>.toml`` (4 ranks: learner, trajectory queue, 2 actors of 8 games), as
+  ``mpirl bench atari`` runs it (:func:`mpirl.bench.atari.launch_ours`), its run directory kept under ``--runs``;
+* ours PPO: ``jobs/ppo_<game>.toml`` (2 workers of 8 games, DD-PPO's allreduce), the same way;
+* Sample Factory 2.1.1's APPO with its Atari example's settings (``mpirl/bench/refs/sf_run.py``: 2 rollout
+  workers of 8 games, one policy worker), its episodes kept.
+
+Every side's episodes are whole games with their unclipped return; the x axes are the frames of the episodes
+finished by then (each side's finished episodes' lengths summed, x 4) and the hours since that side's first env
+step. Curves: the mean of the last 20 episodes. The table: that mean at equal frames and at equal hours (a quarter,
+half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
+from it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import h5py
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mpirl.bench import atari  # noqa: E402
+from mpirl.metrics.summary import in_time_order  # noqa: E402
+
+WINDOW = 20  # episodes in a curve's mean
+SIDES = {"impala": atari.IMPALA, "ppo": atari.PPO, "sf": "Sample Factory APPO"}
+COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APPO": "tab:red"}
+
+
+def ours(which: str, game: str, seed: int, frames: int, wall: float, runs: Path) -> np.ndarray:
+    """One run of ours: its episodes as rows (seconds since its first env step, length, return)."""
+    runs.mkdir(parents=True, exist_ok=True)
+    run_dir, _ = atari.launch_ours(which, game, seed, wall, runs, sets=(f"run.env_steps={frames // atari.FRAMESKIP}",))
+    first = atari.OUR_JOBS[which][3](run_dir, math.inf)["first_step"]
+    tables = []
+    for path in sorted(run_dir.glob("*.h5")):
+        with h5py.File(path, "r") as f:
+            if "episodes" in f and "length" in f["episodes"]:
+                tables.append({k: f["episodes"][k][()] for k in ("time", "length", "return")})
+    t, length, ret = in_time_order(tables, "length", "return")
+    print(f"{which} seed {seed}: {run_dir}, {len(t)} episodes", file=sys.stderr, flush=True)
+    return np.column_stack([t - first, length, ret]).astype(float)
+
+
+def sample_factory(game: str, seed: int, frames: int, wall: float) -> np.ndarray:
+    """One run of Sample Factory's APPO (in its venv): its episodes as rows, as :func:`ours` gives them."""
+    from mpirl.bench.impala import library
+    with tempfile.TemporaryDirectory() as tmp:
+        keep = Path(tmp) / "episodes.txt"
+        os.environ["MPIRL_SF_EPISODES"] = str(keep)
+        try:
+            result = library("sample-factory", "sf_run.py",
+                             [seed, frames // atari.FRAMESKIP, wall, "inf", atari.GAMES[game]], wall)
+        finally:
+            del os.environ["MPIRL_SF_EPISODES"]
+        rows = np.loadtxt(keep, ndmin=2) if keep.exists() and keep.stat().st_size else np.zeros((0, 3))
+    print(f"sf seed {seed}: {len(rows)} episodes, {result['env_steps_sampled'] * atari.FRAMESKIP:,} frames in "
+          f"{result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def curve(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(frames, hours, mean return of the last WINDOW episodes) at each episode's end from the WINDOW-th on."""
+    if len(rows) < WINDOW:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    frames = np.cumsum(rows[:, 1]) * atari.FRAMESKIP
+    means = np.convolve(rows[:, 2], np.ones(WINDOW) / WINDOW, mode="valid")
+    return frames[WINDOW - 1:], rows[WINDOW - 1:, 0] / 3600, means
+
+
+def at(x: np.ndarray, y: np.ndarray, where: float) -> float:
+    """The curve's value at the last episode ending at or before ``where`` (NaN before its first)."""
+    i = int(np.searchsorted(x, where, side="right")) - 1
+    return float(y[i]) if i >= 0 else math.nan
+
+
+def median(values: list[float]) -> float:
+    """The median of the values that are numbers (NaN where none is: no seed reached that point)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return float(np.median(kept)) if kept else math.nan
+
+
+def table(episodes: dict[str, list[np.ndarray]]) -> str:
+    """Return (mean of the last WINDOW episodes; median over seeds) at equal frames and at equal hours."""
+    curves = {name: [curve(r) for r in runs] for name, runs in episodes.items()}
+    reached = [c for cs in curves.values() for c in cs if len(c[0])]
+    if not reached:
+        return "no side finished 20 episodes"
+    span_f = min(c[0][-1] for c in reached)
+    span_h = min(c[1][-1] for c in reached)
+    marks = (0.25, 0.5, 1.0)
+    head = (f"{'':24s}" + "".join(f"{m * span_f / 1e6:>9.2f}M fr" for m in marks)
+            + "".join(f"{m * span_h:>10.2f} h" for m in marks) + f"{'episodes':>10s}{'frames':>12s}{'hours':>7s}")
+    lines = [f"return, mean of the last {WINDOW} episodes (median over seeds), at equal frames | at equal hours", head]
+    for name, cs in curves.items():
+        vals = [median([at(c[0], c[2], m * span_f) if len(c[0]) else math.nan for c in cs]) for m in marks]
+        vals += [median([at(c[1], c[2], m * span_h) if len(c[0]) else math.nan for c in cs]) for m in marks]
+        runs = episodes[name]
+        total_f = np.median([r[:, 1].sum() * atari.FRAMESKIP for r in runs])
+        total_h = np.median([r[-1, 0] / 3600 if len(r) else 0.0 for r in runs])
+        lines.append(f"{name:24s}" + "".join(f"{v:>12.1f}" for v in vals[:3]) + "".join(f"{v:>12.1f}" for v in vals[3:])
+                     + f"{np.median([len(r) for r in runs]):>10.0f}{total_f:>12,.0f}{total_h:>7.2f}")
+    return "\n".join(lines)
+
+
+def draw(episodes: dict[str, list[np.ndarray]], game: str, out: Path) -> None:
+    fig, (by_frames, by_hours) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for name, runs in episodes.items():
+        for k, rows in enumerate(runs):
+            frames, hours, means = curve(rows)
+            label = f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})" if k == 0 else None
+            by_frames.plot(frames / 1e6, means, color=COLOURS.get(name), label=label, lw=1.2)
+            by_hours.plot(hours, means, color=COLOURS.get(name), label=label, lw=1.2)
+    by_frames.set_xlabel("env frames (millions; frame skip 4)")
+    by_hours.set_xlabel("hours since the first env step")
+    by_frames.set_ylabel(f"return, mean of the last {WINDOW} games")
+    by_frames.legend(loc="lower right", fontsize=8)
+    for ax in (by_frames, by_hours):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{game.capitalize()} at 84x84, on the same 2 cores: ours and Sample Factory's APPO")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def save(episodes: dict[str, list[np.ndarray]], path: Path, **attrs) -> None:
+    with h5py.File(path, "w") as f:
+        f.attrs.update(attrs)
+        for name, runs in episodes.items():
+            for k, rows in enumerate(runs):
+                f[f"{name}/seed{k + 1}"] = rows
+
+
+def load(path: Path) -> tuple[dict[str, list[np.ndarray]], dict]:
+    with h5py.File(path, "r") as f:
+        return ({name: [f[name][s][()] for s in sorted(f[name], key=lambda s: int(s[4:]))] for name in f},
+                dict(f.attrs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--game", choices=sorted(atari.GAMES), default="pong")
+    ap.add_argument("--frames", type=float, default=4e6, help="env frames a run (agent steps x 4)")
+    ap.add_argument("--wall", type=float, default=2400.0, help="seconds a run, from its first env step")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--which", default="impala,ppo,sf", help="comma-separated: impala, ppo, sf")
+    ap.add_argument("--runs", default="runs/atari-learning", help="where ours' run directories are kept")
+    ap.add_argument("--out", help="the PNG (default docs/figures/atari-GAME-learning.png); its data beside it (.h5)")
+    ap.add_argument("--redraw", metavar="FILE.h5", help="draw and tabulate the episodes of an earlier call")
+    args = ap.parse_args(argv)
+    which = [w.strip() for w in args.which.split(",") if w.strip()]
+    if not which or set(which) - set(SIDES):
+        ap.error(f"--which: comma-separated names of {', '.join(SIDES)}, got {args.which!r}")
+    if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1:
+        ap.error("--frames >= 10,000, --wall > 0 and --seeds >= 1")
+    if args.redraw:
+        episodes, attrs = load(Path(args.redraw))
+        game = str(attrs.get("game", args.game))
+        out = Path(args.out or Path(args.redraw).with_suffix(".png"))
+    else:
+        game = args.game
+        out = Path(args.out or f"docs/figures/atari-{game}-learning.png")
+        for path in (out, out.with_suffix(".h5")):
+            if path.exists():
+                ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
+        episodes = {SIDES[w]: [] for w in which}
+        for seed in range(1, args.seeds + 1):
+            for w in which:
+                got = (sample_factory(game, seed, int(args.frames), args.wall) if w == "sf" else
+                       ours(SIDES[w], game, seed, int(args.frames), args.wall, Path(args.runs)))
+                episodes[SIDES[w]].append(got)
+            save(episodes, out.with_suffix(".h5"), game=game, frames=args.frames, wall=args.wall,
+                 seeds_done=seed)  # after every seed: a stopped call keeps what it measured
+    draw(episodes, game, out)
+    print(table(episodes))
+    print(f"wrote {out} and {out.with_suffix('.h5')}" if not args.redraw else f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

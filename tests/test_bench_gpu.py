@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from mpirl.bench import gpu
+from mpirl.bench import gpu, gpu_steps
 from mpirl.bench import learner as apex
 from mpirl.bench.report import format_rows, write_rows
 
@@ -106,30 +106,30 @@ def test_apex_bare_step_is_ours_loss_and_passes():
 
 def test_impala_bare_step_is_ours_loss_and_passes():
     from mpirl.agents.tensors import to_tensors
-    ours, bare, _, training = gpu.impala_steps(cpu, 2, 3)
+    ours, bare, _, training = gpu_steps.impala_steps(cpu, 2, 3)
     net = training.agent.net
     got = _passes({"net": net}, ours)
     assert got == _passes({"net": net}, bare) == [("net", True, 2 * 4)]  # one pass; V-trace without autograd
-    b = to_tensors(gpu.impala_batch(2, 3, seed=5), cpu)
+    b = to_tensors(gpu_steps.impala_batch(2, 3, seed=5), cpu)
     c, a = training.cfg.impala, training.cfg.agent
-    theirs = gpu.bare_impala_loss(net, b, a.gamma, c.rho_bar, c.c_bar, c.value_coef, c.entropy_coef)
+    theirs = gpu_steps.bare_impala_loss(net, b, a.gamma, c.rho_bar, c.c_bar, c.value_coef, c.entropy_coef)
     assert torch.allclose(theirs, training.agent.losses(b).total, rtol=1e-5, atol=1e-6)
 
 
 def test_ppo_bare_update_is_ours_loss_and_passes():
-    ours, bare, _, model = gpu.ppo_steps(cpu, 4, 2, 1, 2)
+    ours, bare, _, model = gpu_steps.ppo_steps(cpu, 4, 2, 1, 2)
     net = model.net
     got = _passes({"net": net}, ours)
     assert got == _passes({"net": net}, bare) == [("net", True, 4), ("net", True, 4)]  # a pass a minibatch
-    p = model.prepare(gpu.ppo_rollout(4, 2, seed=5))
+    p = model.prepare(gpu_steps.ppo_rollout(4, 2, seed=5))
     b = {k: getattr(p, k) for k in ("obs", "action", "logp")}
-    ro = gpu.ppo_rollout(4, 2, seed=5)
+    ro = gpu_steps.ppo_rollout(4, 2, seed=5)
     t = {k: torch.as_tensor(getattr(ro, k)) for k in ("reward", "value", "bootstrap", "terminated")}
-    adv, ret = gpu.bare_gae(t["reward"], t["value"], t["bootstrap"], t["terminated"], 0.99, 0.95)
+    adv, ret = gpu_steps.bare_gae(t["reward"], t["value"], t["bootstrap"], t["terminated"], 0.99, 0.95)
     assert torch.allclose(adv.flatten(), p.advantages, atol=1e-6)
     assert torch.allclose(ret.flatten(), p.returns, atol=1e-6)
     idx = np.array([0, 3, 5, 6])
     c = model.cfg
-    theirs = gpu.bare_ppo_loss(net, b["obs"][idx], b["action"][idx], b["logp"][idx], adv.flatten()[idx],
+    theirs = gpu_steps.bare_ppo_loss(net, b["obs"][idx], b["action"][idx], b["logp"][idx], adv.flatten()[idx],
                                ret.flatten()[idx], model.clip, c.value_coef, model.entropy_coef)
     assert torch.allclose(theirs, model.losses(p, idx).total, rtol=1e-5, atol=1e-6)

@@ -38,61 +38,85 @@ from mpirl.comm.messages import dump_layout, sample_layout
 from mpirl.replay.frame_cache import CacheMirror, FrameCache, cache_slots, settle_slots
 from mpirl.actor_learner.shard_links import batch_fields, joined
 
+OBS = (4, 84, 84)  # an Atari stack
 SHAPES = (("Breakout small", 32_768, 64, 4.0, 128), ("paper shape", 65_536, 512, 4.0, 128))
 CACHE, PLAIN, BASELINE = "proposed + frame cache", "proposed", "baseline"
+
+
+class TwoWays:
+    """A full Atari shard (a memory of ``capacity``, filled as a job's is after its first minutes) and its replies of
+    ``batch`` sampled both ways from the same draws: with the learner's frame cache (``with_cache``; the cache on
+    ``device``) and without (``plain``, every distinct frame of the batch in the reply)."""
+
+    def __init__(self, capacity: int, batch: int, device, seed: int = 0):
+        spec = transition_spec(OBS, np.uint8)
+        self.spec, self.capacity, self.batch = spec, capacity, batch
+        self.mem, self.stream = Ours(spec, capacity, seed=seed), Stream(OBS, np.uint8, seed=seed)
+        self.rng = np.random.default_rng(seed + 1)
+        while self.mem.size < capacity:
+            self.mem.insert(*self.mem.incoming(self.stream, self._prio()))
+        self.shard, framed = self.mem.shard, self.mem.framed
+        self.framed = framed
+        slots = cache_slots(capacity * sum(d for d, _ in framed.values()), capacity, framed)
+        self.with_cache, self.plain = sample_layout(spec, batch, framed, cache=True), sample_layout(spec, batch, framed)
+        self.names = {lay: batch_fields(lay) for lay in (self.with_cache, self.plain)}
+        self.bufs = {lay: lay.buffer() for lay in (self.with_cache, self.plain)}
+        self.mirror = CacheMirror(slots)
+        self.cache = FrameCache(1, slots, self.with_cache.counted["frames"][2], OBS[1:], device)
+        self.owed = 0.0  # experiences due to arrive
+
+    def _prio(self) -> np.ndarray:
+        return self.rng.random(INSERT).astype(np.float32) + 0.1
+
+    def arrive(self, spi: float) -> None:
+        """The experiences that arrive while one batch is trained: 1 / ``spi`` a trained one, a message at a time."""
+        self.owed += self.batch / spi
+        while self.owed >= INSERT:
+            self.mem.insert(*self.mem.incoming(self.stream, self._prio()))
+            self.owed -= INSERT
+
+    def replies(self):
+        """One draw's two replies, with the cache then without: ``(cached, layout, its views, frames sent)``."""
+        draw = int(self.rng.integers(2**63))  # the same batch both ways
+        for lay, m in ((self.with_cache, self.mirror), (self.plain, None)):
+            buf = self.bufs[lay]
+            views = lay.views(buf, self.batch, **{c: most for c, (_, _, most) in lay.counted.items()})
+            sent = self.shard.sample_into(self.batch, np.random.default_rng(draw), views, m)
+            if m is not None:
+                settle_slots(lay, buf, self.batch, sent.frames)
+            lay.set(buf, rows=self.batch, **{f"{c}_rows": sent.frames for c in lay.counted})
+            yield m is not None, lay, lay.views(buf), sent.frames
+
+    def fields(self, cached: bool, lay, views) -> dict:
+        """The learner's side: a reply joined into the batch's fields (the stacks rebuilt from the cache or not)."""
+        return self.cache.join([views], self.names[lay]) if cached else joined([views], self.names[lay])
 
 
 def measure(capacity: int, batch: int, spi: float, n_replay: int, steps: int, seed: int = 0) -> dict:
     """Bytes per trained experience of each way, and the learner's rebuild seconds per batch with the cache and
     without, over ``steps`` batches after as many of warm-up."""
     import torch
-    spec = transition_spec((4, 84, 84), np.uint8)
-    ours = Ours(spec, capacity, seed=seed)
-    stream = Stream((4, 84, 84), np.uint8, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    framed = ours.framed
-    prio = lambda: rng.random(INSERT).astype(np.float32) + 0.1  # noqa: E731
-    while ours.size < capacity:  # a full memory, as a job's after its first minutes
-        ours.insert(*ours.incoming(stream, prio()))
-    slots = cache_slots(capacity * sum(d for d, _ in framed.values()), capacity, framed)
-    with_cache, plain = sample_layout(spec, batch, framed, cache=True), sample_layout(spec, batch, framed)
-    names = {lay: batch_fields(lay) for lay in (with_cache, plain)}
-    bufs = {lay: lay.buffer() for lay in (with_cache, plain)}
-    mirror = CacheMirror(slots)
-    cache = FrameCache(1, slots, with_cache.counted["frames"][2], (84, 84), torch.device("cpu"))
-    dump = dump_layout(spec, capacity, framed)
+    two = TwoWays(capacity, batch, torch.device("cpu"), seed)
+    dump = dump_layout(two.spec, capacity, two.framed)
     dump_views = dump.views(dump.buffer(), capacity, frames=dump.counted["frames"][2])
-    shard = ours.shard
-    owed = 0.0  # experiences due to arrive
     out = {CACHE: 0, PLAIN: 0, BASELINE: 0}
     rebuild: dict[str, list[float]] = {CACHE: [], PLAIN: []}
     for step in range(2 * steps):
         counted = step >= steps
-        owed += batch / spi
-        while owed >= INSERT:
-            ours.insert(*ours.incoming(stream, prio()))
-            owed -= INSERT
-        draw = int(rng.integers(2**63))  # the same batch both ways
-        for lay, m in ((with_cache, mirror), (plain, None)):
-            buf = bufs[lay]
-            views = lay.views(buf, batch, **{c: most for c, (_, _, most) in lay.counted.items()})
-            sent = shard.sample_into(batch, np.random.default_rng(draw), views, m)
-            if m is not None:
-                settle_slots(lay, buf, batch, sent.frames)
-            lay.set(buf, rows=batch, **{f"{c}_rows": sent.frames for c in lay.counted})
+        two.arrive(spi)
+        for cached, lay, views, frames in two.replies():
             t = time.perf_counter()
-            fields = cache.join([lay.views(buf)], names[lay]) if m is not None else joined([lay.views(buf)], names[lay])
-            to_tensors(fields, torch.device("cpu"))
+            to_tensors(two.fields(cached, lay, views), torch.device("cpu"))
             if counted:
-                rebuild[CACHE if m is not None else PLAIN].append(time.perf_counter() - t)
-                out[CACHE if m is not None else PLAIN] += lay.nbytes(batch, **{c: sent.frames for c in lay.counted})
+                rebuild[CACHE if cached else PLAIN].append(time.perf_counter() - t)
+                out[CACHE if cached else PLAIN] += lay.nbytes(batch, **{c: frames for c in lay.counted})
         if counted and (step - steps) % n_replay == 0:
-            rows, frames = shard.store.export_framed(dump_views, dump_views["frames"])  # type: ignore[attr-defined]
+            rows, frames = two.shard.store.export_framed(dump_views, dump_views["frames"])  # type: ignore[attr-defined]
             out[BASELINE] += dump.nbytes(rows, frames=frames)
     trained = steps * batch
     return {"bytes": {k: v / trained for k, v in out.items()},
             "rebuild": {k: float(np.median(v)) for k, v in rebuild.items()},
-            "hits": int(cache.hits.sum()), "misses": int(cache.misses.sum())}
+            "hits": int(two.cache.hits.sum()), "misses": int(two.cache.misses.sum())}
 
 
 def run(reps: int = MIN_REPS, steps: int = 256, shapes=SHAPES) -> list[Row]:

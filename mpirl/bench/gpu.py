@@ -6,7 +6,8 @@ and an inference worker's forward pass, for the Nature CNN on 84x84x4 uint8 fram
 
 Every step is timed to ``torch.cuda.synchronize()`` (:func:`mpirl.bench.learner._seconds`), ours and the bare step
 in turns, twice, so drifts of the machine hit both. *Bare* is a hand-written PyTorch step of the same network (the
-learner's own module), the same loss, batch and device, on tensors already on the device, with ``torch.optim.Adam``
+learner's own module; Ape-X's in :mod:`mpirl.bench.learner`, IMPALA's and PPO's in :mod:`mpirl.bench.gpu_steps`),
+the same loss, batch and device, on tensors already on the device, with ``torch.optim.Adam``
 as a user builds it (no fused kernel asked for); the parts of the loss that need no gradient (targets, V-trace,
 advantages) are computed without autograd on both sides, and each pass of the network runs with the same autograd
 mode on both (``tests/test_bench_gpu.py`` checks it and that the bare losses equal ours). Ratios are bare seconds
@@ -38,19 +39,16 @@ over ours (1: no overhead); samples/s rows are the same measurements per sample.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mpirl.bench import learner as apex
+from mpirl.bench.gpu_steps import ACTIONS, HIDDEN, OBS, impala_steps, ppo_steps
 from mpirl.bench.report import MIN_REPS, Row
 
-OBS, ACTIONS, HIDDEN = (4, 84, 84), 4, [512]
 OURS, BARE = "ours", "bare PyTorch step"
 
 
@@ -112,6 +110,17 @@ def _pair(name: str, ours: str, ref: str, values: dict, note: str) -> Row:
     return r
 
 
+def _family_rows(head: str, steps: tuple, reps: int, seconds: float, device: torch.device, note: str, per: int,
+                 per_note: str, bf16_note: str) -> list[Row]:
+    """A family without a bf16 path (IMPALA, PPO): ``steps`` (ours, bare fp32, bare bf16) timed in turns; ours
+    against bare in seconds and in samples/s (``per`` samples a step), and bare bf16 against bare fp32."""
+    ours, bare, bare16 = steps
+    t = _timed({OURS: ours, BARE: bare, f"{BARE} bf16": bare16}, reps, seconds, apex.sync_of(device))
+    return [_pair(f"{head}, fp32: ours vs bare", OURS, BARE, t, note),
+            _derived(f"{head}, fp32: samples per second, ours vs bare", "samples/s", OURS, BARE, t, per, per_note),
+            _pair(f"{head}: bare bf16 vs bare fp32", f"{BARE} bf16", BARE, t, bf16_note)]
+
+
 # -- Ape-X
 
 def apex_rows(device: torch.device, sizes: Sizes, reps: int, seconds: float) -> list[Row]:
@@ -137,229 +146,27 @@ def apex_rows(device: torch.device, sizes: Sizes, reps: int, seconds: float) -> 
 
 # -- IMPALA
 
-def impala_batch(B: int, T: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """``B`` trajectories of ``T`` steps as a queue serves them (:func:`~mpirl.agents.actor_critic.trajectory_spec`):
-    random frames and actions, behaviour log-probabilities near the uniform policy's, a few terminations, no
-    truncation."""
-    rng = np.random.default_rng(seed)
-    return {"obs": rng.integers(0, 256, (B, T + 1, *OBS), dtype=np.uint8),
-            "action": rng.integers(0, ACTIONS, (B, T)).astype(np.int64),
-            "reward": (rng.random((B, T)) < 0.1).astype(np.float32),
-            "logp": (math.log(1 / ACTIONS) + 0.1 * rng.standard_normal((B, T))).astype(np.float32),
-            "terminated": rng.random((B, T)) < 0.02, "truncated": np.zeros((B, T), bool),
-            "final_value": np.zeros((B, T), np.float32), "version": np.zeros(B, np.int64)}
-
-
-def _impala_cfg(device: torch.device):
-    """``jobs/impala_breakout.toml``'s learner: the Nature CNN, Adam, gamma 0.99, gradient norm 40."""
-    from mpirl.config import JobConfig
-    cfg = JobConfig()
-    a = cfg.agent
-    a.algorithm, a.hidden, a.network, a.device = "impala", list(HIDDEN), "nature", str(device)
-    a.gamma, a.lr, a.grad_clip, a.reward_clip = 0.99, 6e-4, 40.0, 1.0
-    a.normalize_obs = a.normalize_reward = False
-    cfg.impala.test_episodes = 0
-    cfg.run.seed, cfg.run.env_steps = 1, 50_000_000
-    return cfg
-
-
-def impala_learner(device: torch.device, B: int):
-    """The IMPALA learner's algorithm without MPI: what it reads of a role's context."""
-    from mpirl.actor_learner.counters import Counters
-    from mpirl.algos.impala.learner import ImpalaTraining
-    cfg = _impala_cfg(device)
-    cfg.replay.batch_size = B
-    ctx = SimpleNamespace(cfg=cfg, spaces=SimpleNamespace(obs_shape=OBS, action=ACTIONS), seed=lambda: 1)
-    return ImpalaTraining(ctx, np.random.default_rng(0), Counters(1, cfg.run.return_window))
-
-
-def _categorical(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    logp_all = F.log_softmax(logits.float(), dim=-1)
-    return logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
-
-
-def bare_impala_loss(net, b: dict, gamma: float, rho_bar: float, c_bar: float, value_coef: float,
-                     entropy_coef: float, bf16: bool = False) -> torch.Tensor:
-    """IMPALA's loss written out (no truncated steps: the batch has none): one pass over every observation with
-    autograd, V-trace without it, the policy gradient, half the squared error to the targets and the entropy."""
-    obs = b["obs"]
-    B, T1 = obs.shape[:2]
-    with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits, values = net(obs.reshape(B * T1, *obs.shape[2:]))
-    logits, values = logits.float().view(B, T1, -1)[:, :-1], values.float().view(B, T1)
-    logp, entropy = _categorical(logits, b["action"])
-    with torch.no_grad():
-        v, boot = values[:, :-1], values[:, -1]
-        ratio = torch.exp(logp - b["logp"])
-        rho, c = ratio.clamp(max=rho_bar), ratio.clamp(max=c_bar)
-        disc = gamma * (~b["terminated"]).float()
-        deltas = rho * (b["reward"] + disc * torch.cat([v[:, 1:], boot[:, None]], 1) - v)
-        acc, corr = torch.zeros_like(boot), torch.empty_like(v)
-        for t in range(T1 - 2, -1, -1):
-            acc = deltas[:, t] + disc[:, t] * c[:, t] * acc
-            corr[:, t] = acc
-        vs = v + corr
-        adv = rho * (b["reward"] + disc * torch.cat([vs[:, 1:], boot[:, None]], 1) - v)
-    policy = -(adv * logp).mean()
-    value = 0.5 * (vs - values[:, :-1]).pow(2).mean()
-    return policy + value_coef * value - entropy_coef * entropy.mean()
-
-
-def impala_steps(device: torch.device, B: int, T: int):
-    """``(ours, bare fp32, bare bf16, training)``: the learner's train step on the batch as numpy, and the bare
-    step on it as tensors on ``device``, on the learner's network."""
-    from mpirl.actor_learner.batch_sources import Batch
-    from mpirl.agents.tensors import to_tensors
-    training = impala_learner(device, B)
-    fields = impala_batch(B, T)
-    batch = Batch(fields, np.ones(B, np.float32), None, B)
-
-    def ours():
-        if training.train(batch) is None:
-            raise RuntimeError(f"IMPALA's train step skipped the bench's batch: {training.agent.fault}")
-
-    net, c, a = training.agent.net, training.cfg.impala, training.cfg.agent
-    b = {k: v.clone() for k, v in to_tensors(fields, device).items()}
-    opt = torch.optim.Adam(net.parameters(), lr=a.lr, eps=a.adam_eps)
-
-    def bare(bf16: bool):
-        def step():
-            loss = bare_impala_loss(net, b, a.gamma, c.rho_bar, c.c_bar, c.value_coef, c.entropy_coef, bf16)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
-            opt.step()
-        return step
-    return ours, bare(False), bare(True), training
-
-
 def impala_rows(device: torch.device, sizes: Sizes, reps: int, seconds: float) -> list[Row]:
     B, T = sizes.impala
     ours, bare, bare16, _ = impala_steps(device, B, T)
-    ops = {OURS: ours, BARE: bare, f"{BARE} bf16": bare16}
-    t = _timed(ops, reps, seconds, apex.sync_of(device))
-    head = f"IMPALA learner step, {B} trajectories x {T} steps, Nature CNN, {device.type}"
     note = f"ours from the batch as numpy, bare from tensors already on {device.type}"
-    return [_pair(f"{head}, fp32: ours vs bare", OURS, BARE, t, note),
-            _derived(f"{head}, fp32: samples per second, ours vs bare", "samples/s", OURS, BARE, t, B * T,
-                     note + "; a sample is a trajectory step"),
-            _pair(f"{head}: bare bf16 vs bare fp32", f"{BARE} bf16", BARE, t,
-                  "the IMPALA learner has no bf16 path: what autocast gives the bare step")]
+    return _family_rows(f"IMPALA learner step, {B} trajectories x {T} steps, Nature CNN, {device.type}",
+                        (ours, bare, bare16), reps, seconds, device, note, B * T,
+                        note + "; a sample is a trajectory step",
+                        "the IMPALA learner has no bf16 path: what autocast gives the bare step")
 
 
 # -- PPO (the a3c family)
 
-def _ppo_cfg(device: torch.device, U: int, E: int, epochs: int, minibatches: int):
-    """PPO's Atari settings (Schulman et al. 2017 and CleanRL's: clip 0.1, GAE 0.95, Adam 2.5e-4, gradient norm
-    0.5) with ``U`` steps of ``E`` games."""
-    from mpirl.config import JobConfig
-    cfg = JobConfig()
-    a, p = cfg.agent, cfg.a3c
-    a.algorithm, a.hidden, a.network, a.device = "a3c", list(HIDDEN), "nature", str(device)
-    a.gamma, a.lr, a.adam_eps, a.grad_clip, a.reward_clip = 0.99, 2.5e-4, 1e-5, 0.5, 1.0
-    a.normalize_obs = a.normalize_reward = False
-    p.loss, p.unroll, p.epochs, p.minibatches = "ppo", U, epochs, minibatches
-    p.clip, p.gae_lambda, p.entropy_coef, p.value_coef, p.normalize_advantages = 0.1, 0.95, 0.01, 0.5, True
-    cfg.env.envs_per_actor, cfg.run.seed = E, 1
-    return cfg
-
-
-def ppo_rollout(U: int, E: int, seed: int = 0):
-    """A filled :class:`~mpirl.agents.a3c.Rollout`: random frames and actions, behaviour log-probabilities near the
-    uniform policy's, values, a few terminations, no truncation."""
-    from mpirl.agents.a3c import Rollout
-    rng = np.random.default_rng(seed)
-    ro = Rollout(U, E, OBS, np.uint8, ACTIONS)
-    ro.obs[:] = rng.integers(0, 256, ro.obs.shape, dtype=np.uint8)
-    ro.action[:] = rng.integers(0, ACTIONS, ro.action.shape)
-    ro.logp[:] = math.log(1 / ACTIONS) + 0.1 * rng.standard_normal(ro.logp.shape)
-    ro.value[:] = 0.1 * rng.standard_normal(ro.value.shape)
-    ro.reward[:] = rng.random(ro.reward.shape) < 0.1
-    ro.terminated[:] = rng.random(ro.terminated.shape) < 0.01
-    ro.bootstrap[:] = 0.1 * rng.standard_normal(E)
-    ro.steps = U
-    return ro
-
-
-def bare_gae(reward, value, bootstrap, terminated, gamma: float, lam: float):
-    """GAE written out, ``[T, E]`` (no truncated steps), without autograd: ``(advantages, returns)``."""
-    with torch.no_grad():
-        keep = (~terminated).float()
-        deltas = reward + gamma * keep * torch.cat([value[1:], bootstrap[None]]) - value
-        adv, acc = torch.empty_like(value), torch.zeros_like(bootstrap)
-        for t in range(value.shape[0] - 1, -1, -1):
-            acc = deltas[t] + gamma * lam * keep[t] * acc
-            adv[t] = acc
-        return adv, adv + value
-
-
-def bare_ppo_loss(net, obs, action, old_logp, adv, ret, clip: float, value_coef: float, entropy_coef: float,
-                  bf16: bool = False) -> torch.Tensor:
-    """PPO's clipped surrogate written out, advantages normalised over the minibatch, no value clipping."""
-    with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits, values = net(obs)
-    logp, entropy = _categorical(logits, action)
-    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    ratio = torch.exp(logp - old_logp)
-    policy = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
-    value = 0.5 * (ret - values.float()).pow(2).mean()
-    return policy + value_coef * value - entropy_coef * entropy.mean()
-
-
-def ppo_steps(device: torch.device, U: int, E: int, epochs: int, minibatches: int):
-    """``(ours, bare fp32, bare bf16, model)``: one PPO update of the rollout, ours from numpy through the a3c
-    model's gradients and applies, bare on the rollout as tensors on ``device``, on the model's network."""
-    from mpirl.agents.a3c import A3cModel
-    from mpirl.agents.tensors import to_tensors
-    from mpirl.algos.a3c.builder import A3cBuilder
-    cfg = _ppo_cfg(device, U, E, epochs, minibatches)
-    model = A3cModel(OBS, ACTIONS, cfg.agent, cfg.a3c, device, seed=1, optimizer=True)
-    builder, rng = A3cBuilder(), np.random.default_rng(2)
-    ro = ppo_rollout(U, E)
-    grad = np.zeros(model.n_params, np.float32)
-
-    def ours():
-        p = model.prepare(ro)
-        for parts in builder.passes(cfg, p.n, rng):
-            for idx in parts:
-                if model.gradient(p, idx, grad) is None:
-                    raise RuntimeError(f"the a3c model refused the bench's rollout: {model.fault}")
-                model.apply(grad)
-
-    net, a, c = model.net, cfg.agent, cfg.a3c
-    b = {k: v.clone() for k, v in to_tensors(ro.fields(), device).items()}
-    obs, action, old = b["obs"].flatten(0, 1), b["action"].flatten(), b["logp"].flatten()
-    opt = torch.optim.Adam(net.parameters(), lr=a.lr, eps=a.adam_eps)
-
-    def bare(bf16: bool):
-        def update():
-            adv, ret = bare_gae(b["reward"], b["value"], b["bootstrap"], b["terminated"], a.gamma, c.gae_lambda)
-            adv, ret = adv.flatten(), ret.flatten()
-            for _ in range(epochs):
-                for idx in torch.randperm(len(obs), device=device).chunk(minibatches):
-                    loss = bare_ppo_loss(net, obs[idx], action[idx], old[idx], adv[idx], ret[idx], c.clip,
-                                         c.value_coef, c.entropy_coef, bf16)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
-                    opt.step()
-        return update
-    return ours, bare(False), bare(True), model
-
-
 def ppo_rows(device: torch.device, sizes: Sizes, reps: int, seconds: float) -> list[Row]:
     U, E, epochs, mb = sizes.ppo
-    ours, bare, bare16, _ = ppo_steps(device, U, E, epochs, mb)
-    ops = {OURS: ours, BARE: bare, f"{BARE} bf16": bare16}
-    t = _timed(ops, reps, seconds, apex.sync_of(device))
-    head = f"PPO update, {U} steps x {E} games, {epochs} epoch(s) x {mb} minibatches, Nature CNN, {device.type}"
+    steps = ppo_steps(device, U, E, epochs, mb)[:3]
     note = (f"a step is the whole update; ours from the rollout as numpy, each minibatch's gradient through a host "
             f"vector (as a worker sends it), bare from tensors already on {device.type}")
-    return [_pair(f"{head}, fp32: ours vs bare", OURS, BARE, t, note),
-            _derived(f"{head}, fp32: samples per second, ours vs bare", "samples/s", OURS, BARE, t, U * E,
-                     f"a sample is a rollout step of one game, trained {epochs} time(s)"),
-            _pair(f"{head}: bare bf16 vs bare fp32", f"{BARE} bf16", BARE, t,
-                  "the a3c model has no bf16 path: what autocast gives the bare update")]
+    return _family_rows(f"PPO update, {U} steps x {E} games, {epochs} epoch(s) x {mb} minibatches, Nature CNN, "
+                        f"{device.type}", steps, reps, seconds, device, note, U * E,
+                        f"a sample is a rollout step of one game, trained {epochs} time(s)",
+                        "the a3c model has no bf16 path: what autocast gives the bare update")
 
 
 # -- the frame cache on the device
@@ -368,56 +175,28 @@ def cache_rows(device: torch.device, sizes: Sizes, reps: int, seconds: float = 0
     """The Ape-X train step from a shard's replies with the learner's frame cache on ``device`` and without
     (``sizes.cache``'s steps a repetition, whatever ``seconds``)."""
     from mpirl.actor_learner.batch_sources import Batch
-    from mpirl.actor_learner.shard_links import batch_fields, joined
-    from mpirl.agents.dqn import transition_spec
-    from mpirl.bench.replay import INSERT, Ours, Stream
-    from mpirl.comm.messages import sample_layout
-    from mpirl.replay.frame_cache import CacheMirror, FrameCache, cache_slots, settle_slots
+    from mpirl.bench.cache import TwoWays
     capacity, batch, steps = sizes.cache
-    spec = transition_spec(OBS, np.uint8)
-    mem, stream, rng = Ours(spec, capacity, seed=0), Stream(OBS, np.uint8, seed=0), np.random.default_rng(1)
-    prio = lambda: rng.random(INSERT).astype(np.float32) + 0.1  # noqa: E731
-    while mem.size < capacity:
-        mem.insert(*mem.incoming(stream, prio()))
-    framed = mem.framed
-    slots = cache_slots(capacity * sum(d for d, _ in framed.values()), capacity, framed)
-    cached, plain = sample_layout(spec, batch, framed, cache=True), sample_layout(spec, batch, framed)
-    names = {lay: batch_fields(lay) for lay in (cached, plain)}
-    bufs = {lay: lay.buffer() for lay in (cached, plain)}
-    mirror = CacheMirror(slots)
-    cache = FrameCache(1, slots, cached.counted["frames"][2], OBS[1:], device)
+    two = TwoWays(capacity, batch, device)
     training = apex._learner(device, (OBS, np.uint8), ACTIONS, HIDDEN, batch)
     sync = apex.sync_of(device)
-    shard = mem.shard
-    owed, spi = 0.0, 4.0  # new experiences arrive at 1 / samples_per_insert per trained one, as in a held job
+    spi = 4.0  # new experiences arrive at 1 / samples_per_insert per trained one, as in a held job
     per: dict[str, list[float]] = {"with the cache": [], "without": []}
     hits = misses = 0
     for rep in range(reps + 1):  # the first: the cache's warm-up
         spent = {k: 0.0 for k in per}
-        hits0, misses0 = int(cache.hits.sum()), int(cache.misses.sum())
+        hits0, misses0 = int(two.cache.hits.sum()), int(two.cache.misses.sum())
         for _ in range(steps):
-            owed += batch / spi
-            while owed >= INSERT:
-                mem.insert(*mem.incoming(stream, prio()))
-                owed -= INSERT
-            draw = int(rng.integers(2**63))
-            for lay, m, key in ((cached, mirror, "with the cache"), (plain, None, "without")):
-                buf = bufs[lay]
-                views = lay.views(buf, batch, **{c: most for c, (_, _, most) in lay.counted.items()})
-                sent = shard.sample_into(batch, np.random.default_rng(draw), views, m)
-                if m is not None:
-                    settle_slots(lay, buf, batch, sent.frames)
-                lay.set(buf, rows=batch, **{f"{c}_rows": sent.frames for c in lay.counted})
-                v = lay.views(buf)
+            two.arrive(spi)
+            for cached, lay, v, _ in two.replies():
                 t = time.perf_counter()  # the learner's side: the batch joined, the train step
-                fields = cache.join([v], names[lay]) if m is not None else joined([v], names[lay])
-                training.train(Batch(fields, v["priority"], v["probs"], shard.size))
+                training.train(Batch(two.fields(cached, lay, v), v["priority"], v["probs"], two.shard.size))
                 sync()
-                spent[key] += time.perf_counter() - t
+                spent["with the cache" if cached else "without"] += time.perf_counter() - t
         if rep:
             for k in per:
                 per[k].append(spent[k] / steps)
-            hits, misses = int(cache.hits.sum()) - hits0, int(cache.misses.sum()) - misses0
+            hits, misses = int(two.cache.hits.sum()) - hits0, int(two.cache.misses.sum()) - misses0
     dev = device.type
     r = Row(f"Ape-X train step with the frame cache on {dev} vs without, capacity {capacity:,}, batch {batch}",
             "s per step", "with the cache", "without", higher_is_better=False,

@@ -93,26 +93,18 @@ timeout -k 10 "$TESTS_S" "$PY" "${PYTEST[@]}" -n "${GPU_CHECK_WORKERS:-6}" --dis
 tests_rc=$?
 echo "gpu_check: cuda tests exit $tests_rc after $(( $(date +%s) - start )) s"
 
+# 3 and 4. A bench under its timeout (0 seconds: not run): bench_part NAME SECONDS WHAT; its exit in $part_rc.
+bench_part() {
+  part_rc=0
+  if [ "$2" = 0 ]; then echo "gpu_check: no $1 bench (its seconds are 0)"; return; fi
+  local start=$(date +%s)
+  timeout -k 10 "$2" "$PY" -m mpirl bench "$1" --device "$DEVICE" --reps 5 --out "$OUT/bench_$1.h5"
+  part_rc=$?
+  echo "gpu_check: $1 bench exit $part_rc after $(( $(date +%s) - start )) s ($3)"
+}
 # 3. The learner bench on the GPU: ours against a bare PyTorch step, same network, batch and device.
-bench_rc=0
-if [ "$BENCH_S" = 0 ]; then
-  echo "gpu_check: no learner bench (GPU_CHECK_BENCH_S=0)"
-else
-  start=$(date +%s)
-  timeout -k 10 "$BENCH_S" "$PY" -m mpirl bench learner --device "$DEVICE" --reps 5 --out "$OUT/bench_learner.h5"
-  bench_rc=$?
-  echo "gpu_check: learner bench exit $bench_rc after $(( $(date +%s) - start )) s"
-fi
-
+bench_part learner "$BENCH_S" "our train step against a bare PyTorch step"; bench_rc=$part_rc
 # 4. The gpu bench: every family's step against a bare one, bf16, the frame cache, an inference worker's pass
 #    (the rehearsal: the same at tiny sizes on the CPU).
-gpu_rc=0
-if [ "$GPU_S" = 0 ]; then
-  echo "gpu_check: no gpu bench (GPU_CHECK_GPU_S=0)"
-else
-  start=$(date +%s)
-  timeout -k 10 "$GPU_S" "$PY" -m mpirl bench gpu --device "$DEVICE" --reps 5 --out "$OUT/bench_gpu.h5"
-  gpu_rc=$?
-  echo "gpu_check: gpu bench exit $gpu_rc after $(( $(date +%s) - start )) s"
-fi
+bench_part gpu "$GPU_S" "Ape-X, IMPALA and PPO steps, bf16, the frame cache, an inference worker"; gpu_rc=$part_rc
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$gpu_rc" = 0 ]

@@ -112,27 +112,34 @@ def config(algo: str, seed: int, env_id: str = CARTPOLE):
             .learners(num_learners=0).debugging(seed=seed))
 
 
-def minatar_config(algo: str, seed: int):
-    """RLlib's Atari example settings (APPO's or IMPALA's) on a 10x10 MinAtar game, 2 env runners of 8 games."""
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+def atari_example_training(algo: str, where: str):
+    """RLlib's Atari examples' training settings (``atari_appo.py`` / ``pong_appo.py``, ``pong_impala.py``): batch
+    500 per learner, value loss 1.0, entropy 0.01 (APPO) or 0.02 (IMPALA) decaying to 0 over 3M steps, lr 5e-4 /
+    9e-4; APPO's circular buffer of 4 batches each trained up to twice, target network every 2 updates, weights
+    broadcast every 5; IMPALA's global-norm clip 30. ``where``: the games they are for, in the refusal."""
     entropy_to_zero = 3_000_000  # env steps over which the examples take the entropy coefficient to 0
     if algo == "appo":
         from ray.rllib.algorithms.appo import APPOConfig
-        cfg = APPOConfig().training(train_batch_size_per_learner=500, target_network_update_freq=2, lr=5e-4,
-                                    vf_loss_coeff=1.0, entropy_coeff=[[0, 0.01], [entropy_to_zero, 0.0]],
-                                    broadcast_interval=5, circular_buffer_num_batches=4,
-                                    circular_buffer_iterations_per_batch=2)
-    elif algo == "impala":
+        return APPOConfig().training(train_batch_size_per_learner=500, target_network_update_freq=2, lr=5e-4,
+                                     vf_loss_coeff=1.0, entropy_coeff=[[0, 0.01], [entropy_to_zero, 0.0]],
+                                     broadcast_interval=5, circular_buffer_num_batches=4,
+                                     circular_buffer_iterations_per_batch=2)
+    if algo == "impala":
         from ray.rllib.algorithms.impala import IMPALAConfig
-        cfg = IMPALAConfig().training(train_batch_size_per_learner=500, grad_clip=30.0, grad_clip_by="global_norm",
-                                      lr=9e-4, vf_loss_coeff=1.0, entropy_coeff=[[0, 0.02], [entropy_to_zero, 0.0]])
-    else:
-        raise SystemExit(f"no MinAtar settings for {algo!r}: appo or impala")
+        return IMPALAConfig().training(train_batch_size_per_learner=500, grad_clip=30.0, grad_clip_by="global_norm",
+                                       lr=9e-4, vf_loss_coeff=1.0, entropy_coeff=[[0, 0.02], [entropy_to_zero, 0.0]])
+    raise SystemExit(f"no {where} settings for {algo!r}: appo or impala")
+
+
+def minatar_config(algo: str, seed: int):
+    """RLlib's Atari example settings (APPO's or IMPALA's) on a 10x10 MinAtar game, 2 env runners of 8 games."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    cfg = atari_example_training(algo, "MinAtar")
     # MinAtar's network: Conv 16x3x3/1 (valid: 8x8x16 = 1,024 features), then 128 units in each head.
     model = DefaultModelConfig(vf_share_layers=True, conv_filters=[[16, 3, 1, "valid"]], conv_activation="relu",
                                head_fcnet_hiddens=[128], head_fcnet_activation="relu")
     return (cfg.rl_module(model_config=model).environment("episode-logged")
-            .env_runners(num_env_runners=2, num_envs_per_env_runner=8).learners(num_learners=0)
+            .env_runners(num_env_runners=2, num_envs_per_env_runner=ENVS).learners(num_learners=0)
             .debugging(seed=seed))
 
 
@@ -141,19 +148,7 @@ def atari_config(algo: str, seed: int):
     from ray.rllib.connectors.env_to_module.frame_stacking import FrameStackingEnvToModule
     from ray.rllib.connectors.learner.frame_stacking import FrameStackingLearner
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-    entropy_to_zero = 3_000_000  # env steps over which the examples take the entropy coefficient to 0
-    if algo == "appo":
-        from ray.rllib.algorithms.appo import APPOConfig
-        cfg = APPOConfig().training(train_batch_size_per_learner=500, target_network_update_freq=2, lr=5e-4,
-                                    vf_loss_coeff=1.0, entropy_coeff=[[0, 0.01], [entropy_to_zero, 0.0]],
-                                    broadcast_interval=5, circular_buffer_num_batches=4,
-                                    circular_buffer_iterations_per_batch=2)
-    elif algo == "impala":
-        from ray.rllib.algorithms.impala import IMPALAConfig
-        cfg = IMPALAConfig().training(train_batch_size_per_learner=500, grad_clip=30.0, grad_clip_by="global_norm",
-                                      lr=9e-4, vf_loss_coeff=1.0, entropy_coeff=[[0, 0.02], [entropy_to_zero, 0.0]])
-    else:
-        raise SystemExit(f"no Atari settings for {algo!r}: appo or impala")
+    cfg = atari_example_training(algo, "Atari")
     # RLlib's default filters for 84x84 frames (get_filter_config), the last "valid" as its old stack's network
     # built it (1x1x256 out); the new stack's DefaultModelConfig pads every layer "same" unless told, which leaves
     # an 11x11x256 map. Then the examples' 256-wide layer in each head, the encoder shared.

@@ -15,7 +15,8 @@ or ``--wall`` seconds of its own clock from its first env step, whichever comes 
 * Sample Factory 2.1.1's APPO with its Atari example's settings (``mpirl/bench/refs/sf_run.py``: 2 rollout
   workers of 8 games, one policy worker), its episodes kept.
 
-Every side's episodes are whole games with their unclipped return; the x axes are the frames of the episodes
+Each side's schedules span the frame budget (ours: ``agent.schedule_steps = 0``, the run's; Sample Factory's
+learning rate decays linearly over its budget). Every side's episodes are whole games with their unclipped return; the x axes are the frames of the episodes
 finished by then (each side's finished episodes' lengths summed, x 4) and the hours since that side's first env
 step. Curves: the mean of the last 20 episodes. The table: that mean at equal frames and at equal hours (a quarter,
 half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
@@ -49,7 +50,10 @@ COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APP
 def ours(which: str, game: str, seed: int, frames: int, wall: float, runs: Path) -> np.ndarray:
     """One run of ours: its episodes as rows (seconds since its first env step, length, return)."""
     runs.mkdir(parents=True, exist_ok=True)
-    run_dir, _ = atari.launch_ours(which, game, seed, wall, runs, sets=(f"run.env_steps={frames // atari.FRAMESKIP}",))
+    # The frame budget ends the run and its schedules span it (agent.schedule_steps = 0: the run's), as Sample
+    # Factory's learning rate decays over its budget.
+    run_dir, _ = atari.launch_ours(which, game, seed, wall, runs,
+                                   sets=(f"run.env_steps={frames // atari.FRAMESKIP}", "agent.schedule_steps=0"))
     first = atari.OUR_JOBS[which][3](run_dir, math.inf)["first_step"]
     tables = []
     for path in sorted(run_dir.glob("*.h5")):

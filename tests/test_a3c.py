@@ -221,9 +221,11 @@ def test_the_gradient_family_learns_cartpole(tmp_path, exchange, loss):
 @pytest.mark.mpi
 def test_sync_with_a_straggler_left_behind_drops_its_gradients_and_the_rounds_go_on(tmp_path):
     """D = 1 and worker 4 slowed: rounds close on the three fast workers' gradients, the slow one's arrive after
-    its round closed and are dropped (counted on both sides)."""
+    its round closed and are dropped (counted on both sides). Its delay, 20 ms a step (0.32 s a rollout of 16
+    steps, asleep), keeps it the slowest on a loaded machine too: at 3 ms a step a CI machine's load slowed the fast
+    workers as much (143 rollouts against the slow one's 150)."""
     job = run_mpi(5, tmp_path, "run.wall_seconds=0", "run.target_return=nan", "run.train_steps=150",
-                  'a3c.exchange="sync"', "a3c.stragglers=1", "a3c.worker_delay_us=[0, 0, 0, 3000]", job=JOB,
+                  'a3c.exchange="sync"', "a3c.stragglers=1", "a3c.worker_delay_us=[0, 0, 0, 20000]", job=JOB,
                   timeout=300)
     assert job.proc.returncode == 0, job.output
     r = _read(job.run_dir)

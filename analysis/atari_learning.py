@@ -137,7 +137,7 @@ def draw(episodes: dict[str, list[np.ndarray]], game: str, out: Path) -> None:
     by_frames.set_xlabel("env frames (millions; frame skip 4)")
     by_hours.set_xlabel("hours since the first env step")
     by_frames.set_ylabel(f"return, mean of the last {WINDOW} games")
-    by_frames.legend(loc="lower right", fontsize=8)
+    by_frames.legend(loc="upper left", fontsize=8)
     for ax in (by_frames, by_hours):
         ax.grid(alpha=0.3)
     fig.suptitle(f"{game.capitalize()} at 84x84, on the same 2 cores: ours and Sample Factory's APPO")

@@ -15,6 +15,14 @@ import torch.nn.functional as F
 OBS, ACTIONS, HIDDEN = (4, 84, 84), 4, [512]  # the Nature CNN on Atari stacks, Breakout's actions
 
 
+def optimize(net, opt, loss: torch.Tensor, grad_clip: float) -> None:
+    """One bare optimizer step on ``loss``: gradients, their global norm clipped, Adam."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
+    opt.step()
+
+
 def _categorical(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     logp_all = F.log_softmax(logits.float(), dim=-1)
     return logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
@@ -129,11 +137,8 @@ def impala_steps(device: torch.device, B: int, T: int):
 
     def bare(bf16: bool):
         def step():
-            loss = bare_impala_loss(net, b, a.gamma, c.rho_bar, c.c_bar, c.value_coef, c.entropy_coef, bf16)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
-            opt.step()
+            optimize(net, opt, bare_impala_loss(net, b, a.gamma, c.rho_bar, c.c_bar, c.value_coef, c.entropy_coef,
+                                                bf16), a.grad_clip)
         return step
     return ours, bare(False), bare(True), training
 
@@ -203,11 +208,7 @@ def ppo_steps(device: torch.device, U: int, E: int, epochs: int, minibatches: in
             adv, ret = adv.flatten(), ret.flatten()
             for _ in range(epochs):
                 for idx in torch.randperm(len(obs), device=device).chunk(minibatches):
-                    loss = bare_ppo_loss(net, obs[idx], action[idx], old[idx], adv[idx], ret[idx], c.clip,
-                                         c.value_coef, c.entropy_coef, bf16)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(net.parameters(), a.grad_clip)
-                    opt.step()
+                    optimize(net, opt, bare_ppo_loss(net, obs[idx], action[idx], old[idx], adv[idx], ret[idx], c.clip,
+                                                     c.value_coef, c.entropy_coef, bf16), a.grad_clip)
         return update
     return ours, bare(False), bare(True), model

@@ -38,6 +38,7 @@ from mpirl.replay.shard import importance_weights
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.shard_links import joined
+from mpirl.bench.gpu_steps import optimize
 
 SHAPES = [("cartpole", ((4,), np.float32), 2, [128, 128]), ("breakout", ((4, 84, 84), np.uint8), 4, [512])]
 BATCH = 64
@@ -87,11 +88,7 @@ def bare_loss(online, target, b: dict, w: torch.Tensor, gamma_done: torch.Tensor
 
 def _bare_step(online, target, optimizer, b: dict, w: torch.Tensor, gamma_done: torch.Tensor, clip: float,
                bf16: bool = False) -> None:
-    loss = bare_loss(online, target, b, w, gamma_done, bf16)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(online.parameters(), clip)
-    optimizer.step()
+    optimize(online, optimizer, bare_loss(online, target, b, w, gamma_done, bf16), clip)
 
 
 def _seconds(op, reps: int, seconds: float, sync) -> list[float]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -40,7 +39,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mpirl.bench import atari  # noqa: E402
-from mpirl.metrics.summary import in_time_order  # noqa: E402
+from mpirl.metrics.summary import in_time_order, window_means  # noqa: E402
 
 WINDOW = 20  # episodes in a curve's mean
 SIDES = {"impala": atari.IMPALA, "ppo": atari.PPO, "sf": "Sample Factory APPO"}
@@ -70,12 +69,8 @@ def sample_factory(game: str, seed: int, frames: int, wall: float) -> np.ndarray
     from mpirl.bench.impala import library
     with tempfile.TemporaryDirectory() as tmp:
         keep = Path(tmp) / "episodes.txt"
-        os.environ["MPIRL_SF_EPISODES"] = str(keep)
-        try:
-            result = library("sample-factory", "sf_run.py",
-                             [seed, frames // atari.FRAMESKIP, wall, "inf", atari.GAMES[game]], wall)
-        finally:
-            del os.environ["MPIRL_SF_EPISODES"]
+        result = library("sample-factory", "sf_run.py", [seed, frames // atari.FRAMESKIP, wall, "inf",
+                                                        atari.GAMES[game]], wall, env={"MPIRL_SF_EPISODES": str(keep)})
         rows = np.loadtxt(keep, ndmin=2) if keep.exists() and keep.stat().st_size else np.zeros((0, 3))
     print(f"sf seed {seed}: {len(rows)} episodes, {result['env_steps_sampled'] * atari.FRAMESKIP:,} frames in "
           f"{result['seconds']:.0f} s", file=sys.stderr, flush=True)
@@ -87,7 +82,7 @@ def curve(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if len(rows) < WINDOW:
         return np.zeros(0), np.zeros(0), np.zeros(0)
     frames = np.cumsum(rows[:, 1]) * atari.FRAMESKIP
-    means = np.convolve(rows[:, 2], np.ones(WINDOW) / WINDOW, mode="valid")
+    means = window_means(rows[:, 2], WINDOW)
     return frames[WINDOW - 1:], rows[WINDOW - 1:, 0] / 3600, means
 
 

@@ -52,6 +52,7 @@ circular buffer, IMPALA once); Sample Factory's learner's consumed samples x its
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -117,14 +118,16 @@ def ppo_main(seed: int, budget: int, wall: float) -> None:
     print(w.crossings())
 
 
-def library(venv: str, script: str, args: list, wall: float) -> dict:
+def library(venv: str, script: str, args: list, wall: float, env: dict | None = None) -> dict:
     """One run of a reference script of ``refs/`` in its reference venv, in a session of its own (what it started
-    is gone when it ends: :mod:`mpirl.bench.reference_process`): the JSON line it printed last."""
+    is gone when it ends: :mod:`mpirl.bench.reference_process`): the JSON line it printed last. ``env``: variables
+    added to this process's environment for the run."""
     from mpirl.bench import reference_process
     from mpirl.bench.reference_venv import python_of
     python = python_of(venv, log=lambda line: print(line, file=sys.stderr, flush=True))
     proc = reference_process.run([str(python), str(REFS / script), *map(str, args)],
-                                 timeout=wall + reference_process.START_ALLOWANCE, cwd=tempfile.gettempdir())
+                                 timeout=wall + reference_process.START_ALLOWANCE, cwd=tempfile.gettempdir(),
+                                 env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{script} {' '.join(map(str, args))} failed (exit {proc.returncode}): "
                            f"{proc.stderr[-2000:]}")

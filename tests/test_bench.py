@@ -39,6 +39,11 @@ def test_row_ratio_and_targets():
     neither = Row("t", "s", "ours", "ref", values={"ours": [inf], "ref": [inf]},
                   higher_is_better=False, target=1.0)
     assert np.isnan(neither.ratio) and neither.met is None and "MISSED" in summary({"b": [neither]})
+    # A model against a measurement: met within 1 +- within, on either side
+    over = Row("m", "1/s", "model", "measured", values={"model": [1.25], "measured": [1.0]}, within=0.2)
+    under = Row("m", "1/s", "model", "measured", values={"model": [0.85], "measured": [1.0]}, within=0.2)
+    assert over.met is False and under.met is True
+    assert "within 20 %: MISSED" in format_rows("t", [over]) and "within 20 %: met" in summary({"b": [under]})
 
 
 def test_replay_bench_measures_ours_cpprb_and_the_floor(tmp_path):

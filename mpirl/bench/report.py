@@ -61,6 +61,7 @@ class Row:
     target: float | None = None  # the ratio the issue asks for, if any
     note: str = ""
     at_most: float | None = None  # an absolute bound on ours (median), e.g. bytes per slot or a time share
+    within: float | None = None  # the ratio asked to lie within 1 +- this (a model against a measurement)
 
     def median(self, impl: str) -> float:
         v = self.values.get(impl)
@@ -84,6 +85,8 @@ class Row:
     def met(self) -> bool | None:
         if self.at_most is not None:
             return bool(self.median(self.ours) <= self.at_most)
+        if self.within is not None:
+            return None if np.isnan(self.ratio) else bool(abs(self.ratio - 1) <= self.within)
         if self.target is None or np.isnan(self.ratio):
             return None
         return self.ratio >= self.target  # inf (only ours reached it) meets any target, 0 none
@@ -117,6 +120,8 @@ def format_rows(title: str, rows: list[Row]) -> str:
             verdict = f"  target >= {r.target:g}x: {'met' if r.met else 'MISSED'}"
         if r.at_most is not None:
             verdict = f"  target: {r.ours} <= {_fmt(r.at_most)} {r.unit}: {'met' if r.met else 'MISSED'}"
+        if r.within is not None:
+            verdict = f"  target: within {100 * r.within:g} %: {'met' if r.met else 'MISSED'}"
         lines.append(f"    {'ratio ' + r.ours + ' / ' + r.reference:34s} {r.ratio_text:>12s}x{verdict}"
                      + (f"  ({r.note})" if r.note else ""))
     return "\n".join(lines)
@@ -152,6 +157,7 @@ def write_rows(path: Path, bench: str, rows: list[Row], attrs: dict | None = Non
             rg.attrs.update(unit=r.unit, ours=r.ours, reference=r.reference, ratio=r.ratio,
                             higher_is_better=r.higher_is_better, note=r.note,
                             target=np.nan if r.target is None else r.target,
-                            at_most=np.nan if r.at_most is None else r.at_most, met=str(r.met))
+                            at_most=np.nan if r.at_most is None else r.at_most,
+                            within=np.nan if r.within is None else r.within, met=str(r.met))
             for impl, v in r.values.items():
                 rg.create_dataset(impl, data=np.asarray(v, dtype=np.float64))

@@ -23,6 +23,8 @@ def summary(results: dict[str, list[Row]]) -> str:
         for r in rows:
             if r.at_most is not None:
                 tgt = f"{r.ours} <= {r.at_most:g} {r.unit} (is {r.median(r.ours):.3g})"
+            elif r.within is not None:
+                tgt = f"within {100 * r.within:g} %"
             elif r.target is not None:
                 tgt = f">= {r.target:g}x"
             else:

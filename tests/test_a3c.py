@@ -257,6 +257,8 @@ def test_async_with_max_staleness_0_drops_every_gradient_that_lost_the_race(tmp_
     assert u["version"][-1] == 200 and applied.sum() == 200
     assert (~applied).sum() == u["dropped"][-1] > 0 and np.all(u["staleness"][applied] == 0)
     assert np.all(u["staleness"][~applied] >= 1)
+    with h5py.File(job.run_dir / "updates.h5", "r") as f:  # what serving cost (the scaling model's server time)
+        assert f.attrs["loop_updates"] == 200 and 0 < f.attrs["busy_s"] < f.attrs["loop_s"]
     assert "raised ValueError: injected flaky failure in env.step; rebuilding its environments" in job.output
     for w in r["workers"].values():
         ro = w["rollouts"]

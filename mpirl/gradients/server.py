@@ -19,6 +19,8 @@ each worker's next reply; a worker told to stop sends nothing more.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -54,6 +56,7 @@ class Server:
         self.rounds = Rounds(len(workers), a.stragglers) if a.exchange == "sync" else None
         self.total = np.zeros(n, np.float32)  # sync: the round's gradients, summed in rank order
         self.stop = ""
+        self.busy_s = 0.0  # seconds spent handling what arrived (written at the end: busy_s)
         self.backoff = Backoff(first=10e-6, longest=200e-6)  # a gradient waits no longer than this to be seen
 
     def answer(self, w: int, dropped: bool, same: np.ndarray | None = None) -> np.ndarray:
@@ -144,9 +147,12 @@ class Server:
         """One turn: the stop asked, the messages that arrived handled, a checkpoint when due, the log flushed."""
         self.check_stop()
         arrived = self.hub.poll()
+        start = time.perf_counter()
         for w in arrived:
             self.handle(w)
             self.check_stop()  # before the next: not one update past run.train_steps
+        if arrived:
+            self.busy_s += time.perf_counter() - start
         if not self.stop and self.progress.save_due():
             self.progress.save(self.model, self.ctx.topo.world.size)
         self.log.flush_if_due()
@@ -158,9 +164,14 @@ class Server:
     def run(self) -> str:
         """Until every worker has been told to stop; then the last checkpoint and, unless preempted, the test."""
         p = self.progress
+        wall, version = time.perf_counter(), p.version
         try:
             while not self.hub.finished:
                 self.step()
+            # what serving cost this rank: the seconds it spent handling messages (not polling or asleep), its loop's
+            # wall seconds and the updates made in it (the scaling model's server time, mpirl.bench.scaling_check)
+            self.log.file.set_attrs(busy_s=self.busy_s, loop_s=time.perf_counter() - wall,
+                                    loop_updates=p.version - version)
             self.hub.close()
             p.save(self.model, self.ctx.topo.world.size)
             if not self.stop.startswith(PREEMPTED):  # a preempted job's grace time is for the checkpoint

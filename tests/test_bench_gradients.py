@@ -35,6 +35,26 @@ def test_projection_follows_the_cost_model():
     assert text.count("projected, not measured") == 1 + 2 * 2 * 2 and "107" in text
 
 
+def test_stragglers_slow_a_lockstep_update_and_the_local_model_follows_its_formulas():
+    samples = (0.010, 0.010, 0.010, 0.020)  # a rollout in four takes twice as long
+    assert proj.lockstep_s(samples, 1) == pytest.approx(0.0125)  # one worker: the mean
+    waits = [proj.lockstep_s(samples, W) for W in (2, 8, 128)]
+    assert 0.0125 < waits[0] < waits[1] < waits[2] <= 0.020 and waits[2] == pytest.approx(0.020, rel=1e-3)
+    eth = proj.FABRICS[0]
+    c = proj.Costs(compute_s=0.0125, apply_s=0.001, grad_bytes=4000, message_bytes=4100, reply_bytes=4050)
+    slow = proj.Costs(**{**c.__dict__, "compute_samples": samples})
+    # the same mean compute, but an allreduce of 128 waits for its slowest: less efficient than without spread
+    assert proj.project(slow, 128, eth, "allreduce").efficiency < proj.project(c, 128, eth, "allreduce").efficiency
+    assert proj.project(slow, 128, eth, "async").efficiency == proj.project(c, 128, eth, "async").efficiency
+    # on this machine: the largest of W computes and the exchange at a share of a core, then our ring
+    assert proj.local_allreduce(samples, 0.001, 2, 0.5, 0.002) == pytest.approx(
+        1 / ((proj.lockstep_s(samples, 2) + 0.001) / 0.5 + 0.002))
+    # async: the workers' cycles bind while the cores have room, the cores' capacity once they do not
+    assert proj.local_async(samples, 0.003, 2, 1.0, 0.001, 2.0) == pytest.approx(2 / (0.0125 + 0.003))
+    assert proj.local_async(samples, 0.003, 8, 0.25, 0.001, 1.8) == pytest.approx(1.8 / (0.0125 + 0.001))
+    assert proj.local_learners(0.3, 0.01) == pytest.approx(1 / 0.31)
+
+
 @pytest.mark.mpi
 def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tmp_path):
     from mpirl.bench import gradients
@@ -67,6 +87,16 @@ def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tm
                    if r.name == "Ape-X train step of the Nature CNN, batch 4, 1 learner: 2 threads vs 1")
     assert threads.values["1 learner x 2 threads"] == step.values["1 learner x 2 threads"]  # the same runs
     assert np.isfinite(threads.ratio) and threads.ratio > 0
+    # the scaling model against the jobs it predicts, within 20 %: the a3c jobs with 2 workers, the learners' step
+    checked = {r.name: r for r in rows if r.name.startswith("scaling model vs measured: ")}
+    assert set(checked) == {"scaling model vs measured: a3c allreduce job, 2 workers",
+                            "scaling model vs measured: a3c async job, 2 workers",
+                            "scaling model vs measured: Ape-X train step of the Nature CNN, batch 4, 1 learner",
+                            "scaling model vs measured: Ape-X train step of the Nature CNN, batch 4, 2 learners"}
+    for r in checked.values():
+        assert r.within == 0.2 and (r.ours, r.reference) == ("model", "measured") and np.isfinite(r.ratio), r
+    assert "the server busy" in checked["scaling model vs measured: a3c async job, 2 workers"].note
+    assert "target: within 20 %" in format_rows("gradients", rows)
     projected = [r for r in rows if r.name.startswith("projected, not measured")]
     assert len(projected) == 2 * len(proj.FABRICS) * len(proj.EXCHANGES)
     for r in rows:

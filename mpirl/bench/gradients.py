@@ -1,9 +1,9 @@
 """Gradients: the gradient family's exchange (``agent.algorithm = "a3c"``), its allreduce against MPI's own, its jobs'
-updates/s as workers are added, and a projection to cluster networks.
+updates/s as workers are added, the scaling model checked against them, and a projection to cluster networks.
 
     mpirl bench gradients [--reps 5]
 
-Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`` and the Nature CNN
+Four parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`` and the Nature CNN
 (``ActorCritic((4, 84, 84), 4, [512], "nature")``), their flat float32 gradients counted parameter by parameter.
 
 * **the allreduce** (:mod:`mpirl.bench.allreduce_job`, one ``mpiexec`` per W = 2, 4, 8 ranks on this machine,
@@ -29,13 +29,17 @@ Three parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml`
   split over K learners of one thread each against one learner with K threads (the same cores: the speed-up is
   what splitting the batch over processes gives over torch's own threads, not more threads), target 0.9; and one
   learner's K threads against its one thread (what the threads alone give).
+* **the model checked** (:mod:`mpirl.bench.scaling_check`): the scaling model on this machine (its cores shared,
+  its local transport measured) predicts the a3c jobs with W > 1 workers and K = 1, 2 learners' train step from
+  inputs measured in the same run (the W = 1 jobs, our allreduce, a rank's share of a core with n ranks busy, a
+  K-th of the step with K ranks busy), beside what those runs measured: target within 20 %.
 * **on paper** (:mod:`mpirl.bench.projection`): from the W = 1 allreduce job's compute time per gradient (its
-  worker's ``compute_s`` over its gradients; the CartPole MLP), one rollout's forward passes and gradient timed in
-  this process for the Nature CNN (random 84x84 frames on this CPU; the game's own steps not counted; a GPU would
-  compute faster and make the network's share, and so the loss of efficiency, larger), and one optimizer step on
-  each network timed here: updates/s and efficiency for 8..128 workers on 25 GbE and InfiniBand HDR, beside
-  DD-PPO's published 107x on 128 GPUs. Printed as a table; the 128-worker rows are kept, labelled "projected, not
-  measured".
+  worker's ``compute_s`` rollout by rollout: the CartPole MLP, its stragglers counted), one rollout's forward
+  passes and gradient timed in this process for the Nature CNN (random 84x84 frames on this CPU; the game's own
+  steps not counted; a GPU would compute faster and make the network's share, and so the loss of efficiency,
+  larger), and one optimizer step on each network timed here: updates/s and efficiency for 8..128 workers on
+  25 GbE and InfiniBand HDR, beside DD-PPO's published 107x on 128 GPUs. Printed as a table; the 128-worker rows
+  are kept, labelled "projected, not measured".
 """
 
 from __future__ import annotations
@@ -45,11 +49,13 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
 
 from mpirl.bench import projection as proj
+from mpirl.bench import scaling_check
 from mpirl.bench.report import MIN_REPS, Row, rate
 from mpirl.bench.run_mpi import mpiexec_json, run_job
 
@@ -88,8 +94,10 @@ def sizes() -> dict[str, int]:
 
 # -- 1. the allreduce
 
-def allreduce_rows(reps: int, seconds: float, ranks: tuple, nets: dict[str, int]) -> list[Row]:
-    rows = []
+def allreduce_rows(reps: int, seconds: float, ranks: tuple,
+                   nets: dict[str, int]) -> tuple[list[Row], dict[tuple[str, int], list[float]]]:
+    """The rows, and per (network, ranks) our allreduce's seconds a call per repetition (the scaling model's)."""
+    rows, seconds_a_call = [], {}
     for W in ranks:
         out = mpiexec_json("allreduce", {"sizes": nets, "reps": reps, "seconds": seconds},
                            timeout=300 + 4 * W * reps * seconds * len(nets), n=W, module="mpirl.bench.allreduce_job")
@@ -101,7 +109,8 @@ def allreduce_rows(reps: int, seconds: float, ranks: tuple, nets: dict[str, int]
                          f"{out[label]['calls']} calls a repetition")
             r.values = {OURS: out[label]["ours"], BARE: out[label]["bare"]}
             rows.append(r)
-    return rows
+            seconds_a_call[(label, W)] = [1.0 / x for x in out[label]["ours"]]
+    return rows, seconds_a_call
 
 
 # -- 2. the jobs
@@ -115,16 +124,47 @@ def updates_rate(run_dir: Path) -> float:
     return float((v[-1] - v[0]) / (t[-1] - t[0]))
 
 
-def compute_per_gradient(run_dir: Path) -> float:
-    """Seconds a worker spent playing and computing per gradient sent (the workers' mean, from their last rows)."""
-    per = []
-    for path in sorted(run_dir.glob("worker_*.h5")):
-        with h5py.File(path, "r") as f:
-            r = f["rollouts"]
-            per.append(float(r["compute_s"][-1]) / int(r["gradients"][-1]))
-    if not per:
-        raise RuntimeError(f"{run_dir}: no worker file")
-    return float(np.mean(per))
+@dataclasses.dataclass(frozen=True)
+class OneWorker:
+    """What a W = 1 job measured of its worker: its compute per gradient rollout by rollout (a rollout's play and
+    gradient; one gradient a rollout under a2c) and its time in the exchange per gradient (allreduce: the optimizer
+    step and the bookkeeping, no peers; async: the wait for the server's reply); under async also the server's CPU
+    seconds per update handling messages (``updates.h5``'s ``busy_s`` over ``loop_updates``)."""
+    compute: tuple[float, ...]
+    exchange_s: float
+    server_s: float = 0.0
+
+    @property
+    def compute_s(self) -> float:
+        return float(np.mean(self.compute))
+
+
+def one_worker(run_dir: Path) -> OneWorker:
+    """The one worker's times, from its rows (the first row's cumulative times, start-up's warm-up in them, left
+    out)."""
+    paths = sorted(run_dir.glob("worker_*.h5"))
+    if len(paths) != 1:
+        raise RuntimeError(f"{run_dir}: {len(paths)} worker files, expected one")
+    with h5py.File(paths[0], "r") as f:
+        r = f["rollouts"]
+        compute, wait, grads = (r[k][()] for k in ("compute_s", "wait_s", "gradients"))
+    sent = np.diff(grads)
+    if int(sent.sum()) < 2:
+        raise RuntimeError(f"{paths[0]}: {int(sent.sum())} gradient(s) after the first rollout, too few")
+    ok = sent > 0
+    server_s = 0.0
+    with h5py.File(run_dir / "updates.h5", "r") as f:
+        if "busy_s" in f.attrs:  # a server's (async, sync); under allreduce rank 0 is a worker
+            server_s = float(f.attrs["busy_s"]) / max(1, int(f.attrs["loop_updates"]))
+    return OneWorker(tuple((np.diff(compute)[ok] / sent[ok]).tolist()),
+                     float((wait[-1] - wait[0]) / (grads[-1] - grads[0])), server_s)
+
+
+@dataclasses.dataclass
+class JobRuns:
+    """The jobs' updates/s per (exchange, W) and repetition, and each repetition's W = 1 worker per exchange."""
+    rates: dict[tuple[str, int], list[float]]
+    ones: dict[str, list[OneWorker]]
 
 
 def job_bytes(exchange: str, W: int, n_params: int, message: int, reply: int) -> tuple[float, str]:
@@ -134,9 +174,10 @@ def job_bytes(exchange: str, W: int, n_params: int, message: int, reply: int) ->
     return float(message + reply), f"a worker's message ({message:,} B) in and the reply ({reply:,} B) out"
 
 
-def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
-             timeout: float = 900) -> tuple[list[Row], list[float]]:
-    """The rows, and per repetition the W = 1 job's compute time per gradient (allreduce's if measured)."""
+def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int, timeout: float = 900,
+             between: Callable[[int], None] | None = None) -> tuple[list[Row], JobRuns]:
+    """The rows, and what the runs measured (the scaling model's inputs and what it predicts); ``between(rep)``
+    after each repetition's jobs."""
     from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
     if workers[0] != 1:
         raise ValueError(f"workers must start with 1 (the scaling's and the projection's baseline), got {workers}")
@@ -144,7 +185,7 @@ def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
     n = checked.n_params
     message, reply = message_nbytes(n, max_episodes(cfg, cfg.a3c)), reply_nbytes(n)
     rates: dict[tuple, list[float]] = {}
-    compute: dict[str, list[float]] = {ex: [] for ex in exchanges}
+    ones: dict[str, list[OneWorker]] = {ex: [] for ex in exchanges}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
             for ex in exchanges:
@@ -155,7 +196,9 @@ def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
                                   Path(tmp), f"{ex}-{W}-{rep}", timeout, "gradients")
                     rates.setdefault((ex, W), []).append(updates_rate(run))
                     if W == 1:
-                        compute[ex].append(compute_per_gradient(run))
+                        ones[ex].append(one_worker(run))
+            if between is not None:
+                between(rep)
     rows = []
     for ex in exchanges:
         for W in workers:
@@ -180,8 +223,7 @@ def job_rows(reps: int, workers: tuple, exchanges: tuple, train_steps: int,
                 eff.values = {label: [per_update * r for r in rates[(ex, W)]],  # one worker: a gradient an update
                               linear: [W * r for r in rates[(ex, 1)]]}
                 rows.append(eff)
-    base = compute["allreduce"] if "allreduce" in exchanges else compute[exchanges[0]]
-    return rows, base
+    return rows, JobRuns(rates, ones)
 
 
 # -- 2b. data-parallel learners (Ape-X, topology.learners = K)
@@ -245,12 +287,14 @@ def learner_rows(reps: int, learners: tuple, train_steps: int, timeout: float = 
     return rows
 
 
-def learner_step_rows(reps: int, learners: tuple, batch: int, steps: int) -> list[Row]:
+def learner_step_rows(reps: int, learners: tuple, batch: int,
+                      steps: int) -> tuple[list[Row], dict[tuple[int, int], list[float]]]:
     """The train step itself (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's Ape-X step on a batch of
     ``batch`` split over K learners of one torch thread each, against one learner on the whole batch with K
     threads: both sides use K threads on the same cores, so the ratio is what data-parallel learners give over
     torch's intra-op threads, not over fewer threads. And one learner's K threads against its one thread. Each
-    repetition is one job of each (learners, threads) in turn, so drifts of the machine hit every side."""
+    repetition is one job of each (learners, threads) in turn, so drifts of the machine hit every side. Also
+    returned: the train steps/s per (learners, threads) and repetition."""
     runs = ([(1, 1)] if 1 in learners else []) + [r for K in learners if K > 1 for r in ((K, 1), (1, K))]
     got: dict[tuple[int, int], list[float]] = {r: [] for r in runs}
     for _ in range(reps):
@@ -281,7 +325,7 @@ def learner_step_rows(reps: int, learners: tuple, batch: int, steps: int) -> lis
                          "cores")
             t.values = {one: threaded, "1 learner x 1 thread": alone}
             rows.append(t)
-    return rows
+    return rows, got
 
 
 # -- 3. on paper
@@ -330,22 +374,25 @@ def measured_costs(reps: int, seconds: float) -> dict[str, dict[str, list[float]
         _threads(before)
 
 
-def costs_of(nets: dict[str, int], compute: dict[str, float], apply: dict[str, float]) -> dict[str, proj.Costs]:
+def costs_of(nets: dict[str, int], compute: dict[str, float], apply: dict[str, float],
+             samples: dict[str, tuple] | None = None) -> dict[str, proj.Costs]:
     from mpirl.gradients.messages import max_episodes, message_nbytes, reply_nbytes
     cfg, _ = job_config()
     return {label: proj.Costs(compute[label], apply[label], 4 * n, message_nbytes(n, max_episodes(cfg, cfg.a3c)),
-                              reply_nbytes(n)) for label, n in nets.items()}
+                              reply_nbytes(n), tuple((samples or {}).get(label, ())))
+            for label, n in nets.items()}
 
 
-def projection_rows(reps: int, nets: dict[str, int], mlp_compute: list[float],
+def projection_rows(reps: int, nets: dict[str, int], mlp: list[OneWorker],
                     timed: dict[str, dict[str, list[float]]], workers: int = 128) -> tuple[list[Row], str]:
     """The 128-worker projections per repetition (the measured inputs of that repetition) as rows, and the table
-    from the medians."""
+    from the medians. The MLP's compute is the W = 1 job's worker's, rollout by rollout (its stragglers count); the
+    Nature CNN's one timed mean (random frames: no spread)."""
     per_rep = []
     for i in range(reps):
-        compute = {"CartPole MLP": mlp_compute[i], "Nature CNN": timed["Nature CNN"]["compute"][i]}
+        compute = {"CartPole MLP": mlp[i].compute_s, "Nature CNN": timed["Nature CNN"]["compute"][i]}
         apply = {k: v["apply"][i] for k, v in timed.items()}
-        per_rep.append(costs_of(nets, compute, apply))
+        per_rep.append(costs_of(nets, compute, apply, {"CartPole MLP": mlp[i].compute}))
     rows = []
     for label in nets:
         for fabric in proj.FABRICS:
@@ -356,21 +403,29 @@ def projection_rows(reps: int, nets: dict[str, int], mlp_compute: list[float],
                 r.values = {PROJECTED: [proj.project(c[label], workers, fabric, ex).efficiency for c in per_rep],
                             DDPPO: [proj.DDPPO_SPEEDUP / proj.DDPPO_GPUS]}
                 rows.append(r)
-    median = costs_of(nets, {"CartPole MLP": statistics.median(mlp_compute),
+    pooled = tuple(x for one in mlp for x in one.compute)
+    median = costs_of(nets, {"CartPole MLP": float(np.mean(pooled)),
                              "Nature CNN": statistics.median(timed["Nature CNN"]["compute"])},
-                      {k: statistics.median(v["apply"]) for k, v in timed.items()})
+                      {k: statistics.median(v["apply"]) for k, v in timed.items()}, {"CartPole MLP": pooled})
     return rows, proj.table(median)
 
 
 def run(reps: int = MIN_REPS, seconds: float = 0.3, ranks: tuple = (2, 4, 8), workers: tuple = (1, 2, 4, 8),
         exchanges: tuple = ("async", "allreduce"), train_steps: int = 300, learners: tuple = (1, 2),
         learner_steps: int = 2000, step_batch: int = 256, step_steps: int = 10) -> list[Row]:
+    missing = sorted({n for n in (*workers, *learners) if n > 1} - set(ranks))
+    if missing:
+        raise ValueError(f"ranks {ranks} must hold every W and K > 1 the scaling check predicts: add {missing}")
     nets = sizes()
-    rows = allreduce_rows(reps, seconds, ranks, nets)
-    jobs, mlp_compute = job_rows(reps, workers, exchanges, train_steps)
+    rows, ring = allreduce_rows(reps, seconds, ranks, nets)
+    share: dict[int, list[float]] = {}  # the scaling check's shares of a core, measured beside each repetition
+    jobs, runs = job_rows(reps, workers, exchanges, train_steps, between=lambda rep: scaling_check.add_shares(
+        share, max(seconds, 1.0), scaling_check.busy_counts(workers)))
     jobs += learner_rows(reps, learners, learner_steps)
-    jobs += learner_step_rows(reps, learners, step_batch, step_steps)
+    steps, step_rates = learner_step_rows(reps, learners, step_batch, step_steps)
+    checked = scaling_check.rows(reps, seconds, runs, ring, share, step_rates, step_batch)
     timed = measured_costs(reps, seconds)
-    projected, text = projection_rows(reps, nets, mlp_compute, timed)
+    mlp = runs.ones["allreduce" if "allreduce" in exchanges else exchanges[0]]
+    projected, text = projection_rows(reps, nets, mlp, timed)
     print(text, flush=True)
-    return rows + jobs + projected
+    return rows + jobs + steps + checked + projected

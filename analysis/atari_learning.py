@@ -4,7 +4,7 @@ each for the same frame budget and the same wall, return against env frames and 
     python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1]
                                       [--which impala,ppo,sf] [--runs runs/atari-learning]
                                       [--out docs/figures/atari-pong-learning.png]
-    python analysis/atari_learning.py --redraw FILE.h5 [--out FILE.png]
+    python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--out FILE.png]
 
 Runs back to back on this machine, seed by seed, each until ``--frames`` env frames (agent steps x frame skip 4)
 or ``--wall`` seconds of its own clock from its first env step, whichever comes first:
@@ -20,7 +20,8 @@ learning rate decays linearly over its budget). Every side's episodes are whole 
 finished by then (each side's finished episodes' lengths summed, x 4) and the hours since that side's first env
 step. Curves: the mean of the last 20 episodes. The table: that mean at equal frames and at equal hours (a quarter,
 half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
-from it again).
+from it again; given several files, from their sides together, which are then saved beside ``--out``: a side in two
+files, files of other games or budgets are refused).
 """
 
 from __future__ import annotations
@@ -155,6 +156,29 @@ def load(path: Path) -> tuple[dict[str, list[np.ndarray]], dict]:
                 dict(f.attrs))
 
 
+def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict[str, list[np.ndarray]], dict]:
+    """The sides of every file together, with the first file's attributes; refused (``ap.error``, exit 2) where a
+    file is missing or unreadable, where two hold one side, or where their game, frame budget or wall differ."""
+    episodes: dict[str, list[np.ndarray]] = {}
+    first: dict = {}
+    for path in paths:
+        try:
+            sides, attrs = load(path)
+        except (OSError, KeyError, ValueError) as err:
+            ap.error(f"--redraw: {path} is not a file this script wrote ({err})")
+        first = first or attrs
+        differ = [k for k in ("game", "frames", "wall") if str(attrs.get(k)) != str(first.get(k))]
+        if differ:
+            ap.error(f"--redraw: {path} differs from {paths[0]} in {', '.join(differ)}: not one comparison")
+        for name in sides:
+            if name in episodes:
+                ap.error(f"--redraw: {name!r} is in two of the files; pass one of them")
+        episodes.update(sides)
+    first = dict(first)
+    first["seeds_done"] = min(len(runs) for runs in episodes.values()) if episodes else 0
+    return episodes, first
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--game", choices=sorted(atari.GAMES), default="pong")
@@ -164,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--which", default="impala,ppo,sf", help="comma-separated: impala, ppo, sf")
     ap.add_argument("--runs", default="runs/atari-learning", help="where ours' run directories are kept")
     ap.add_argument("--out", help="the PNG (default docs/figures/atari-GAME-learning.png); its data beside it (.h5)")
-    ap.add_argument("--redraw", metavar="FILE.h5", help="draw and tabulate the episodes of an earlier call")
+    ap.add_argument("--redraw", metavar="FILE.h5", nargs="+",
+                    help="draw and tabulate the episodes of earlier calls (several: their sides together)")
     args = ap.parse_args(argv)
     which = [w.strip() for w in args.which.split(",") if w.strip()]
     if not which or set(which) - set(SIDES):
@@ -172,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1:
         ap.error("--frames >= 10,000, --wall > 0 and --seeds >= 1")
     if args.redraw:
-        episodes, attrs = load(Path(args.redraw))
+        episodes, attrs = merged(ap, [Path(p) for p in args.redraw])
         game = str(attrs.get("game", args.game))
-        out = Path(args.out or Path(args.redraw).with_suffix(".png"))
+        out = Path(args.out or Path(args.redraw[0]).with_suffix(".png"))
+        if len(args.redraw) > 1:
+            if out.with_suffix(".h5").exists():
+                ap.error(f"--out: {out.with_suffix('.h5')} exists; pass another name for the sides together")
+            save(episodes, out.with_suffix(".h5"), **attrs)
     else:
         game = args.game
         out = Path(args.out or f"docs/figures/atari-{game}-learning.png")
@@ -191,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                  seeds_done=seed)  # after every seed: a stopped call keeps what it measured
     draw(episodes, game, out)
     print(table(episodes))
-    print(f"wrote {out} and {out.with_suffix('.h5')}" if not args.redraw else f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.h5')}" if not args.redraw or len(args.redraw) > 1 else f"wrote {out}")
     return 0
 
 

@@ -112,3 +112,21 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     assert ours[-3:] == ["100", "400,000", "1.00"]
     bad = script("analysis/atari_learning.py", "--which", "impala,dqn")
     assert bad.returncode == 2 and "--which" in bad.stderr
+    # Several files: their sides together, saved beside --out; a side twice, or another game, is refused.
+    with h5py.File(tmp_path / "ppo.h5", "w") as f:
+        f.attrs["game"] = "pong"
+        f["mpirl PPO allreduce/seed1"] = rising
+    both = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "ppo.h5"),
+                  "--out", str(tmp_path / "all.png"))
+    assert both.returncode == 0, both.stderr
+    assert any(l.startswith("mpirl PPO allreduce") for l in both.stdout.splitlines())
+    with h5py.File(tmp_path / "all.h5", "r") as f:
+        assert sorted(f) == ["Sample Factory APPO", "mpirl IMPALA async", "mpirl PPO allreduce"]
+    with h5py.File(tmp_path / "breakout.h5", "w") as f:
+        f.attrs["game"] = "breakout"
+        f["mpirl PPO allreduce/seed1"] = rising
+    for second, said in (("all.h5", "in two of the files"), ("breakout.h5", "differs from")):
+        refused = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / second),
+                         "--out", str(tmp_path / "other.png"))
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    assert not (tmp_path / "other.h5").exists() and not (tmp_path / "other.png").exists()

@@ -1,5 +1,5 @@
 """The scaling model checked against the jobs measured on this machine, before ``mpirl bench gradients`` projects it
-to a cluster: its predictions of the a3c jobs with W > 1 workers and of K > 1 data-parallel learners' train step,
+to a cluster: its predictions of the a3c jobs with W > 1 workers and of K = 1, 2 data-parallel learners' train step,
 each from inputs measured in the same run (:mod:`mpirl.bench.projection`, "On this machine"), beside what those
 runs measured, repetition by repetition. Target: within 20 %.
 
@@ -78,11 +78,11 @@ def a3c_rows(reps: int, runs, ring: dict[tuple[str, int], list[float]], share: d
                   f"{'exchange' if ex == 'allreduce' else 'turnaround'} "
                   f"{_ms(statistics.median(o.exchange_s for o in ones))}; a core's share with {W} ranks busy "
                   f"{statistics.median(share[W]):.2f}")
-        if ex != "allreduce":
-            inputs += f"; the server busy {_ms(statistics.median(o.server_s for o in ones))} an update"
         if ex == "allreduce":
             inputs += (f"; the largest of {W} computes {_ms(proj.lockstep_s(c, W))}; our allreduce on {W} ranks "
                        f"{_ms(statistics.median(ring[(MLP, W)]))}")
+        else:
+            inputs += f"; the server busy {_ms(statistics.median(o.server_s for o in ones))} an update"
         r = Row(f"scaling model vs measured: a3c {ex} job, {W} workers", "updates/s", MODEL, MEASURED,
                 within=WITHIN, note=inputs)
         r.values = {MODEL: model, MEASURED: list(measured)}

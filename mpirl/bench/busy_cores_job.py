@@ -65,14 +65,10 @@ def a3c_cartpole():
 def apex_cnn(batch: int):
     """One call: the Nature CNN's Ape-X train step on ``batch`` rows with no peers."""
     from mpirl.agents.dqn import DQNLearner
-    from mpirl.bench.learner_step_job import ACTIONS, AGENT, OBS
+    from mpirl.bench.learner_step_job import ACTIONS, AGENT, OBS, random_batch
     from mpirl.replay.shard import importance_weights
     rng = np.random.default_rng(5)
-    fields = {"obs": rng.integers(0, 256, (batch, *OBS), dtype=np.uint8),
-              "next_obs": rng.integers(0, 256, (batch, *OBS), dtype=np.uint8),
-              "action": rng.integers(0, ACTIONS, batch).astype(np.int64),
-              "reward": rng.standard_normal(batch).astype(np.float32),
-              "discount": np.full(batch, 0.97, np.float32), "done": np.zeros(batch, bool)}
+    fields = random_batch(batch, rng)
     weights = importance_weights(rng.uniform(0.5, 1.0, batch) / batch, batch, 0.4)
     learner = DQNLearner(OBS, ACTIONS, AGENT, torch.device("cpu"), seed=1)
     return lambda: learner.train_step(fields, weights)

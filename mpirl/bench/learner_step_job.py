@@ -32,18 +32,22 @@ AGENT = SimpleNamespace(hidden=[512], network="nature", lr=1e-4, adam_eps=1.5e-4
 OBS, ACTIONS = (4, 84, 84), 4
 
 
+def random_batch(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``n`` random Ape-X transitions of the Nature CNN's frames (uint8 stacks) and actions."""
+    return {"obs": rng.integers(0, 256, (n, *OBS), dtype=np.uint8),
+            "next_obs": rng.integers(0, 256, (n, *OBS), dtype=np.uint8),
+            "action": rng.integers(0, ACTIONS, n).astype(np.int64), "reward": rng.standard_normal(n).astype(np.float32),
+            "discount": np.full(n, 0.97, np.float32), "done": np.zeros(n, bool)}
+
+
 def measure(comm, batch: int, steps: int, reps: int, threads: int = 1) -> dict:
     torch.set_num_threads(threads)
     K, k = comm.size, comm.rank
     part = np.cumsum([0] + [sum(q) for q in learner_quotas([batch], K)])
     lo, hi = int(part[k]), int(part[k + 1])
     rng = np.random.default_rng(5)
-    n = hi - lo
-    fields = {"obs": rng.integers(0, 256, (n, *OBS), dtype=np.uint8),
-              "next_obs": rng.integers(0, 256, (n, *OBS), dtype=np.uint8),
-              "action": rng.integers(0, ACTIONS, n).astype(np.int64), "reward": rng.standard_normal(n).astype(np.float32),
-              "discount": np.full(n, 0.97, np.float32), "done": np.zeros(n, bool)}
-    probs = rng.uniform(0.5, 1.0, n) / batch
+    fields = random_batch(hi - lo, rng)
+    probs = rng.uniform(0.5, 1.0, hi - lo) / batch
     learner = DQNLearner(OBS, ACTIONS, AGENT, torch.device("cpu"), seed=1)
     peers = LearnerPeers(comm, batch) if K > 1 else None
 

@@ -1,5 +1,5 @@
 """One train step of K data-parallel DQN learners (``topology.learners``), timed under ``mpiexec -n K``; run by
-``mpirl bench gradients`` (:func:`mpirl.bench.gradients.learner_step_rows`):
+``mpirl bench gradients`` (:func:`mpirl.bench.data_parallel.learner_step_rows`):
 
     mpiexec -n K python -m mpirl.bench.learner_step_job step OUT.json \\
         '{"batch": 256, "steps": 20, "reps": 3, "threads": 1}'

@@ -127,6 +127,13 @@ def format_rows(title: str, rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def cores_note(ranks: int) -> str:
+    """How ``ranks`` ranks sit on this machine's cores, for a row's note: "oversubscribed: ..." beyond them."""
+    cores = os.cpu_count() or 1
+    text = f"{ranks} rank{'s' if ranks > 1 else ''} on {cores} core{'s' if cores > 1 else ''}"
+    return f"oversubscribed: {text}" if ranks > cores else text
+
+
 def machine() -> dict:
     """Where the numbers came from."""
     import torch

@@ -53,6 +53,9 @@ def test_stragglers_slow_a_lockstep_update_and_the_local_model_follows_its_formu
     assert proj.local_async(samples, 0.003, 2, 1.0, 0.001, 2.0) == pytest.approx(2 / (0.0125 + 0.003))
     assert proj.local_async(samples, 0.003, 8, 0.25, 0.001, 1.8) == pytest.approx(1.8 / (0.0125 + 0.001))
     assert proj.local_learners(0.3, 0.01) == pytest.approx(1 / 0.31)
+    # the table names what an allreduce of its largest W waits for
+    assert "the slowest of 128: 20 ms" in proj.table({"net": slow}, workers=(8, 128))
+    assert "(no spread measured)" in proj.table({"net": c}, workers=(8, 128))
 
 
 @pytest.mark.mpi

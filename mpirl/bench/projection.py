@@ -167,8 +167,11 @@ def table(nets: dict[str, Costs], workers=WORKERS, fabrics=FABRICS, exchanges=tu
              "  (a message: latency + bytes / bandwidth; allreduce: ring; async: one parameter server, its link",
              "  serialising a message in and a reply out per update; speed-up: gradients/s over one worker alone)"]
     for name, c in nets.items():
-        lines.append(f"  {name}: {c.grad_bytes:,} B a gradient, compute {1e3 * c.compute_s:.3g} ms a gradient, "
-                     f"apply {1e3 * c.apply_s:.3g} ms; message {c.message_bytes:,} B + reply {c.reply_bytes:,} B")
+        slowest = (f" (the slowest of {max(workers)}: {1e3 * update_compute_s(c, max(workers)):.3g} ms)"
+                   if c.compute_samples else " (no spread measured)")
+        lines.append(f"  {name}: {c.grad_bytes:,} B a gradient, compute {1e3 * c.compute_s:.3g} ms a gradient"
+                     f"{slowest}, apply {1e3 * c.apply_s:.3g} ms; message {c.message_bytes:,} B + reply "
+                     f"{c.reply_bytes:,} B")
     lines.append(f"  {'network':14s} {'fabric':15s} {'exchange':9s} {'W':>4s} {'updates/s':>11s} {'gradients/s':>12s} "
                  f"{'speed-up':>9s} {'efficiency':>10s}")
     for name, c in nets.items():

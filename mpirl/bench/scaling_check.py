@@ -34,10 +34,12 @@ MODEL, MEASURED = "model", "measured"
 WITHIN = 0.2
 MLP, CNN = "CartPole MLP", "Nature CNN"
 CORES = os.cpu_count() or 1
+BUSY_SECONDS = 1.0  # the shortest busy-core repetition (a core's share needs the scheduler's time to even out)
 
 
 def busy_rates(reps: int, seconds: float, n: int, workload: str, batch: int = 0) -> list[list[float]]:
-    """Per repetition, each of ``n`` busy ranks' calls/s of ``workload``."""
+    """Per repetition (of at least ``BUSY_SECONDS``), each of ``n`` busy ranks' calls/s of ``workload``."""
+    seconds = max(seconds, BUSY_SECONDS)
     out = mpiexec_json("busy", {"workload": workload, "reps": reps, "seconds": seconds, "batch": batch},
                        timeout=300 + 4 * reps * max(seconds, 3.0), n=n, module="mpirl.bench.busy_cores_job")
     return out["rates"]
@@ -98,7 +100,7 @@ def learner_rows(reps: int, seconds: float, step_rates: dict[tuple[int, int], li
         if threads != 1:
             continue
         part = -(-batch // K)  # the largest part: the first batch mod K learners take a row more
-        slowest = [1.0 / min(r) for r in busy_rates(reps, max(seconds, 1.0), K, "apex-cnn", part)]
+        slowest = [1.0 / min(r) for r in busy_rates(reps, seconds, K, "apex-cnn", part)]
         rings = ring[(CNN, K)] if K > 1 else [0.0] * reps
         r = Row(f"scaling model vs measured: Ape-X train step of the Nature CNN, batch {batch}, {K} learner"
                 f"{'s' if K > 1 else ''}", "train steps/s", MODEL, MEASURED, within=WITHIN,

@@ -25,10 +25,11 @@ Four parts, all for two networks: the CartPole MLP of ``jobs/a3c_cartpole.toml``
 * **data-parallel learners** (:mod:`mpirl.bench.data_parallel`): Ape-X's ``jobs/cartpole.toml`` (1 buffer,
   2 actors) with ``topology.learners`` K = 1, 2: train steps/s (the first learner's ``learner.h5``), the ratio to
   one learner with as many torch threads (``agent.torch_threads`` = K) as the K learners have in all, and the
-  bytes a train step adds on the learners' communicator; and the train step alone (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's on a batch of 256
-  split over K learners of one thread each against one learner with K threads (the same cores: the speed-up is
-  what splitting the batch over processes gives over torch's own threads, not more threads), target 0.9; and one
-  learner's K threads against its one thread (what the threads alone give).
+  bytes a train step adds on the learners' communicator; and the train step alone
+  (:mod:`mpirl.bench.learner_step_job`): the Nature CNN's on a batch of 256 split over K learners of one thread
+  each against one learner with K threads (the same cores: the speed-up is what splitting the batch over processes
+  gives over torch's own threads, not more threads), target 0.9; and one learner's K threads against its one
+  thread (what the threads alone give).
 * **the model checked** (:mod:`mpirl.bench.scaling_check`): the scaling model on this machine (its cores shared,
   its local transport measured) predicts the a3c jobs with W > 1 workers and K = 1, 2 learners' train step from
   inputs measured in the same run (the W = 1 jobs, our allreduce, a rank's share of a core with n ranks busy, a

@@ -166,7 +166,8 @@ def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict[str, li
             sides, attrs = load(path)
         except (OSError, KeyError, ValueError) as err:
             ap.error(f"--redraw: {path} is not a file this script wrote ({err})")
-        first = first or attrs
+        if path == paths[0]:
+            first = attrs
         differ = [k for k in ("game", "frames", "wall") if str(attrs.get(k)) != str(first.get(k))]
         if differ:
             ap.error(f"--redraw: {path} differs from {paths[0]} in {', '.join(differ)}: not one comparison")
@@ -174,7 +175,6 @@ def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict[str, li
             if name in episodes:
                 ap.error(f"--redraw: {name!r} is in two of the files; pass one of them")
         episodes.update(sides)
-    first = dict(first)
     first["seeds_done"] = min(len(runs) for runs in episodes.values()) if episodes else 0
     return episodes, first
 

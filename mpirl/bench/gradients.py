@@ -123,8 +123,8 @@ def updates_rate(run_dir: Path) -> float:
 class OneWorker:
     """What a W = 1 job measured of its worker: its compute per gradient rollout by rollout (a rollout's play and
     gradient; one gradient a rollout under a2c) and its time in the exchange per gradient (allreduce: the optimizer
-    step and the bookkeeping, no peers; async: the wait for the server's reply); under async also the server's CPU
-    seconds per update handling messages (``updates.h5``'s ``busy_s`` over ``loop_updates``)."""
+    step and the bookkeeping, no peers; async: the wait for the server's reply); under async also the server's
+    seconds handling messages per update (``updates.h5``'s ``busy_s`` over ``loop_updates``)."""
     compute: tuple[float, ...]
     exchange_s: float
     server_s: float = 0.0

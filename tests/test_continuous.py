@@ -74,17 +74,26 @@ def test_ppo_with_a_gaussian_policy_learns_pendulum(tmp_path, capsys):
 @pytest.mark.learning
 @pytest.mark.mpi
 def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
-    """jobs/impala_pendulum.toml (4 ranks) to -600 over 20 episodes: V-trace on the Gaussian's log-densities."""
-    job = run_mpi(4, tmp_path, "run.target_return=-600", "run.wall_seconds=0", "run.env_steps=4000000",
-                  job=JOBS / "impala_pendulum.toml", timeout=1200, stall=300)
+    """jobs/impala_pendulum.toml (4 ranks) to -400 over 20 episodes: V-trace on the Gaussian's log-densities. The
+    learner's test rounds (the deterministic policy, every 100 train steps and at the stop) rise with the window.
+
+    The stop is past the knee of the curve: at -600 the policy still changed by hundreds within 100 train steps
+    (test rounds -1,045, -943, -706, -432 in one run here) and the final round once played -1,051 after the window
+    had crossed -600. At -400, six runs here (seeds 3-8, two at a time) ended with final rounds of -268 to -523; in
+    one (seed 8) the deterministic policy trailed the sampled one, its last 300 train steps' rounds -483 to -841
+    with a std of 632 (some games never swung up without the noise): hence a bar of random play + 300, and rounds of
+    30 episodes (the job's 10 would put its standard error at 200)."""
+    job = run_mpi(4, tmp_path, "run.target_return=-400", "run.wall_seconds=0", "run.env_steps=4000000",
+                  "impala.test_every=100", "impala.test_episodes=30", job=JOBS / "impala_pendulum.toml", timeout=1200, stall=300)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "learner.h5", "r") as f:
         window = f["train"]["return_mean20"][()]
         test = {k: f["test"][k][()] for k in f["test"]}
     with h5py.File(job.run_dir / "run.h5", "r") as f:
-        assert f.attrs["status"] == "completed" and "reached -600" in f.attrs["stop_reason"], f.attrs["stop_reason"]
+        assert f.attrs["status"] == "completed" and "reached -400" in f.attrs["stop_reason"], f.attrs["stop_reason"]
     seen = window[~np.isnan(window)]
-    assert seen[0] < RANDOM + 400 and seen[-1] >= -600, (seen[0], seen[-1])
-    assert test["episodes"].tolist() == [10] and test["return_mean"][-1] > RANDOM + 300, (test, RANDOM)
+    assert seen[0] < RANDOM + 400 and seen[-1] >= -400, (seen[0], seen[-1])
+    rounds = list(zip(test["train_steps"].tolist(), np.round(test["return_mean"]).tolist()))
+    assert len(rounds) >= 2 and set(test["episodes"].tolist()) == {30}, rounds
+    assert test["return_mean"][0] < RANDOM + 400 and test["return_mean"][-1] > RANDOM + 300, (rounds, RANDOM)
     assert not math.isnan(test["return_std"][-1])
-

@@ -131,10 +131,10 @@ def cmd_launch(args) -> int:
         env.update(launched.environment(refusal, cmd))
         # The launcher stays mpiexec's parent: Ctrl-C or a SIGTERM becomes the job's clean stop (a checkpoint,
         # exit 75), a second one kills it, and the job never outlives the launcher (see mpirl/launcher.py). It
-        # passes the job's output on, with the progress line between (mpirl/metrics/progress.py).
+        # passes the job's output on, with the progress line between (mpirl/metrics/live.py).
         live = None
         if cfg.log.progress_seconds > 0:
-            from mpirl.metrics.progress import Live
+            from mpirl.metrics.live import Live
             live = Live(cfg.log.progress_seconds, lambda run_dir: _run_info(run_dir).summarize(run_dir))
         code = supervise(cmd, env, args.grace, live=live)
         why = launched.refusal(refusal)
@@ -205,7 +205,7 @@ def cmd_watch(args) -> int:
     info = _run_info(path)
     try:
         if args.line:  # the progress line (mpirl/metrics/progress.py); rank 0 runs this when no launcher draws it
-            from mpirl.metrics.progress import follow
+            from mpirl.metrics.live import follow
             return follow(path, info.summarize, args.interval, once=args.once)
         return watch(path, info.summarize, info.frame, args.interval, once=args.once)
     except KeyboardInterrupt:

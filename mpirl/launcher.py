@@ -25,7 +25,7 @@ takes its ranks down, so no job runs on without its launcher. Elsewhere (no
 ``prctl``, no ``/proc``) only ``mpiexec``'s process group is killed and a killed
 launcher leaves its job running.
 
-With a view of the job (:class:`mpirl.metrics.progress.Live`, ``mpirl launch`` unless ``log.progress_seconds``
+With a view of the job (:class:`mpirl.metrics.live.Live`, ``mpirl launch`` unless ``log.progress_seconds``
 is 0) the job's stdout and stderr come to the launcher through pipes that it always drains, and it writes them on
 with the progress line between.
 
@@ -52,7 +52,7 @@ from mpirl import phases
 from mpirl.config import ConfigError
 
 if TYPE_CHECKING:
-    from mpirl.metrics.progress import Live
+    from mpirl.metrics.live import Live
 
 GRACE_SECONDS = 120.0  # default wait for the clean stop (a checkpoint, replay snapshots) before killing
 KILL_AFTER_TERM = 10.0

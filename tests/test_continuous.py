@@ -84,7 +84,8 @@ def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
     with a std of 632 (some games never swung up without the noise): hence a bar of random play + 300, and rounds of
     30 episodes (the job's 10 would put its standard error at 200)."""
     job = run_mpi(4, tmp_path, "run.target_return=-400", "run.wall_seconds=0", "run.env_steps=4000000",
-                  "impala.test_every=100", "impala.test_episodes=30", job=JOBS / "impala_pendulum.toml", timeout=1200, stall=300)
+                  "impala.test_every=100", "impala.test_episodes=30", job=JOBS / "impala_pendulum.toml",
+                  timeout=1200, stall=300)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "learner.h5", "r") as f:
         window = f["train"]["return_mean20"][()]

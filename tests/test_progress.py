@@ -1,6 +1,6 @@
-"""The progress line (mpirl/metrics/progress.py): its text from each family's summary, the console that puts it
-between the job's lines (redrawn on a terminal, appended elsewhere, never after the summary), rank 0's follower
-process, and `mpirl launch` on a terminal."""
+"""The progress line (mpirl/metrics/progress.py) and how it is shown (mpirl/metrics/live.py): its text from each
+family's summary, the console that puts it between the job's lines (redrawn on a terminal, appended elsewhere, never
+after the summary), rank 0's follower process, and `mpirl launch` on a terminal."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from mpirl.metrics.progress import CLEAR, Console, Follower, Line, Live, clock, follow, job_seconds
+from mpirl.metrics.live import CLEAR, Console, Follower, Live, follow
+from mpirl.metrics.progress import Line, clock, job_seconds
 from mpirl.metrics.run_file import create_run_file, finish_run_file
 
 from conftest import JOBS, ROOT, mpi_env, processes_mentioning

@@ -30,7 +30,8 @@ from mpirl.job.contract import Algorithm
 from mpirl.comm.backoff import wait_until
 from mpirl.config import ConfigError, JobConfig
 from mpirl.metrics.heartbeat import Heartbeat
-from mpirl.metrics.progress import RUN_DIR_LINE, Follower
+from mpirl.metrics.live import Follower
+from mpirl.metrics.progress import RUN_DIR_LINE
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
 from mpirl.metrics.tensorboard import LiveEvents
 from mpirl.job.checkpoint import Resume, plan_resume

@@ -50,7 +50,7 @@ class TwoWays:
 
     def __init__(self, capacity: int, batch: int, device, seed: int = 0):
         spec = transition_spec(OBS, np.uint8)
-        self.spec, self.capacity, self.batch = spec, capacity, batch
+        self.spec, self.batch = spec, batch
         self.mem, self.stream = Ours(spec, capacity, seed=seed), Stream(OBS, np.uint8, seed=seed)
         self.rng = np.random.default_rng(seed + 1)
         while self.mem.size < capacity:

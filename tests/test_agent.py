@@ -82,6 +82,33 @@ def test_nature_cnn_on_frame_stacks():
     torch.testing.assert_close(net(frames.float() / 255.0), q)
 
 
+def test_a_training_pass_of_the_nature_cnn_is_the_same_in_the_layout_it_is_given():
+    """A pass with autograd on the CPU takes its input channels-last (nature_floats: faster backward
+    convolutions); its values and every weight's gradient are those of the stored layout."""
+    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.networks import image_floats, nature_floats
+
+    frames = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+    assert nature_floats(frames).is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        assert nature_floats(frames).is_contiguous()  # acting keeps the stored layout
+    torch.testing.assert_close(nature_floats(frames), image_floats(frames))
+    net = ActorCritic((4, 84, 84), 6, [512], "nature")
+    grads = []
+    for to_floats in (nature_floats, image_floats):
+        net.zero_grad(set_to_none=True)
+        x = to_floats(frames)
+        out = net.policy(net.shared(net.torso(x)))
+        out.square().mean().backward()
+        grads.append([p.grad.clone() for p in (*net.torso.parameters(), *net.shared.parameters())])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    logits, values = net(frames)  # the network's own forward takes the channels-last path
+    assert logits.shape == (6, 6) and values.shape == (6,)
+    with torch.no_grad():
+        torch.testing.assert_close(net(frames)[0], logits.detach(), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape, choice, kind", [
     ((4,), "auto", "DuelingMLP"), ((4, 10, 10), "auto", "MinAtarCNN"), ((10, 10, 10), "auto", "MinAtarCNN"),
     ((4, 84, 84), "auto", "NatureCNN"), ((3, 35, 40), "auto", "MinAtarCNN"), ((3, 36, 36), "auto", "NatureCNN"),

@@ -277,8 +277,9 @@ def test_fairness_bench_reads_both_actors_rates_from_a_real_job():
 def test_learner_bench_times_our_train_step_and_the_bare_one_on_the_same_batch():
     import ale_py  # noqa: F401  (in the test extra: a missing one fails)
     from mpirl.bench import learner
-    rows = learner.run(reps=1, seconds=0.01)
+    rows = learner.run(reps=1, seconds=0.01, layout_batch=4)
     assert [r.name.split(",")[1].strip() for r in rows[:2]] == ["cartpole", "breakout"]
+    assert rows[2].name == "Nature CNN training pass, channels-last input, cpu" and "batch 4" in rows[2].note
     for r in rows:
         assert all(v > 0 for vs in r.values.values() for v in vs) and np.isfinite(r.ratio)
 

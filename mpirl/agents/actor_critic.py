@@ -31,7 +31,7 @@ from mpirl.agents.distributions import actor_outputs, log_prob_entropy
 from mpirl.agents.schedules import Linear
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
-from mpirl.agents.networks import NetworkCopy, build_network, image_floats, network_for
+from mpirl.agents.networks import NetworkCopy, build_network, image_floats, nature_floats, network_for
 from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.vtrace import vtrace
 from mpirl.envs.actions import ActionSpec, discrete
@@ -98,7 +98,8 @@ class ActorCritic(nn.Module):
         self.state_size = hidden[-1] if recurrent else 0
 
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = obs.flatten(1) if self.kind == "mlp" else image_floats(obs)
+        x = (obs.flatten(1) if self.kind == "mlp" else nature_floats(obs) if self.kind == "nature"
+             else image_floats(obs))
         x = x.to(self.value.weight.dtype)
         return x, self.shared(self.torso(x))
 

@@ -44,8 +44,21 @@ class DuelingMLP(nn.Module):
 
 
 def image_floats(obs: torch.Tensor) -> torch.Tensor:
-    """Stored image observations as the convolutions take them: uint8 pixels / 255, anything else as is."""
-    return obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+    """Stored image observations as the convolutions take them: uint8 pixels / 255, anything else as is. (The
+    scaling is a multiply in place on the new float tensor: one pass over it, not a second tensor.)"""
+    return obs.float().mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else obs.float()
+
+
+def nature_floats(obs: torch.Tensor) -> torch.Tensor:
+    """:func:`image_floats` for the Nature convolutions, channels-last in memory for a pass a gradient will flow
+    back through on the CPU: oneDNN's backward convolutions run 1.7x faster on that layout there (the forward no
+    faster; inference at batches of 64 and more slower, so acting keeps the stored layout). The bytes are
+    reordered before they become floats, a quarter of the memory traffic of reordering the floats. The values,
+    and the flattened features after the torso, are the same in either layout (``mpirl bench learner``'s layout
+    row measures the pass both ways)."""
+    if obs.dim() == 4 and obs.device.type == "cpu" and torch.is_grad_enabled():
+        obs = obs.contiguous(memory_format=torch.channels_last)  # .float() keeps the layout
+    return image_floats(obs)
 
 
 NATURE_MIN_SIDE = 36  # the Nature convolutions (8/4, 4/2, 3/1) need 36x36 or more
@@ -93,7 +106,7 @@ class NatureCNN(nn.Module):
         self.head = DuelingHead(features, n_actions, hidden)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.torso(image_floats(obs)))
+        return self.head(self.torso(nature_floats(obs)))
 
 
 class FlatMLP(DuelingMLP):

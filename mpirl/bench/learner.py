@@ -17,6 +17,10 @@ checks each pass's mode on both). The ratio is bare seconds over ours (1: no ove
 CartPole (MLP 128x128, batch 64) and Breakout (Nature CNN, batch 64, frames once),
 on the CPU and, when present, on CUDA (``--device cpu|cuda|all``; on CUDA each step is timed to its
 ``torch.cuda.synchronize()``).
+
+On the CPU one more row measures the layout a training pass gives the Nature convolutions
+(:func:`mpirl.agents.networks.nature_floats`): the actor-critic's torso and shared layer, forward and backward, on
+IMPALA's batch (32 trajectories of 21 stacks), its input channels-last (ours) against the stored layout.
 """
 
 from __future__ import annotations
@@ -150,8 +154,39 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
     return r
 
 
-def run(reps: int = MIN_REPS, seconds: float = 1.0, device: str = "all") -> list[Row]:
-    """``device``: "cpu", "cuda", or "all" (the CPU, and CUDA when torch sees it)."""
+LAYOUT_BATCH = 32 * 21  # IMPALA's Atari batch: 32 trajectories of 20 steps and the bootstrap stack
+
+
+def layout(reps: int, seconds: float, batch: int = LAYOUT_BATCH) -> Row:
+    """The Nature torso's training pass on the CPU (forward and backward to every weight) with its input
+    channels-last, as :func:`~mpirl.agents.networks.nature_floats` gives it, against the input in the stored
+    layout: the same network, the same uint8 batch scaled the same way."""
+    from mpirl.agents.actor_critic import ActorCritic
+    from mpirl.agents.networks import image_floats, nature_floats
+
+    torch.manual_seed(0)
+    net = ActorCritic((4, 84, 84), 6, [512], "nature")
+    frames = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
+
+    def step(to_floats) -> None:
+        net.zero_grad(set_to_none=True)
+        net.shared(net.torso(to_floats(frames))).square().mean().backward()
+
+    r = Row("Nature CNN training pass, channels-last input, cpu", "s per pass", "channels-last", "stored layout",
+            higher_is_better=False, target=1.0,
+            note=f"batch {batch} (IMPALA's 32 x 21 stacks), forward and backward of the torso and shared layer")
+    for _ in range(2):  # alternate, so drifts of the machine hit both
+        r.values.setdefault("channels-last", []).extend(_seconds(lambda: step(nature_floats), reps, seconds,
+                                                                 lambda: None))
+        r.values.setdefault("stored layout", []).extend(_seconds(lambda: step(image_floats), reps, seconds,
+                                                                 lambda: None))
+    return r
+
+
+def run(reps: int = MIN_REPS, seconds: float = 1.0, device: str = "all", layout_batch: int = LAYOUT_BATCH
+        ) -> list[Row]:
+    """``device``: "cpu", "cuda", or "all" (the CPU, and CUDA when torch sees it); ``layout_batch``: the stacks in
+    the layout row's batch."""
     threads = torch.get_num_threads()
     cuda = [torch.device("cuda")] if torch.cuda.is_available() else []
     devices = {"cpu": [torch.device("cpu")], "cuda": cuda, "all": [torch.device("cpu")] + cuda}[device]
@@ -163,6 +198,8 @@ def run(reps: int = MIN_REPS, seconds: float = 1.0, device: str = "all") -> list
         for device in devices:
             for label, obs, n_actions, hidden in SHAPES:
                 rows.append(bench(label, obs, n_actions, hidden, device, reps, seconds))
+            if device.type == "cpu":
+                rows.append(layout(reps, seconds, layout_batch))
     finally:
         torch.set_num_threads(threads)
     return rows

@@ -1,7 +1,7 @@
 """Learning on Atari, side by side: ours (IMPALA, PPO) and Sample Factory's APPO on one game, on the same cores,
 each for the same frame budget and the same wall, return against env frames and against hours.
 
-    python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1]
+    python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1] [--first-seed 1]
                                       [--which impala,ppo,sf] [--runs runs/atari-learning]
                                       [--out docs/figures/atari-pong-learning.png]
     python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--out FILE.png]
@@ -20,8 +20,9 @@ learning rate decays linearly over its budget). Every side's episodes are whole 
 finished by then (each side's finished episodes' lengths summed, x 4) and the hours since that side's first env
 step. Curves: the mean of the last 20 episodes. The table: that mean at equal frames and at equal hours (a quarter,
 half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
-from it again; given several files, from their sides together, which are then saved beside ``--out``: a side in two
-files, files of other games or budgets are refused).
+from it again; given several files, from their sides and seeds together, which are then saved beside ``--out``: one
+seed of a side in two files, files of other games or budgets are refused). ``--first-seed K`` runs seeds K.. so that
+a later call adds seeds to an earlier one's.
 """
 
 from __future__ import annotations
@@ -99,9 +100,12 @@ def median(values: list[float]) -> float:
     return float(np.median(kept)) if kept else math.nan
 
 
-def table(episodes: dict[str, list[np.ndarray]]) -> str:
+Episodes = dict[str, dict[int, np.ndarray]]  # side -> seed -> its episodes' rows
+
+
+def table(episodes: Episodes) -> str:
     """Return (mean of the last WINDOW episodes; median over seeds) at equal frames and at equal hours."""
-    curves = {name: [curve(r) for r in runs] for name, runs in episodes.items()}
+    curves = {name: [curve(r) for r in runs.values()] for name, runs in episodes.items()}
     reached = [c for cs in curves.values() for c in cs if len(c[0])]
     if not reached:
         return "no side finished 20 episodes"
@@ -114,7 +118,7 @@ def table(episodes: dict[str, list[np.ndarray]]) -> str:
     for name, cs in curves.items():
         vals = [median([at(c[0], c[2], m * span_f) if len(c[0]) else math.nan for c in cs]) for m in marks]
         vals += [median([at(c[1], c[2], m * span_h) if len(c[0]) else math.nan for c in cs]) for m in marks]
-        runs = episodes[name]
+        runs = list(episodes[name].values())
         total_f = np.median([r[:, 1].sum() * atari.FRAMESKIP for r in runs])
         total_h = np.median([r[-1, 0] / 3600 if len(r) else 0.0 for r in runs])
         lines.append(f"{name:24s}" + "".join(f"{v:>12.1f}" for v in vals[:3]) + "".join(f"{v:>12.1f}" for v in vals[3:])
@@ -122,10 +126,10 @@ def table(episodes: dict[str, list[np.ndarray]]) -> str:
     return "\n".join(lines)
 
 
-def draw(episodes: dict[str, list[np.ndarray]], game: str, out: Path) -> None:
+def draw(episodes: Episodes, game: str, out: Path) -> None:
     fig, (by_frames, by_hours) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for name, runs in episodes.items():
-        for k, rows in enumerate(runs):
+        for k, rows in enumerate(runs.values()):
             frames, hours, means = curve(rows)
             label = f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})" if k == 0 else None
             by_frames.plot(frames / 1e6, means, color=COLOURS.get(name), label=label, lw=1.2)
@@ -142,24 +146,25 @@ def draw(episodes: dict[str, list[np.ndarray]], game: str, out: Path) -> None:
     plt.close(fig)
 
 
-def save(episodes: dict[str, list[np.ndarray]], path: Path, **attrs) -> None:
+def save(episodes: Episodes, path: Path, **attrs) -> None:
     with h5py.File(path, "w") as f:
         f.attrs.update(attrs)
         for name, runs in episodes.items():
-            for k, rows in enumerate(runs):
-                f[f"{name}/seed{k + 1}"] = rows
+            for seed, rows in runs.items():
+                f[f"{name}/seed{seed}"] = rows
 
 
-def load(path: Path) -> tuple[dict[str, list[np.ndarray]], dict]:
+def load(path: Path) -> tuple[Episodes, dict]:
     with h5py.File(path, "r") as f:
-        return ({name: [f[name][s][()] for s in sorted(f[name], key=lambda s: int(s[4:]))] for name in f},
-                dict(f.attrs))
+        return ({name: {int(s[4:]): f[name][s][()] for s in sorted(f[name], key=lambda s: int(s[4:]))}
+                 for name in f}, dict(f.attrs))
 
 
-def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict[str, list[np.ndarray]], dict]:
-    """The sides of every file together, with the first file's attributes; refused (``ap.error``, exit 2) where a
-    file is missing or unreadable, where two hold one side, or where their game, frame budget or wall differ."""
-    episodes: dict[str, list[np.ndarray]] = {}
+def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[Episodes, dict]:
+    """The sides and seeds of every file together, with the first file's attributes; refused (``ap.error``, exit 2)
+    where a file is missing or unreadable, where two hold one seed of one side, or where their game, frame budget or
+    wall differ."""
+    episodes: Episodes = {}
     first: dict = {}
     for path in paths:
         try:
@@ -171,10 +176,12 @@ def merged(ap: argparse.ArgumentParser, paths: list[Path]) -> tuple[dict[str, li
         differ = [k for k in ("game", "frames", "wall") if str(attrs.get(k)) != str(first.get(k))]
         if differ:
             ap.error(f"--redraw: {path} differs from {paths[0]} in {', '.join(differ)}: not one comparison")
-        for name in sides:
-            if name in episodes:
-                ap.error(f"--redraw: {name!r} is in two of the files; pass one of them")
-        episodes.update(sides)
+        for name, runs in sides.items():
+            twice = sorted(set(runs) & set(episodes.get(name, {})))
+            if twice:
+                ap.error(f"--redraw: seed {twice[0]} of {name!r} is in two of the files; pass one of them")
+            episodes.setdefault(name, {}).update(runs)
+            episodes[name] = dict(sorted(episodes[name].items()))
     first["seeds_done"] = min(len(runs) for runs in episodes.values()) if episodes else 0
     return episodes, first
 
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=float, default=4e6, help="env frames a run (agent steps x 4)")
     ap.add_argument("--wall", type=float, default=2400.0, help="seconds a run, from its first env step")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=1, help="the first seed run (a later call adds seeds)")
     ap.add_argument("--which", default="impala,ppo,sf", help="comma-separated: impala, ppo, sf")
     ap.add_argument("--runs", default="runs/atari-learning", help="where ours' run directories are kept")
     ap.add_argument("--out", help="the PNG (default docs/figures/atari-GAME-learning.png); its data beside it (.h5)")
@@ -194,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     which = [w.strip() for w in args.which.split(",") if w.strip()]
     if not which or set(which) - set(SIDES):
         ap.error(f"--which: comma-separated names of {', '.join(SIDES)}, got {args.which!r}")
-    if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1:
-        ap.error("--frames >= 10,000, --wall > 0 and --seeds >= 1")
+    if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1 \
+            or args.first_seed < 1:
+        ap.error("--frames >= 10,000, --wall > 0, --seeds >= 1 and --first-seed >= 1")
     if args.redraw:
         episodes, attrs = merged(ap, [Path(p) for p in args.redraw])
         game = str(attrs.get("game", args.game))
@@ -210,14 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in (out, out.with_suffix(".h5")):
             if path.exists():
                 ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
-        episodes = {SIDES[w]: [] for w in which}
-        for seed in range(1, args.seeds + 1):
+        episodes: Episodes = {SIDES[w]: {} for w in which}
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for w in which:
                 got = (sample_factory(game, seed, int(args.frames), args.wall) if w == "sf" else
                        ours(SIDES[w], game, seed, int(args.frames), args.wall, Path(args.runs)))
-                episodes[SIDES[w]].append(got)
+                episodes[SIDES[w]][seed] = got
             save(episodes, out.with_suffix(".h5"), game=game, frames=args.frames, wall=args.wall,
-                 seeds_done=seed)  # after every seed: a stopped call keeps what it measured
+                 seeds_done=seed - args.first_seed + 1)  # after every seed: a stopped call keeps what it measured
     draw(episodes, game, out)
     print(table(episodes))
     print(f"wrote {out} and {out.with_suffix('.h5')}" if not args.redraw or len(args.redraw) > 1 else f"wrote {out}")

@@ -125,6 +125,22 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     with h5py.File(tmp_path / "breakout.h5", "w") as f:
         f.attrs["game"] = "breakout"
         f["mpirl PPO allreduce/seed1"] = rising
+    # A later call's seed 2 of a side joins the earlier call's seed 1: the table is their median.
+    with h5py.File(tmp_path / "seed2.h5", "w") as f:
+        f.attrs["game"] = "pong"
+        f["mpirl IMPALA async/seed2"] = flat
+    two = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "seed2.h5"),
+                 "--out", str(tmp_path / "two.png"))
+    assert two.returncode == 0, two.stderr
+    with h5py.File(tmp_path / "two.h5", "r") as f:
+        assert sorted(f["mpirl IMPALA async"]) == ["seed1", "seed2"] and f.attrs["seeds_done"] == 1
+    ours2 = next(l for l in two.stdout.splitlines() if l.startswith("mpirl IMPALA async")).split()
+    assert float(ours2[-1]) == 1.0  # the median of the two seeds' hours
+    # at the whole hour: the median of seed 1 (the last 20 of the line) and seed 2 (-20)
+    assert float(ours2[8]) == pytest.approx((np.linspace(-21, 0, 100)[80:].mean() - 20.0) / 2, abs=0.05)
+    assert "seed 1 of 'Sample Factory APPO' is in two" in script(  # the first side both files hold
+        "analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "all.h5"),
+        "--out", str(tmp_path / "x.png")).stderr
     for second, said in (("all.h5", "in two of the files"), ("breakout.h5", "differs from")):
         refused = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / second),
                          "--out", str(tmp_path / "other.png"))

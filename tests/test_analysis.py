@@ -89,16 +89,25 @@ def test_replay_profile_takes_the_atari_sample_and_insert_apart():
     assert "huge pages backing ours" in proc.stdout
 
 
+def _episodes_file(path, game: str, runs: dict) -> str:
+    """A file as ``analysis/atari_learning.py`` keeps its episodes: ``{"side/seedN": rows}``."""
+    with h5py.File(path, "w") as f:
+        f.attrs["game"] = game
+        for name, rows in runs.items():
+            f[name] = rows
+    return str(path)
+
+
 def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_hours(tmp_path):
     """``analysis/atari_learning.py --redraw``: the episodes of each side (seconds since its first env step,
     length, return) as a PNG of both axes and a table of the last-20 mean at equal frames and hours."""
     rising = np.column_stack([np.arange(1, 101) * 36.0, np.full(100, 1000), np.linspace(-21, 0, 100)])
     flat = np.column_stack([np.arange(1, 41) * 90.0, np.full(40, 2000), np.full(40, -20.0)])
-    with h5py.File(tmp_path / "runs.h5", "w") as f:
-        f.attrs["game"] = "pong"
-        f["mpirl IMPALA async/seed1"] = rising
-        f["Sample Factory APPO/seed1"] = flat
-    proc = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"))
+    runs = _episodes_file(tmp_path / "runs.h5", "pong", {"mpirl IMPALA async/seed1": rising,
+                                                         "Sample Factory APPO/seed1": flat})
+    redraw = lambda *files, out: script("analysis/atari_learning.py", "--redraw", *files,  # noqa: E731
+                                        "--out", str(tmp_path / out))
+    proc = script("analysis/atari_learning.py", "--redraw", runs)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs.png").stat().st_size > 10_000
     lines = proc.stdout.splitlines()
@@ -112,25 +121,16 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     assert ours[-3:] == ["100", "400,000", "1.00"]
     bad = script("analysis/atari_learning.py", "--which", "impala,dqn")
     assert bad.returncode == 2 and "--which" in bad.stderr
-    # Several files: their sides together, saved beside --out; a side twice, or another game, is refused.
-    with h5py.File(tmp_path / "ppo.h5", "w") as f:
-        f.attrs["game"] = "pong"
-        f["mpirl PPO allreduce/seed1"] = rising
-    both = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "ppo.h5"),
-                  "--out", str(tmp_path / "all.png"))
+    # Several files: their sides together, saved beside --out; one seed of a side twice, or another game, refused.
+    both = redraw(runs, _episodes_file(tmp_path / "ppo.h5", "pong", {"mpirl PPO allreduce/seed1": rising}),
+                  out="all.png")
     assert both.returncode == 0, both.stderr
     assert any(l.startswith("mpirl PPO allreduce") for l in both.stdout.splitlines())
     with h5py.File(tmp_path / "all.h5", "r") as f:
         assert sorted(f) == ["Sample Factory APPO", "mpirl IMPALA async", "mpirl PPO allreduce"]
-    with h5py.File(tmp_path / "breakout.h5", "w") as f:
-        f.attrs["game"] = "breakout"
-        f["mpirl PPO allreduce/seed1"] = rising
     # A later call's seed 2 of a side joins the earlier call's seed 1: the table is their median.
-    with h5py.File(tmp_path / "seed2.h5", "w") as f:
-        f.attrs["game"] = "pong"
-        f["mpirl IMPALA async/seed2"] = flat
-    two = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "seed2.h5"),
-                 "--out", str(tmp_path / "two.png"))
+    two = redraw(runs, _episodes_file(tmp_path / "seed2.h5", "pong", {"mpirl IMPALA async/seed2": flat}),
+                 out="two.png")
     assert two.returncode == 0, two.stderr
     with h5py.File(tmp_path / "two.h5", "r") as f:
         assert sorted(f["mpirl IMPALA async"]) == ["seed1", "seed2"] and f.attrs["seeds_done"] == 1
@@ -138,11 +138,9 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     assert float(ours2[-1]) == 1.0  # the median of the two seeds' hours
     # at the whole hour: the median of seed 1 (the last 20 of the line) and seed 2 (-20)
     assert float(ours2[8]) == pytest.approx((np.linspace(-21, 0, 100)[80:].mean() - 20.0) / 2, abs=0.05)
-    assert "seed 1 of 'Sample Factory APPO' is in two" in script(  # the first side both files hold
-        "analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / "all.h5"),
-        "--out", str(tmp_path / "x.png")).stderr
-    for second, said in (("all.h5", "in two of the files"), ("breakout.h5", "differs from")):
-        refused = script("analysis/atari_learning.py", "--redraw", str(tmp_path / "runs.h5"), str(tmp_path / second),
-                         "--out", str(tmp_path / "other.png"))
+    _episodes_file(tmp_path / "breakout.h5", "breakout", {"mpirl PPO allreduce/seed1": rising})
+    for second, said in (("all.h5", "seed 1 of 'Sample Factory APPO' is in two of the files"),
+                         ("breakout.h5", "differs from")):
+        refused = redraw(runs, str(tmp_path / second), out="other.png")
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
     assert not (tmp_path / "other.h5").exists() and not (tmp_path / "other.png").exists()

@@ -103,7 +103,7 @@ def test_a_training_pass_of_the_nature_cnn_is_the_same_in_the_layout_it_is_given
         grads.append([p.grad.clone() for p in (*net.torso.parameters(), *net.shared.parameters())])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    logits, values = net(frames)  # the network's own forward takes the channels-last path
+    logits, values = net(frames)  # the network's own forward, with autograd: the same outputs as acting's
     assert logits.shape == (6, 6) and values.shape == (6,)
     with torch.no_grad():
         torch.testing.assert_close(net(frames)[0], logits.detach(), rtol=1e-4, atol=1e-6)

@@ -181,8 +181,9 @@ class AgentConfig:
     device: str = setting("auto", choices=("auto", "cpu", "cuda"))
     torch_threads: int = setting(1, ge=1, le=1024)
     # "bf16": the learner's forward and backward passes run under bfloat16 autocast (weights,
-    # optimizer, targets and loss stay float32). Faster on CPUs with AMX/AVX-512 BF16 and on
-    # recent GPUs; slower on CPUs without them. "auto": bf16 where the device has it natively.
+    # optimizer, targets and loss stay float32). Faster on CPUs with AMX/AVX-512 BF16; slower on
+    # CPUs without them, and on an H200 for the Nature CNN at batches up to 512 (0.90x and 0.82x of
+    # fp32: docs/performance.md, the GPU check). "auto": bf16 where the device has it natively.
     precision: str = setting("fp32", choices=("fp32", "bf16", "auto"))
 
 

@@ -18,9 +18,10 @@ CartPole (MLP 128x128, batch 64) and Breakout (Nature CNN, batch 64, frames once
 on the CPU and, when present, on CUDA (``--device cpu|cuda|all``; on CUDA each step is timed to its
 ``torch.cuda.synchronize()``).
 
-On the CPU one more row measures the layout a training pass gives the Nature convolutions
+One more row a device measures the layout a training pass gives the Nature convolutions
 (:func:`mpirl.agents.networks.nature_floats`): the actor-critic's torso and shared layer, forward and backward, on
-IMPALA's batch (32 trajectories of 21 stacks), its input channels-last (ours) against the stored layout.
+IMPALA's batch (32 trajectories of 21 stacks), its input channels-last against the stored layout; on CUDA (where
+the learners keep the stored layout) in fp32 and under bf16 autocast, to say whether channels-last would pay there.
 """
 
 from __future__ import annotations
@@ -157,29 +158,40 @@ def bench(label: str, obs: tuple, n_actions: int, hidden: list, device: torch.de
 LAYOUT_BATCH = 32 * 21  # IMPALA's Atari batch: 32 trajectories of 20 steps and the bootstrap stack
 
 
-def layout(reps: int, seconds: float, batch: int = LAYOUT_BATCH) -> Row:
-    """The Nature torso's training pass on the CPU (forward and backward to every weight) with its input
-    channels-last, as :func:`~mpirl.agents.networks.nature_floats` gives it, against the input in the stored
-    layout: the same network, the same uint8 batch scaled the same way."""
+def layout(reps: int, seconds: float, batch: int = LAYOUT_BATCH, device: torch.device = torch.device("cpu"),
+           precision: str = "fp32") -> Row:
+    """The Nature torso's training pass (forward and backward to every weight) with its input channels-last against
+    the input in the stored layout: the same network, the same uint8 batch scaled the same way. On the CPU the
+    channels-last side is :func:`~mpirl.agents.networks.nature_floats` as the learners call it; on CUDA (where
+    ``nature_floats`` leaves the layout alone) the same reorder of the bytes is made here, so the row says whether
+    extending it to the GPU would pay, in fp32 and (``precision`` "bf16") under bf16 autocast."""
     from mpirl.agents.actor_critic import ActorCritic
     from mpirl.agents.networks import image_floats, nature_floats
 
     torch.manual_seed(0)
-    net = ActorCritic((4, 84, 84), 6, [512], "nature")
-    frames = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
+    net = ActorCritic((4, 84, 84), 6, [512], "nature").to(device)
+    frames = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8, device=device)
+    bf16 = precision == "bf16"
+    if device.type == "cpu" and bf16:
+        raise ValueError("the layout row takes bf16 on CUDA only")
+    last = nature_floats if device.type == "cpu" else (
+        lambda obs: image_floats(obs.contiguous(memory_format=torch.channels_last)))
 
     def step(to_floats) -> None:
         net.zero_grad(set_to_none=True)
-        net.shared(net.torso(to_floats(frames))).square().mean().backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = net.shared(net.torso(to_floats(frames))).float().square().mean()
+        loss.backward()
 
-    r = Row("Nature CNN training pass, channels-last input, cpu", "s per pass", "channels-last", "stored layout",
-            higher_is_better=False, target=1.0,
-            note=f"batch {batch} (IMPALA's 32 x 21 stacks), forward and backward of the torso and shared layer")
+    sync = sync_of(device)
+    r = Row(f"Nature CNN training pass, channels-last input, {device.type}" + (", bf16" if bf16 else ""),
+            "s per pass", "channels-last", "stored layout", higher_is_better=False,
+            target=1.0 if device.type == "cpu" else None,
+            note=f"batch {batch} (IMPALA's 32 x 21 stacks), forward and backward of the torso and shared layer"
+                 + ("" if device.type == "cpu" else "; the learners keep the stored layout on CUDA"))
     for _ in range(2):  # alternate, so drifts of the machine hit both
-        r.values.setdefault("channels-last", []).extend(_seconds(lambda: step(nature_floats), reps, seconds,
-                                                                 lambda: None))
-        r.values.setdefault("stored layout", []).extend(_seconds(lambda: step(image_floats), reps, seconds,
-                                                                 lambda: None))
+        r.values.setdefault("channels-last", []).extend(_seconds(lambda: step(last), reps, seconds, sync))
+        r.values.setdefault("stored layout", []).extend(_seconds(lambda: step(image_floats), reps, seconds, sync))
     return r
 
 
@@ -198,8 +210,9 @@ def run(reps: int = MIN_REPS, seconds: float = 1.0, device: str = "all", layout_
         for device in devices:
             for label, obs, n_actions, hidden in SHAPES:
                 rows.append(bench(label, obs, n_actions, hidden, device, reps, seconds))
-            if device.type == "cpu":
-                rows.append(layout(reps, seconds, layout_batch))
+            rows.append(layout(reps, seconds, layout_batch, device))
+            if device.type == "cuda":
+                rows.append(layout(reps, seconds, layout_batch, device, "bf16"))
     finally:
         torch.set_num_threads(threads)
     return rows

@@ -82,6 +82,48 @@ def test_nature_cnn_on_frame_stacks():
     torch.testing.assert_close(net(frames.float() / 255.0), q)
 
 
+def _rows_orthogonal(weight: torch.Tensor, gain: float) -> None:
+    """``weight`` (out, in...) has orthogonal rows of norm ``gain`` (or columns, where out > in)."""
+    w = weight.detach().flatten(1)
+    gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    torch.testing.assert_close(gram, gain ** 2 * torch.eye(len(gram)), atol=1e-5 * max(1.0, gain ** 2), rtol=0)
+
+
+def test_orthogonal_weight_init_is_the_references_and_keeps_the_nature_features_from_vanishing():
+    from mpirl.agents.actor_critic import actor_critic
+    from mpirl.agents.networks import image_floats
+    cfg = AgentConfig()
+    cfg.hidden, cfg.network = [512], "nature"
+    torch.manual_seed(0)
+    plain = actor_critic((4, 84, 84), 6, cfg)
+    cfg.weight_init = "orthogonal"
+    net = actor_critic((4, 84, 84), 6, cfg)
+    layers = [m for m in [*net.torso.modules(), *net.shared.modules()]
+              if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert len(layers) == 4  # three convolutions and the shared layer
+    for layer in layers:
+        _rows_orthogonal(layer.weight, 2 ** 0.5)
+    _rows_orthogonal(net.policy.weight, 0.01)
+    _rows_orthogonal(net.value.weight, 1.0)
+    assert all(not m.bias.any() for m in [*layers, net.policy, net.value])
+    # What the setting is for: PyTorch's defaults shrink each layer's output, so the features the heads read are
+    # far smaller than the orthogonal start's (about 30x on Pong's stacks).
+    frames = torch.randint(0, 256, (64, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        rms = [m.shared(m.torso(image_floats(frames))).square().mean().sqrt().item() for m in (plain, net)]
+    assert rms[1] > 10 * rms[0], rms
+    # A recurrent core and a Gaussian policy: the core's weights orthogonal with gain 1, the means' head 0.01.
+    from mpirl.envs.actions import action_spec
+    import gymnasium as gym
+    cfg = AgentConfig()
+    cfg.hidden, cfg.recurrent, cfg.weight_init = [16], "lstm", "orthogonal"
+    net = actor_critic((3,), action_spec(gym.spaces.Box(-1, 1, (2,)), "x"), cfg)
+    _rows_orthogonal(net.core.weight_ih, 1.0)
+    _rows_orthogonal(net.core.weight_hh, 1.0)
+    assert not net.core.bias_ih.any() and not net.core.bias_hh.any()
+    _rows_orthogonal(net.policy.weight, 0.01)
+
+
 def test_a_training_pass_of_the_nature_cnn_is_the_same_in_the_layout_it_is_given():
     """A pass with autograd on the CPU takes its input channels-last (nature_floats: faster backward
     convolutions); its values and every weight's gradient are those of the stored layout."""

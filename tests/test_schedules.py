@@ -78,7 +78,8 @@ def test_a_schedule_without_a_horizon_or_ending_after_it_is_exit_2_naming_the_ke
                                      ("taxi_distql.toml", "agent.normalize_obs=true"),  # DistQL
                                      ("taxi_distql.toml", "agent.normalize_reward=true"),
                                      ("predator_prey_qmix.toml", "agent.log_std_init=-1"),  # QMIX
-                                     ("cartpole.toml", 'agent.activation="tanh"')])
+                                     ("cartpole.toml", 'agent.activation="tanh"'),
+                                     ("predator_prey_qmix.toml", 'agent.weight_init="orthogonal"')])
 def test_an_actor_critic_setting_for_an_algorithm_that_does_not_take_it_is_exit_2_naming_it(job, key):
     proc = run_cli("validate", str(JOBS / job), "--set", key)
     name = key.split("=")[0]

@@ -21,6 +21,7 @@ learner unrolls from (as IMPALA and R2D2 store it).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -142,11 +143,30 @@ def core_step(net: ActorCritic, obs: np.ndarray, h: np.ndarray, c: np.ndarray, s
     return out[0], values[0], h2.float().cpu().numpy(), c2.float().cpu().numpy()
 
 
+def orthogonal_init(net: ActorCritic) -> ActorCritic:
+    """``agent.weight_init = "orthogonal"``, the actor-critic references' start (OpenAI Baselines, CleanRL, SB3,
+    Sample Factory): every convolution and linear layer of the torso, the shared layers and a critic of its own
+    orthogonal with gain sqrt(2), the policy head with 0.01 (a near-uniform first policy, or a Gaussian's means near
+    0), the value head with 1, an LSTM core's weights with 1; every bias 0. ``net`` itself, changed in place."""
+    heads = {id(net.policy): 0.01, id(net.value): 1.0}
+    for module in net.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(module.weight, heads.get(id(module), math.sqrt(2)))
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LSTMCell):
+            for weight in (module.weight_ih, module.weight_hh):
+                nn.init.orthogonal_(weight, 1.0)
+            nn.init.zeros_(module.bias_ih)
+            nn.init.zeros_(module.bias_hh)
+    return net
+
+
 def actor_critic(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg) -> ActorCritic:
     """The network ``[agent]`` describes."""
     a = agent_cfg
-    return ActorCritic(obs_shape, action, a.hidden, a.network, activation=a.activation, shared_torso=a.shared_torso,
-                       log_std_init=a.log_std_init, recurrent=a.recurrent == "lstm")
+    net = ActorCritic(obs_shape, action, a.hidden, a.network, activation=a.activation, shared_torso=a.shared_torso,
+                      log_std_init=a.log_std_init, recurrent=a.recurrent == "lstm")
+    return orthogonal_init(net) if a.weight_init == "orthogonal" else net
 
 
 class ActorCriticPolicy(NetworkCopy):

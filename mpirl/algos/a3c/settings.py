@@ -78,7 +78,7 @@ USES = {
     "run": ("train_steps", "env_steps", "wall_seconds", "target_return", "return_window"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
-              "recurrent", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
+              "recurrent", "weight_init", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
               "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",

@@ -62,7 +62,7 @@ USES = {
     "topology": ("buffers", "actors", "node_local", "workers", "worker_batch", "worker_deadline_us"),
     "checkpoint": ("every_seconds", "every_steps", "keep"),
     "agent": ("gamma", "lr", "adam_eps", "hidden", "network", "activation", "shared_torso", "log_std_init",
-              "recurrent", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
+              "recurrent", "weight_init", "normalize_obs", "normalize_reward", "normalized_obs_clip", "normalized_reward_clip",
               "lr_final", "schedule_unit", "schedule_steps",
               "grad_clip", "reward_clip", "device", "torch_threads"),
     "env": ("id", "envs_per_actor", "max_episode_steps", "channels", "frameskip", "frame_stack", "noop_max",

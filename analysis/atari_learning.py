@@ -2,9 +2,9 @@
 each for the same frame budget and the same wall, return against env frames and against hours.
 
     python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1] [--first-seed 1]
-                                      [--which impala,ppo,sf] [--runs runs/atari-learning]
+                                      [--which impala,ppo,sf] [--runs runs/atari-learning] [--set KEY=VALUE ...]
                                       [--out docs/figures/atari-pong-learning.png]
-    python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--out FILE.png]
+    python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--rename OLD=NEW ...] [--out FILE.png]
 
 Runs back to back on this machine, seed by seed, each until ``--frames`` env frames (agent steps x frame skip 4)
 or ``--wall`` seconds of its own clock from its first env step, whichever comes first:
@@ -22,7 +22,10 @@ step. Curves: the mean of the last 20 episodes. The table: that mean at equal fr
 half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
 from it again; given several files, from their sides and seeds together, which are then saved beside ``--out``: one
 seed of a side in two files, files of other games or budgets are refused). ``--first-seed K`` runs seeds K.. so that
-a later call adds seeds to an earlier one's.
+a later call adds seeds to an earlier one's. ``--set KEY=VALUE`` (repeated) changes a setting of ours' jobs (a
+variant: the side is then named with its settings, ``mpirl PPO allreduce [env.envs_per_actor=4]``, and drawn dashed
+in its side's colour); ``--rename OLD=NEW`` names a side of the files ``--redraw`` reads anew (a variant run
+before its setting had a name of its own).
 """
 
 from __future__ import annotations
@@ -48,13 +51,32 @@ SIDES = {"impala": atari.IMPALA, "ppo": atari.PPO, "sf": "Sample Factory APPO"}
 COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APPO": "tab:red"}
 
 
-def ours(which: str, game: str, seed: int, frames: int, wall: float, runs: Path) -> np.ndarray:
-    """One run of ours: its episodes as rows (seconds since its first env step, length, return)."""
+VARIANT_LINES = ("--", ":", "-.")
+
+
+def styles(names: list[str]) -> dict[str, dict]:
+    """Each side's line: its colour, and for a variant of a side (its name with more after it) the same colour
+    dashed, dotted, then dash-dotted in the order the variants come."""
+    out, seen = {}, {}
+    for name in names:
+        base = next((k for k in COLOURS if name.startswith(k)), None)
+        k = -1
+        if base and name != base:
+            k = seen[base] = seen.get(base, -1) + 1
+        out[name] = {"color": COLOURS.get(base) if base else None,
+                     "ls": "-" if k < 0 else VARIANT_LINES[k % len(VARIANT_LINES)]}
+    return out
+
+
+def ours(which: str, game: str, seed: int, frames: int, wall: float, runs: Path, sets: tuple[str, ...] = ()
+         ) -> np.ndarray:
+    """One run of ours (``sets``: more of its settings): its episodes as rows (seconds since its first env step,
+    length, return)."""
     runs.mkdir(parents=True, exist_ok=True)
     # The frame budget ends the run and its schedules span it (agent.schedule_steps = 0: the run's), as Sample
     # Factory's learning rate decays over its budget.
     run_dir, _ = atari.launch_ours(which, game, seed, wall, runs,
-                                   sets=(f"run.env_steps={frames // atari.FRAMESKIP}", "agent.schedule_steps=0"))
+                                   sets=(f"run.env_steps={frames // atari.FRAMESKIP}", "agent.schedule_steps=0", *sets))
     first = atari.OUR_JOBS[which][3](run_dir, math.inf)["first_step"]
     tables = []
     for path in sorted(run_dir.glob("*.h5")):
@@ -112,7 +134,8 @@ def table(episodes: Episodes) -> str:
     span_f = min(c[0][-1] for c in reached)
     span_h = min(c[1][-1] for c in reached)
     marks = (0.25, 0.5, 1.0)
-    head = (f"{'':24s}" + "".join(f"{m * span_f / 1e6:>9.2f}M fr" for m in marks)
+    width = max(24, *(len(name) + 2 for name in curves))
+    head = (f"{'':{width}s}" + "".join(f"{m * span_f / 1e6:>9.2f}M fr" for m in marks)
             + "".join(f"{m * span_h:>10.2f} h" for m in marks) + f"{'episodes':>10s}{'frames':>12s}{'hours':>7s}")
     lines = [f"return, mean of the last {WINDOW} episodes (median over seeds), at equal frames | at equal hours", head]
     for name, cs in curves.items():
@@ -121,19 +144,20 @@ def table(episodes: Episodes) -> str:
         runs = list(episodes[name].values())
         total_f = np.median([r[:, 1].sum() * atari.FRAMESKIP for r in runs])
         total_h = np.median([r[-1, 0] / 3600 if len(r) else 0.0 for r in runs])
-        lines.append(f"{name:24s}" + "".join(f"{v:>12.1f}" for v in vals[:3]) + "".join(f"{v:>12.1f}" for v in vals[3:])
+        lines.append(f"{name:{width}s}" + "".join(f"{v:>12.1f}" for v in vals[:3]) + "".join(f"{v:>12.1f}" for v in vals[3:])
                      + f"{np.median([len(r) for r in runs]):>10.0f}{total_f:>12,.0f}{total_h:>7.2f}")
     return "\n".join(lines)
 
 
 def draw(episodes: Episodes, game: str, out: Path) -> None:
     fig, (by_frames, by_hours) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    line = styles(list(episodes))
     for name, runs in episodes.items():
         for k, rows in enumerate(runs.values()):
             frames, hours, means = curve(rows)
             label = f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})" if k == 0 else None
-            by_frames.plot(frames / 1e6, means, color=COLOURS.get(name), label=label, lw=1.2)
-            by_hours.plot(hours, means, color=COLOURS.get(name), label=label, lw=1.2)
+            by_frames.plot(frames / 1e6, means, label=label, lw=1.2, **line[name])
+            by_hours.plot(hours, means, label=label, lw=1.2, **line[name])
     by_frames.set_xlabel("env frames (millions; frame skip 4)")
     by_hours.set_xlabel("hours since the first env step")
     by_frames.set_ylabel(f"return, mean of the last {WINDOW} games")
@@ -198,18 +222,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="the PNG (default docs/figures/atari-GAME-learning.png); its data beside it (.h5)")
     ap.add_argument("--redraw", metavar="FILE.h5", nargs="+",
                     help="draw and tabulate the episodes of earlier calls (several: their sides together)")
+    ap.add_argument("--set", dest="sets", metavar="KEY=VALUE", action="append", default=[],
+                    help="a setting of ours' jobs (repeated; the side is named with them)")
+    ap.add_argument("--rename", metavar="OLD=NEW", action="append", default=[],
+                    help="with --redraw: name a side of the files anew (repeated)")
     args = ap.parse_args(argv)
+    for flag, pairs in (("--set", args.sets), ("--rename", args.rename)):
+        if any("=" not in p or not p.split("=", 1)[0].strip() or not p.split("=", 1)[1].strip() for p in pairs):
+            ap.error(f"{flag}: KEY=VALUE pairs, got {pairs!r}")
+    if args.sets and args.redraw:
+        ap.error("--set: settings are for new runs, not --redraw (a variant's name is in its file)")
+    if args.rename and not args.redraw:
+        ap.error("--rename: only with --redraw")
     which = [w.strip() for w in args.which.split(",") if w.strip()]
     if not which or set(which) - set(SIDES):
         ap.error(f"--which: comma-separated names of {', '.join(SIDES)}, got {args.which!r}")
+    if args.sets and which == ["sf"]:
+        ap.error("--set: settings of ours' jobs, and --which names Sample Factory alone")
     if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1 \
             or args.first_seed < 1:
         ap.error("--frames >= 10,000, --wall > 0, --seeds >= 1 and --first-seed >= 1")
     if args.redraw:
         episodes, attrs = merged(ap, [Path(p) for p in args.redraw])
+        for pair in args.rename:
+            old, new = (p.strip() for p in pair.split("=", 1))
+            if old not in episodes or new in episodes:
+                ap.error(f"--rename: {old!r} is not a side of the files or {new!r} already is; their sides: "
+                         f"{', '.join(map(repr, episodes))}")
+            episodes = {new if name == old else name: runs for name, runs in episodes.items()}
         game = str(attrs.get("game", args.game))
         out = Path(args.out or Path(args.redraw[0]).with_suffix(".png"))
-        if len(args.redraw) > 1:
+        if len(args.redraw) > 1 or args.rename:
             if out.with_suffix(".h5").exists():
                 ap.error(f"--out: {out.with_suffix('.h5')} exists; pass another name for the sides together")
             save(episodes, out.with_suffix(".h5"), **attrs)
@@ -219,17 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         for path in (out, out.with_suffix(".h5")):
             if path.exists():
                 ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
-        episodes: Episodes = {SIDES[w]: {} for w in which}
+        variant = f" [{', '.join(args.sets)}]" if args.sets else ""
+        named = {w: SIDES[w] + (variant if w != "sf" else "") for w in which}
+        episodes: Episodes = {named[w]: {} for w in which}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for w in which:
                 got = (sample_factory(game, seed, int(args.frames), args.wall) if w == "sf" else
-                       ours(SIDES[w], game, seed, int(args.frames), args.wall, Path(args.runs)))
-                episodes[SIDES[w]][seed] = got
+                       ours(SIDES[w], game, seed, int(args.frames), args.wall, Path(args.runs), tuple(args.sets)))
+                episodes[named[w]][seed] = got
             save(episodes, out.with_suffix(".h5"), game=game, frames=args.frames, wall=args.wall,
                  seeds_done=seed - args.first_seed + 1)  # after every seed: a stopped call keeps what it measured
     draw(episodes, game, out)
     print(table(episodes))
-    print(f"wrote {out} and {out.with_suffix('.h5')}" if not args.redraw or len(args.redraw) > 1 else f"wrote {out}")
+    both = not args.redraw or len(args.redraw) > 1 or args.rename
+    print(f"wrote {out} and {out.with_suffix('.h5')}" if both else f"wrote {out}")
     return 0
 
 

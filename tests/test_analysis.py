@@ -144,3 +144,22 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
         refused = redraw(runs, str(tmp_path / second), out="other.png")
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
     assert not (tmp_path / "other.h5").exists() and not (tmp_path / "other.png").exists()
+    # A variant run before its setting had a name: renamed on redraw, beside the side run as the job files now are.
+    variant = _episodes_file(tmp_path / "variant.h5", "pong", {"mpirl PPO allreduce/seed1": flat})
+    named = redraw(str(tmp_path / "ppo.h5"), variant, "--rename", "mpirl PPO allreduce=mpirl PPO allreduce [old]",
+                   out="named.png")
+    assert named.returncode != 0  # both files hold seed 1 of one side until the rename, which comes after joining
+    named = redraw(variant, "--rename", "mpirl PPO allreduce=mpirl PPO allreduce [old]", out="named.png")
+    assert named.returncode == 0, named.stderr
+    with h5py.File(tmp_path / "named.h5", "r") as f:
+        assert sorted(f) == ["mpirl PPO allreduce [old]"]
+    assert any(l.startswith("mpirl PPO allreduce [old]") for l in named.stdout.splitlines())
+    for args, said in ((("--redraw", runs, "--rename", "nobody=x", "--out", str(tmp_path / "o.png")),
+                        "'nobody' is not a side"),
+                       (("--rename", "a=b"), "--rename: only with --redraw"),
+                       (("--redraw", runs, "--set", "agent.lr=1"), "--set: settings are for new runs"),
+                       (("--which", "sf", "--set", "agent.lr=1"), "--which names Sample Factory alone"),
+                       (("--set", "agent.lr"), "--set: KEY=VALUE pairs")):
+        refused = script("analysis/atari_learning.py", *args)
+        assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
+    assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.h5").exists()

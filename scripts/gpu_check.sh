@@ -12,6 +12,7 @@
 #   3. runs `mpirl bench learner --device cuda` (our train step against a bare PyTorch step on the same GPU);
 #   4. runs `mpirl bench gpu` (Ape-X, IMPALA and PPO steps against bare ones, bf16, the frame cache on the device,
 #      an inference worker's forward pass on the GPU against the CPU);
+#   5. with GPU_CHECK_JOBS_S set, runs scripts/gpu_jobs.py (whole Pong jobs, the learner on the GPU then the CPU);
 # each part under a timeout (GPU_CHECK_TESTS_S, GPU_CHECK_BENCH_S, GPU_CHECK_GPU_S: 200 + 160 + 200 s; on the H200
 # on 2026-11-28 the venv took seconds, the parts 71 + 108 + 91 s, the whole check 296 s), and writes its log, the
 # tests' JUnit XML and the benches' HDF5 to $OUT (default ./gpu-check-out). It exits 0 when every test passed and
@@ -53,6 +54,7 @@ if [ "$cuda" != 1 ] && [ "$REHEARSE" = 0 ]; then
   echo "and then: $PY -m mpirl bench learner --device cuda --reps 5 --out \$OUT/bench_learner.h5"
   echo "and then: $PY -m mpirl bench gpu --reps 5 --out \$OUT/bench_gpu.h5, which measures:"
   "$PY" -c "from mpirl.bench.gpu import plan; print('\n'.join('  - ' + line for line in plan()))"
+  echo "and, with GPU_CHECK_JOBS_S set: $PY scripts/gpu_jobs.py --devices cuda,cpu (whole Pong jobs, IMPALA and PPO)"
   n=$(ls "$WHEELS"/*.whl 2>/dev/null | wc -l)
   echo "gpu_check: $WHEELS holds $n wheels ($(du -sh "$WHEELS" 2>/dev/null | cut -f1 || echo 0));" \
        "scripts/gpu_wheels.sh makes them"
@@ -108,4 +110,16 @@ bench_part learner "$BENCH_S" "our train step against a bare PyTorch step"; benc
 # 4. The gpu bench: every family's step against a bare one, bf16, the frame cache, an inference worker's pass
 #    (the rehearsal: the same at tiny sizes on the CPU).
 bench_part gpu "$GPU_S" "Ape-X, IMPALA and PPO steps, bf16, the frame cache, an inference worker"; gpu_rc=$part_rc
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$gpu_rc" = 0 ]
+# 5. Whole Pong jobs (IMPALA, PPO) with the learner on the GPU, then on the CPU: only where GPU_CHECK_JOBS_S gives
+#    them seconds (about 260 on the H200's 16 cores; 0, the default: not run, so the check fits one 10-minute call).
+JOBS_S=${GPU_CHECK_JOBS_S:-0}
+jobs_rc=0
+if [ "$JOBS_S" != 0 ]; then
+  start=$(date +%s)
+  devices=$([ "$REHEARSE" = 1 ] && echo cpu || echo cuda,cpu)
+  timeout -k 10 "$JOBS_S" "$PY" scripts/gpu_jobs.py --devices "$devices" --ranks "$(getconf _NPROCESSORS_ONLN)" \
+    ${GPU_CHECK_JOBS_WALL:+--wall "$GPU_CHECK_JOBS_WALL"}
+  jobs_rc=$?
+  echo "gpu_check: whole jobs exit $jobs_rc after $(( $(date +%s) - start )) s"
+fi
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$gpu_rc" = 0 ] && [ "$jobs_rc" = 0 ]

@@ -160,8 +160,8 @@ class AgentConfig:
     # The actor-critics' (IMPALA, a3c) first weights: "torch", PyTorch's per-layer defaults; "orthogonal", the
     # actor-critic references' (OpenAI Baselines, CleanRL, SB3, Sample Factory): every hidden layer orthogonal with
     # gain sqrt(2), the policy head 0.01, the value head 1, an LSTM core 1, biases 0. On the Nature CNN PyTorch's
-    # defaults shrink the shared layer's activations about 30x (rms 0.015 against 0.43 on Pong's stacks), and
-    # Adam's steps of lr then hardly move the policy (PPO's KL about 3e-4 an update on Pong).
+    # defaults leave the shared layer's activations about 30x smaller (rms 0.015 against 0.43 on Pong's stacks);
+    # what either start does for learning on Pong within 2.5 M frames: docs/impala.md (no difference seen yet).
     weight_init: str = setting("torch", choices=("torch", "orthogonal"))
     # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
     # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the

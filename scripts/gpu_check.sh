@@ -28,7 +28,7 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: scripts/gpu_check.sh [--rehearse]" >&2; exit 2 ;;
 esac
-# Seconds for the cuda tests (110 s on an H200 with 6 workers), then the benches' (0: that bench not run); the
+# Seconds for the cuda tests (71 s on an H200 with 8 workers), then the benches' (0: that bench not run); the
 # rehearsal on a CPU takes longer for the same steps.
 if [ "$REHEARSE" = 1 ]; then TESTS_S=${GPU_CHECK_TESTS_S:-300} GPU_S=${GPU_CHECK_GPU_S:-600}
 else TESTS_S=${GPU_CHECK_TESTS_S:-200} GPU_S=${GPU_CHECK_GPU_S:-200}; fi

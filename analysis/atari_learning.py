@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -262,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in (out, out.with_suffix(".h5")):
             if path.exists():
                 ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
+        for w in which:  # a setting ours' jobs refuse is said now, before any run
+            if w != "sf" and args.sets:
+                job = atari.ROOT / "jobs" / f"{atari.OUR_JOBS[SIDES[w]][0]}_{game}.toml"
+                sets = [x for kv in args.sets for x in ("--set", kv)]
+                check = subprocess.run([sys.executable, "-m", "mpirl", "validate", str(job), *sets],
+                                       capture_output=True, text=True)
+                if check.returncode:
+                    ap.error(f"--set: {job.name} refuses it: {check.stderr.strip().splitlines()[-1]}")
         variant = f" [{', '.join(args.sets)}]" if args.sets else ""
         named = {w: SIDES[w] + (variant if w != "sf" else "") for w in which}
         episodes: Episodes = {named[w]: {} for w in which}

@@ -159,7 +159,9 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
                        (("--rename", "a=b"), "--rename: only with --redraw"),
                        (("--redraw", runs, "--set", "agent.lr=1"), "--set: settings are for new runs"),
                        (("--which", "sf", "--set", "agent.lr=1"), "--which names Sample Factory alone"),
-                       (("--set", "agent.lr"), "--set: KEY=VALUE pairs")):
+                       (("--set", "agent.lr"), "--set: KEY=VALUE pairs"),
+                       (("--which", "ppo", "--set", "agent.lr=-1", "--out", str(tmp_path / "o.png")),
+                        "--set: ppo_pong.toml refuses it: mpirl: error: agent.lr")):
         refused = script("analysis/atari_learning.py", *args)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
     assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.h5").exists()

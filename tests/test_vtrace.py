@@ -172,8 +172,9 @@ def vtrace_inputs(net, b):
 def test_a_train_step_moves_the_policy_toward_the_rewarded_action():
     """A one-state bandit: action 1 pays 1, action 0 pays 0; a few steps raise pi(1)."""
     cfg = SimpleNamespace(hidden=[8], network="auto", gamma=0.9, lr=0.05, adam_eps=1e-8, grad_clip=40.0,
-                          activation="relu", shared_torso=True, log_std_init=0.0, normalize_obs=False,
-                          recurrent="none", normalize_reward=False, normalized_obs_clip=10.0, normalized_reward_clip=10.0)
+                          activation="relu", shared_torso=True, log_std_init=0.0, weight_init="torch",
+                          normalize_obs=False, recurrent="none", normalize_reward=False, normalized_obs_clip=10.0,
+                          normalized_reward_clip=10.0)
     icfg = SimpleNamespace(optimizer="adam", rmsprop_alpha=0.99, rmsprop_eps=0.01, rho_bar=1.0, c_bar=1.0, lam=1.0,
                            value_coef=0.5, entropy_coef=0.0)
     learner = ImpalaLearner((2,), 2, cfg, icfg, torch.device("cpu"))

@@ -149,7 +149,8 @@ def test_a_few_a2c_steps_on_a_multidiscrete_bandit_raise_the_paying_choices():
     shape, dtype, spec = policy_env_spaces(cfg)
     agent = SimpleNamespace(hidden=[16], network="auto", activation="relu", shared_torso=True, log_std_init=0.0,
                             weight_init="torch", lr=3e-2, adam_eps=1e-8, grad_clip=10.0, gamma=0.0,
-                            normalize_obs=False, recurrent="none", normalize_reward=False, normalized_obs_clip=10.0, normalized_reward_clip=10.0)
+                            normalize_obs=False, recurrent="none", normalize_reward=False, normalized_obs_clip=10.0,
+                            normalized_reward_clip=10.0)
     a3c = SimpleNamespace(optimizer="adam", loss="a2c", value_coef=0.5, entropy_coef=0.0, gae_lambda=1.0, clip=0.2)
     model = A3cModel(shape, spec, agent, a3c, torch.device("cpu"), seed=0, optimizer=True)
     vec, rng = GymVector(cfg, 8, seed=0), np.random.default_rng(0)

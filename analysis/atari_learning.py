@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
         for w in which:  # a setting ours' jobs refuse is said now, before any run
             if w != "sf" and args.sets:
-                job = atari.ROOT / "jobs" / f"{atari.OUR_JOBS[SIDES[w]][0]}_{game}.toml"
+                job = atari.job_file(SIDES[w], game)
                 sets = [x for kv in args.sets for x in ("--set", kv)]
                 check = subprocess.run([sys.executable, "-m", "mpirl", "validate", str(job), *sets],
                                        capture_output=True, text=True)

@@ -21,9 +21,6 @@ from pathlib import Path
 
 from mpirl.bench import atari
 
-ENVS = 8  # games an acting rank, as mpirl bench atari
-
-
 def impala_ranks(ranks: int) -> int:
     """The most ranks up to ``ranks`` that give a learner, 2 queues and an even number of actors (at least 2)."""
     n = ranks - (ranks - 3) % 2
@@ -33,12 +30,10 @@ def impala_ranks(ranks: int) -> int:
 
 
 def run(which: str, ranks: int, device: str, wall: float, runs: Path) -> dict:
-    prefix, _, section, counts = atari.OUR_JOBS[which]
-    sets = ["run.seed=1", f"{section}.test_episodes=0", f"env.envs_per_actor={ENVS}", "log.interval=1.0",
-            f'agent.device="{device}"'] + (["topology.buffers=2"] if which == atari.IMPALA else [])
-    run_dir, took = atari._launch(atari.ROOT / "jobs" / f"{prefix}_pong.toml", ranks, f"{prefix}-{device}", sets,
-                                  wall, runs)
-    c = counts(run_dir, wall)
+    sets = (f'agent.device="{device}"',) + (("topology.buffers=2",) if which == atari.IMPALA else ())
+    run_dir, took = atari.launch_ours(which, "pong", 1, wall, runs, sets, ranks=ranks,
+                                      name=f"{atari.OUR_JOBS[which][0]}-{device}")
+    c = atari.OUR_JOBS[which][3](run_dir, wall)
     return {"job": which, "device": device, "ranks": ranks, "frames/s": atari.frames_per_s(c),
             "trained/s": atari.trained_per_s(c), "learner_busy": c.get("learner_busy"), "seconds": c["seconds"],
             "command_seconds": took}

@@ -179,13 +179,19 @@ OUR_JOBS = {  # ours: (jobs/<prefix>_<game>.toml, its ranks, the section of its 
 }
 
 
-def launch_ours(which: str, game: str, seed: int, wall: float, out: Path, sets: tuple[str, ...] = ()
-                ) -> tuple[Path, float]:
+def job_file(which: str, game: str) -> Path:
+    """Ours' job file for ``which`` (IMPALA or PPO) on ``game``: ``jobs/<prefix>_<game>.toml``."""
+    return ROOT / "jobs" / f"{OUR_JOBS[which][0]}_{game}.toml"
+
+
+def launch_ours(which: str, game: str, seed: int, wall: float, out: Path, sets: tuple[str, ...] = (),
+                ranks: int | None = None, name: str | None = None) -> tuple[Path, float]:
     """One run of ours (``which``: IMPALA or PPO) on ``game`` with 8 games an acting rank and no test round, stopped
-    ``wall`` seconds after its first env step (:func:`_launch`); ``sets``: more of its fields. Its run directory
-    (under ``out``) and the command's seconds."""
-    prefix, ranks, section, _ = OUR_JOBS[which]
-    return _launch(ROOT / "jobs" / f"{prefix}_{game}.toml", ranks, f"atari-{prefix}-s{seed}",
+    ``wall`` seconds after its first env step (:func:`_launch`); ``sets``: more of its fields; ``ranks``: other than
+    the bench's; ``name``: the run's (default ``atari-<prefix>-s<seed>``). Its run directory (under ``out``) and the
+    command's seconds."""
+    prefix, bench_ranks, section, _ = OUR_JOBS[which]
+    return _launch(job_file(which, game), ranks or bench_ranks, name or f"atari-{prefix}-s{seed}",
                    [f"run.seed={seed}", f"{section}.test_episodes=0", f"env.envs_per_actor={ENVS_PER_RUNNER}",
                     "log.interval=1.0", *sets], wall, out)
 

@@ -164,7 +164,8 @@ class AgentConfig:
     # what either start does for learning on Pong within 2.5 M frames: docs/impala.md (no difference seen yet).
     weight_init: str = setting("torch", choices=("torch", "orthogonal"))
     # Running statistics of the job (mpirl.agents.running_stats), merged across its ranks: observations normalised
-    # to zero mean and unit variance (vector observations), rewards divided by the standard deviation of the
+    # to zero mean and unit variance (vector observations; uint8 images pixel by pixel after the networks' 1/255,
+    # Sample Factory's normalize_input on Atari, which clips at 5), rewards divided by the standard deviation of the
     # discounted return (gamma); each then clipped to +- its clip (SB3's VecNormalize, defaults alike).
     # normalize_reward is on by default for IMPALA and the gradient family (their settings' DEFAULTS).
     normalize_obs: bool = setting(False)

@@ -66,3 +66,28 @@ def test_ppo_on_pong_runs_every_worker_and_trains_every_pass(tmp_path):
         with h5py.File(job.run_dir / f"worker_{w}.h5", "r") as f:
             assert f.attrs["version"] == 8 and f.attrs["started_s"] > 0
             assert np.isfinite(f["rollouts/compute_s"][()]).all()
+
+
+@pytest.mark.mpi
+def test_ppo_on_pong_normalises_its_frames_pixel_by_pixel_and_the_trained_policy_takes_raw_frames(tmp_path):
+    """``agent.normalize_obs`` on uint8 stacks (Sample Factory's Atari default): 2 workers of 2 games, two
+    rollouts of 16 steps each (2 epochs of one gradient: 4 updates), exit 0. The job's statistics are per pixel of
+    the scaled stack, every stack the workers acted on counted once (2 workers x 2 rollouts x 16 steps x 2 games),
+    the moving pixels with more spread than the background's; the trained
+    policy outside the job takes raw uint8 frames, its module holding the statistics in raw pixels."""
+    import mpirl
+    from mpirl.job import checkpoint
+    job = run_mpi(2, tmp_path, "run.wall_seconds=0", "run.train_steps=4", "env.envs_per_actor=2", "a3c.unroll=16",
+                  "a3c.epochs=2", "a3c.minibatches=1", "a3c.test_episodes=1", "env.max_episode_steps=200",
+                  "agent.normalize_obs=true", "agent.normalized_obs_clip=5", job=JOBS / "ppo_pong.toml", timeout=300)
+    assert job.proc.returncode == 0, job.output
+    st = checkpoint.load(checkpoint.checkpoints(job.run_dir)[-1])["model"]["normalization"]["obs"]
+    count, mean, var = float(st["count"]), np.asarray(st["mean"]), np.asarray(st["var"])
+    assert count == 2 * 2 * 16 * 2 and mean.shape == var.shape == (4 * 84 * 84,), (count, mean.shape)
+    assert 0 <= mean.min() and mean.max() <= 1 and var.max() <= 0.25  # pixels / 255: in [0, 1]
+    # Pong's background is still (its spread is the stacks' zero frames at a game's start); the paddles move
+    assert var.max() > 3 * np.median(var), np.quantile(var, [0, 0.5, 0.9, 0.99, 1])
+    policy = mpirl.load_policy(job.run_dir)
+    frames = np.zeros((3, 4, 84, 84), np.uint8)
+    actions = policy.act(frames)[0]
+    assert actions.shape == (3,) and set(actions.tolist()) <= set(range(6))

@@ -213,6 +213,41 @@ def test_running_statistics_folded_in_pieces_equal_one_pass_and_normalise():
     assert out[-3:].tolist() == [2.0, 4.0, 8.0]
 
 
+def test_uint8_images_are_normalised_pixel_by_pixel_after_the_networks_scaling():
+    """Sample Factory's normalize_input on Atari: the statistics are those of the pixels / 255 (no shift: the
+    reference is ignored), a pixel that never changes (the background) normalises to 0, one that moves to its own
+    z-score, clipped; the trained policy's module takes the raw uint8 frames and gives the same numbers."""
+    import torch
+
+    from mpirl.agents.deployed import Normalize
+    from mpirl.agents.running_stats import PIXEL_SCALE, input_scale, needs_shift, normalization
+    from mpirl.agents.networks import image_floats
+    agent = SimpleNamespace(normalize_obs=True, normalize_reward=False, gamma=0.99, normalized_obs_clip=5.0,
+                            normalized_reward_clip=10.0)
+    assert input_scale(np.uint8) == PIXEL_SCALE and input_scale(np.float32) == 1.0 and input_scale(None) == 1.0
+    assert not needs_shift(agent, np.uint8) and needs_shift(agent, np.float32)
+    assert torch.equal(image_floats(torch.full((1,), 255, dtype=torch.uint8)), torch.ones(1))  # the same 1/255
+    rng = np.random.default_rng(3)
+    x = np.full((256, 4, 6, 6), 87, np.uint8)  # the background
+    x[:, :, 2, 3] = rng.integers(0, 256, (256, 4))  # a pixel that moves
+    x[:3, 0, 4, 4] = 255  # one that is lit in 3 frames of 256: rare, so far from its mean
+    norm = normalization((4, 6, 6), agent, obs_shift=np.full((4, 6, 6), 1e6), obs_dtype=np.uint8)
+    z = norm.observe(x)  # counted, normalised with the statistics before (identity: x / 255)
+    assert z.dtype == np.float32 and np.allclose(z, x / 255.0)
+    norm.fold_counted()
+    assert norm.obs.count == 256 and np.allclose(norm.obs.mean.reshape(4, 6, 6), (x / 255.0).mean(0))
+    assert np.allclose(norm.obs.var.reshape(4, 6, 6), (x / 255.0).var(0))
+    z = norm.normalize(x)
+    assert np.abs(z[:, :, 0, 0]).max() < 1e-6  # the background: its mean (to the sums' rounding)
+    moving = x[:, 0, 2, 3] / 255.0
+    assert np.allclose(z[:, 0, 2, 3], (moving - moving.mean()) / moving.std(), atol=1e-5)
+    assert z[0, 0, 4, 4] == 5.0  # (1 - 3/256) / its spread is about 9: clipped to normalized_obs_clip
+    # raw pixels in, as the exported policy takes them; it computes in float64 where the job's pixels are float32,
+    # whose rounding (about 1e-8) a still pixel's floor sd (sqrt(1e-8)) makes about 1e-4
+    deployed = Normalize(norm)(torch.as_tensor(x)).numpy()
+    assert deployed.dtype == np.float32 and np.allclose(deployed, z, atol=1e-3)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_moments_merged_across_ranks_equal_one_pass_over_all_their_data(ranks):

@@ -93,13 +93,14 @@ class A3cModel:
     """The network, and (``optimizer=True``) the optimizer that applies gradients to it."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, a3c_cfg, device: torch.device, seed: int,
-                 optimizer: bool, obs_shift: np.ndarray | None = None, schedules: dict[str, Linear] | None = None):
+                 optimizer: bool, obs_shift: np.ndarray | None = None, schedules: dict[str, Linear] | None = None,
+                 obs_dtype=None):
         torch.manual_seed(seed)  # every rank the same seed: the same initial parameters
         self.device, self.cfg, self.agent_cfg = device, a3c_cfg, agent_cfg
         self.spec = as_spec(action)
         self.net = actor_critic(obs_shape, self.spec, agent_cfg).to(device)
         self.params = list(self.net.parameters())
-        self.norm = normalization(obs_shape, agent_cfg, obs_shift)
+        self.norm = normalization(obs_shape, agent_cfg, obs_shift, obs_dtype)
         self.n_net = sum(p.numel() for p in self.params)
         self.n_params = self.n_net + self.norm.n_stats  # what travels: the network's, then the statistics
         self.optimizer: torch.optim.Optimizer | None = None

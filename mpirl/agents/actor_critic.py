@@ -175,10 +175,10 @@ class ActorCriticPolicy(NetworkCopy):
     observations, both of raw observations normalised with the job's statistics where ``[agent]`` asks (they come
     after the network's parameters in the flat vector)."""
 
-    def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg):
+    def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, obs_dtype=None):
         super().__init__(actor_critic(obs_shape, action, agent_cfg))
         self.spec = as_spec(action)
-        self.norm = normalization(obs_shape, agent_cfg)
+        self.norm = normalization(obs_shape, agent_cfg, obs_dtype=obs_dtype)
         self.n_net = self.n_params
         self.n_params += self.norm.n_stats
         self.log_std: np.ndarray | None = None
@@ -261,7 +261,8 @@ class ImpalaLearner:
     """The learner's network, optimizer (Adam or RMSProp) and one train step on a batch of trajectories."""
 
     def __init__(self, obs_shape, action: ActionSpec | int, agent_cfg, impala_cfg, device: torch.device,
-                 seed: int = 0, schedules: dict[str, Linear] | None = None, obs_shift: np.ndarray | None = None):
+                 seed: int = 0, schedules: dict[str, Linear] | None = None, obs_shift: np.ndarray | None = None,
+                 obs_dtype=None):
         torch.manual_seed(seed)
         self.device = device
         self.net = actor_critic(obs_shape, action, agent_cfg).to(device)
@@ -273,7 +274,7 @@ class ImpalaLearner:
         else:
             self.optimizer = adam(self.net.parameters(), agent_cfg.lr, agent_cfg.adam_eps)
         self.steps = 0
-        self.norm = normalization(obs_shape, agent_cfg, obs_shift)  # the job's statistics, counted here
+        self.norm = normalization(obs_shape, agent_cfg, obs_shift, obs_dtype)  # the job's statistics, counted here
         self.n_net = sum(p.numel() for p in self.net.parameters())
         self.n_params = self.n_net + self.norm.n_stats  # what the actors load: the network's, then the statistics
         self.fault = ""  # what was not finite in the last skipped batch

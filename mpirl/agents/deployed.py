@@ -56,8 +56,10 @@ class Normalize(nn.Module):
         self.on = stats is not None
         mean = np.zeros(1) if stats is None else np.asarray(stats.mean, np.float64).reshape(-1)
         var = np.ones(1) if stats is None else np.asarray(stats.var, np.float64).reshape(-1)
-        self.register_buffer("mean", torch.as_tensor(mean))
-        self.register_buffer("scale", torch.as_tensor(np.sqrt(var + EPS)))
+        # Images: the statistics are of pixels x 1/255 (s); (s x - m) / sd = (x - m / s) / (sd / s), in raw pixels.
+        s = norm.obs_scale if stats is not None and norm is not None else 1.0
+        self.register_buffer("mean", torch.as_tensor(mean / s))
+        self.register_buffer("scale", torch.as_tensor(np.sqrt(var + EPS) / s))
         self.clip = float(norm.obs_clip) if norm is not None else 0.0
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
+from mpirl.agents.running_stats import PIXEL_SCALE
+
 
 class DuelingHead(nn.Module):
     """Q(s, a) = V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016)."""
@@ -45,8 +47,9 @@ class DuelingMLP(nn.Module):
 
 def image_floats(obs: torch.Tensor) -> torch.Tensor:
     """Stored image observations as the convolutions take them: uint8 pixels / 255, anything else as is. (The
-    scaling is a multiply in place on the new float tensor: one pass over it, not a second tensor.)"""
-    return obs.float().mul_(1.0 / 255.0) if obs.dtype == torch.uint8 else obs.float()
+    scaling is a multiply in place on the new float tensor: one pass over it, not a second tensor. Observations the
+    job normalises, ``agent.normalize_obs``, arrive as floats already scaled and normalised.)"""
+    return obs.float().mul_(PIXEL_SCALE) if obs.dtype == torch.uint8 else obs.float()
 
 
 def nature_floats(obs: torch.Tensor) -> torch.Tensor:

@@ -48,11 +48,13 @@ def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
 
 def normalization_values(spaces: Spaces, cfg: JobConfig) -> int:
     """Values the job's running statistics add to the parameters (``agent.normalize_obs``, ``normalize_reward``), or
-    a ConfigError for observations they cannot normalise (images are scaled by the network already)."""
+    a ConfigError for observations they cannot normalise: float vectors and ``uint8`` images (scaled by 1/255, then
+    pixel by pixel: :mod:`mpirl.agents.running_stats`) are; integer and ``bool`` ones are not."""
     a = cfg.agent
-    if a.normalize_obs and not np.issubdtype(spaces.obs_dtype, np.floating):
+    dtype = np.dtype(spaces.obs_dtype)
+    if a.normalize_obs and not (np.issubdtype(dtype, np.floating) or dtype == np.uint8):
         raise ConfigError("agent.normalize_obs", f"{cfg.env.id!r} observes {spaces.obs_shape} {spaces.obs_dtype}: "
-                                                 "only float observations are normalised (images are scaled to "
-                                                 "[0, 1] by the network); set agent.normalize_obs = false")
+                                                 "only float observations and uint8 images are normalised; set "
+                                                 "agent.normalize_obs = false")
     size = int(np.prod(spaces.obs_shape))
     return (1 + 2 * size if a.normalize_obs else 0) + (3 if a.normalize_reward else 0)

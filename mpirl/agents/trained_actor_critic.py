@@ -19,7 +19,7 @@ def actor_critic_policy(cfg, state: dict, device: torch.device) -> SingleAgentPo
     net = actor_critic(tuple(obs_shape), spec, cfg.agent)
     net.load_state_dict(state["net"])
     net.requires_grad_(False)
-    norm = normalization(tuple(obs_shape), cfg.agent)
+    norm = normalization(tuple(obs_shape), cfg.agent, obs_dtype=obs_dtype)
     norm.restore(as_arrays(state.get("normalization", {})))
     module = (RecurrentModeActions if net.core is not None else ModeActions)(net, spec, norm)
     return SingleAgentPolicy(cfg, module, obs_shape, obs_dtype, spec, net=net, device=device)

@@ -48,7 +48,8 @@ def estimate(cfg: JobConfig, workers: int, spaces: Spaces, n_params: int) -> mem
     import numpy as np
     a, E = cfg.a3c, cfg.env.envs_per_actor
     params = 4 * n_params
-    obs = int(np.prod(spaces.obs_shape)) * np.dtype(spaces.obs_dtype).itemsize
+    # the rollout keeps what the policy acted on: float32 where the job normalises observations (images too)
+    obs = int(np.prod(spaces.obs_shape)) * (4 if cfg.agent.normalize_obs else np.dtype(spaces.obs_dtype).itemsize)
     rollout = a.unroll * E * (obs + 40)
     activations = a.unroll * E * 4 * (int(np.prod(spaces.obs_shape)) + 4 * max(cfg.agent.hidden))
     episodes = max_episodes(cfg, a)

@@ -24,19 +24,23 @@ class A3cBuilder(GradientBuilder):
         from mpirl.agents.a3c import A3cModel
         from mpirl.agents.tensors import pick_device
         from mpirl.agents.schedules import scheduled
+        from mpirl.agents.running_stats import needs_shift
         from mpirl.envs.factory import reference_observation
         cfg, a = ctx.cfg, ctx.cfg.a3c
-        shift = reference_observation(cfg.env) if cfg.agent.normalize_obs else None
+        shift = reference_observation(cfg.env) if needs_shift(cfg.agent, ctx.spaces.obs_dtype) else None
         schedules = scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
                                     "entropy_coef": (a.entropy_coef, a.entropy_final), "clip": (a.clip, a.clip_final)})
         return A3cModel(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, a, pick_device(cfg.agent.device),
-                        seed=cfg.run.seed, optimizer=optimizer, obs_shift=shift, schedules=schedules)
+                        seed=cfg.run.seed, optimizer=optimizer, obs_shift=shift, schedules=schedules,
+                        obs_dtype=ctx.spaces.obs_dtype)
 
     def make_rollout(self, ctx: RoleContext) -> GradientRollout:
         from mpirl.agents.a3c import Rollout
         s = ctx.spaces
         state = ctx.cfg.agent.hidden[-1] if ctx.cfg.agent.recurrent == "lstm" else 0
-        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, s.obs_dtype, s.action, state)
+        # Normalised observations are floats (images too: their pixels scaled and normalised as the policy acted on them)
+        dtype = np.float32 if ctx.cfg.agent.normalize_obs else s.obs_dtype
+        return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, dtype, s.action, state)
 
     def passes(self, cfg: JobConfig, n: int, rng: np.random.Generator) -> Iterator[list[np.ndarray | None]]:
         """A2C: one gradient of the whole rollout; PPO: ``a3c.epochs`` passes of ``a3c.minibatches``."""

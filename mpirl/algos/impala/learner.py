@@ -28,6 +28,7 @@ from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
 from mpirl.agents.distributions import uniform_entropy
 from mpirl.agents.schedules import progress_of, scheduled
+from mpirl.agents.running_stats import needs_shift
 from mpirl.agents.test_play import TEST_COLUMNS, play_test
 from mpirl.envs.factory import reference_observation
 
@@ -49,7 +50,9 @@ class ImpalaTraining(LearnerAlgorithm):
                                    schedules=scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
                                                              "entropy_coef": (cfg.impala.entropy_coef,
                                                                               cfg.impala.entropy_final)}),
-                                   obs_shift=reference_observation(cfg.env) if cfg.agent.normalize_obs else None)
+                                   obs_shift=(reference_observation(cfg.env) if needs_shift(cfg.agent, ctx.spaces.obs_dtype)
+                                              else None),
+                                   obs_dtype=ctx.spaces.obs_dtype)
         self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
 
     @property

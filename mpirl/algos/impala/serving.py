@@ -60,7 +60,7 @@ class ImpalaDeciding:
         self.cfg, self.spec = cfg, spec
         self.E, self.actors, self.T = cfg.env.envs_per_actor, len(seeds), cfg.impala.unroll
         self.action = spaces.action
-        self.policy = VersionedPolicy(spaces.obs_shape, spaces.action, cfg.agent)
+        self.policy = VersionedPolicy(spaces.obs_shape, spaces.action, cfg.agent, spaces.obs_dtype)
         self.rngs = [np.random.default_rng(s) for s in seeds]
         self.delays = [d * 1e-6 for d in (delays_us or [0.0] * self.actors)]  # seconds added to each step, per actor
         self.send_batch = self.E  # an actor's games finish their trajectories together: one message

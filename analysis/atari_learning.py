@@ -1,8 +1,8 @@
-"""Learning on Atari, side by side: ours (IMPALA, PPO) and Sample Factory's APPO on one game, on the same cores,
-each for the same frame budget and the same wall, return against env frames and against hours.
+"""Learning on Atari, side by side: ours (IMPALA, PPO), Sample Factory's APPO and SB3's PPO on one game, on the same
+cores, each for the same frame budget and the same wall, return against env frames and against hours.
 
     python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1] [--first-seed 1]
-                                      [--which impala,ppo,sf] [--runs runs/atari-learning] [--set KEY=VALUE ...]
+                                      [--which impala,ppo,sf,sb3] [--runs runs/atari-learning] [--set KEY=VALUE ...]
                                       [--out docs/figures/atari-pong-learning.png]
     python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--rename OLD=NEW ...] [--out FILE.png]
 
@@ -13,13 +13,16 @@ or ``--wall`` seconds of its own clock from its first env step, whichever comes 
   ``mpirl bench atari`` runs it (:func:`mpirl.bench.atari.launch_ours`), its run directory kept under ``--runs``;
 * ours PPO: ``jobs/ppo_<game>.toml`` (2 workers of 8 games, DD-PPO's allreduce), the same way;
 * Sample Factory 2.1.1's APPO with its Atari example's settings (``mpirl/bench/refs/sf_run.py``: 2 rollout
-  workers of 8 games, one policy worker), its episodes kept.
+  workers of 8 games, one policy worker), its episodes kept;
+* Stable-Baselines3's PPO with RL Baselines3 Zoo's Atari settings (``mpirl/bench/refs/sb3_atari.py``: 8 games in one
+  process), which are PPO's paper and ours' PPO job file: the reference PPO at ours' settings.
 
 Each side's schedules span the frame budget (ours: ``agent.schedule_steps = 0``, the run's; Sample Factory's
-learning rate decays linearly over its budget). Every side's episodes are whole games with their unclipped return; the x axes are the frames of the episodes
-finished by then (each side's finished episodes' lengths summed, x 4) and the hours since that side's first env
-step. Curves: the mean of the last 20 episodes. The table: that mean at equal frames and at equal hours (a quarter,
-half and all of the span every side reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
+learning rate decays linearly over its budget, SB3's learning rate and clip too). Every side's episodes are whole
+games with their unclipped return; the x axes are the frames of the episodes finished by then (each side's
+finished episodes' lengths summed, x 4) and the hours since that side's first env step. Curves: the mean of the last
+20 episodes. The table: that mean at equal frames and at equal hours (a quarter, half and all of the span every side
+reached). The episodes go into ``FILE.h5`` beside the PNG (``--redraw`` draws
 from it again; given several files, from their sides and seeds together, which are then saved beside ``--out``: one
 seed of a side in two files, files of other games or budgets are refused). ``--first-seed K`` runs seeds K.. so that
 a later call adds seeds to an earlier one's. ``--set KEY=VALUE`` (repeated) changes a setting of ours' jobs (a
@@ -31,6 +34,7 @@ before its setting had a name of its own).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -48,8 +52,10 @@ from mpirl.bench import atari  # noqa: E402
 from mpirl.metrics.summary import in_time_order, window_means  # noqa: E402
 
 WINDOW = 20  # episodes in a curve's mean
-SIDES = {"impala": atari.IMPALA, "ppo": atari.PPO, "sf": "Sample Factory APPO"}
-COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APPO": "tab:red"}
+SB3 = "SB3 PPO (zoo)"
+SIDES = {"impala": atari.IMPALA, "ppo": atari.PPO, "sf": "Sample Factory APPO", "sb3": SB3}
+OURS = ("impala", "ppo")
+COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APPO": "tab:red", SB3: "tab:purple"}
 
 
 VARIANT_LINES = ("--", ":", "-.")
@@ -98,6 +104,23 @@ def sample_factory(game: str, seed: int, frames: int, wall: float) -> np.ndarray
                                                         atari.GAMES[game]], wall, env={"MPIRL_SF_EPISODES": str(keep)})
         rows = np.loadtxt(keep, ndmin=2) if keep.exists() and keep.stat().st_size else np.zeros((0, 3))
     print(f"sf seed {seed}: {len(rows)} episodes, {result['env_steps_sampled'] * atari.FRAMESKIP:,} frames in "
+          f"{result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def stable_baselines(game: str, seed: int, frames: int, wall: float) -> np.ndarray:
+    """One run of Stable-Baselines3's PPO with the Zoo's Atari settings (PPO's paper, as ours' PPO job file;
+    :mod:`mpirl.bench.refs.sb3_atari`, in this venv): its episodes as rows, as :func:`ours` gives them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        keep = Path(tmp) / "episodes.txt"
+        proc = subprocess.run([sys.executable, "-m", "mpirl.bench.refs.sb3_atari", str(seed),
+                               str(frames // atari.FRAMESKIP), str(wall), atari.GAMES[game], str(keep)],
+                              capture_output=True, text=True, timeout=wall + 600)
+        if proc.returncode:
+            raise RuntimeError(f"SB3's run failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        rows = np.loadtxt(keep, ndmin=2) if keep.stat().st_size else np.zeros((0, 3))
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"sb3 seed {seed}: {len(rows)} episodes, {result['env_steps_sampled'] * atari.FRAMESKIP:,} frames in "
           f"{result['seconds']:.0f} s", file=sys.stderr, flush=True)
     return rows
 
@@ -218,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall", type=float, default=2400.0, help="seconds a run, from its first env step")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--first-seed", type=int, default=1, help="the first seed run (a later call adds seeds)")
-    ap.add_argument("--which", default="impala,ppo,sf", help="comma-separated: impala, ppo, sf")
+    ap.add_argument("--which", default="impala,ppo,sf", help="comma-separated: impala, ppo, sf, sb3")
     ap.add_argument("--runs", default="runs/atari-learning", help="where ours' run directories are kept")
     ap.add_argument("--out", help="the PNG (default docs/figures/atari-GAME-learning.png); its data beside it (.h5)")
     ap.add_argument("--redraw", metavar="FILE.h5", nargs="+",
@@ -238,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     which = [w.strip() for w in args.which.split(",") if w.strip()]
     if not which or set(which) - set(SIDES):
         ap.error(f"--which: comma-separated names of {', '.join(SIDES)}, got {args.which!r}")
-    if args.sets and which == ["sf"]:
-        ap.error("--set: settings of ours' jobs, and --which names Sample Factory alone")
+    if args.sets and not set(which) & set(OURS):
+        ap.error("--set: settings of ours' jobs, and --which names no side of ours")
     if not (args.frames >= 1e4 and math.isfinite(args.frames)) or not args.wall > 0 or args.seeds < 1 \
             or args.first_seed < 1:
         ap.error("--frames >= 10,000, --wall > 0, --seeds >= 1 and --first-seed >= 1")
@@ -264,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             if path.exists():
                 ap.error(f"--out: {path} exists; pass another name (results are never overwritten)")
         for w in which:  # a setting ours' jobs refuse is said now, before any run
-            if w != "sf" and args.sets:
+            if w in OURS and args.sets:
                 job = atari.job_file(SIDES[w], game)
                 sets = [x for kv in args.sets for x in ("--set", kv)]
                 check = subprocess.run([sys.executable, "-m", "mpirl", "validate", str(job), *sets],
@@ -272,11 +295,12 @@ def main(argv: list[str] | None = None) -> int:
                 if check.returncode:
                     ap.error(f"--set: {job.name} refuses it: {check.stderr.strip().splitlines()[-1]}")
         variant = f" [{', '.join(args.sets)}]" if args.sets else ""
-        named = {w: SIDES[w] + (variant if w != "sf" else "") for w in which}
+        named = {w: SIDES[w] + (variant if w in OURS else "") for w in which}
         episodes: Episodes = {named[w]: {} for w in which}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for w in which:
                 got = (sample_factory(game, seed, int(args.frames), args.wall) if w == "sf" else
+                       stable_baselines(game, seed, int(args.frames), args.wall) if w == "sb3" else
                        ours(SIDES[w], game, seed, int(args.frames), args.wall, Path(args.runs), tuple(args.sets)))
                 episodes[named[w]][seed] = got
             save(episodes, out.with_suffix(".h5"), game=game, frames=args.frames, wall=args.wall,

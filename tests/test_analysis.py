@@ -158,10 +158,32 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
                         "'nobody' is not a side"),
                        (("--rename", "a=b"), "--rename: only with --redraw"),
                        (("--redraw", runs, "--set", "agent.lr=1"), "--set: settings are for new runs"),
-                       (("--which", "sf", "--set", "agent.lr=1"), "--which names Sample Factory alone"),
+                       (("--which", "sf", "--set", "agent.lr=1"), "--which names no side of ours"),
+                       (("--which", "sf,sb3", "--set", "agent.lr=1"), "--which names no side of ours"),
                        (("--set", "agent.lr"), "--set: KEY=VALUE pairs"),
                        (("--which", "ppo", "--set", "agent.lr=-1", "--out", str(tmp_path / "o.png")),
                         "--set: ppo_pong.toml refuses it: mpirl: error: agent.lr")):
         refused = script("analysis/atari_learning.py", *args)
         assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
     assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.h5").exists()
+
+
+def test_sb3_ppo_reference_plays_its_atari_pipeline_and_records_whole_games(tmp_path):
+    """``analysis/atari_learning.py``'s sb3 side (``mpirl.bench.refs.sb3_atari``): SB3's PPO with the Zoo's Atari
+    settings on Breakout for two rollouts of 8 games x 128 steps; every whole game (5 lives) its Monitor saw is a row
+    (seconds since training began, length in agent steps, unclipped score), and its counts come last on stdout."""
+    import json
+    pytest.importorskip("cv2")
+    out = tmp_path / "episodes.txt"
+    proc = subprocess.run([sys.executable, "-m", "mpirl.bench.refs.sb3_atari", "1", "2048", "600",
+                           "ALE/Breakout-v5", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["env_steps_sampled"] == 2048 and counts["seconds"] > 0
+    rows = np.loadtxt(out, ndmin=2)
+    assert counts["episodes"] == len(rows) >= 1, rows
+    assert (np.diff(rows[:, 0]) >= 0).all() and (rows[:, 0] >= 0).all()
+    # a game of 5 lives lasts more than 30 agent steps, and at most a game's 256 steps plus its frames outside
+    # them (up to 30 no-ops at the start, FIRE after each life) / 4; a score is whole bricks
+    assert (rows[:, 1] > 30).all() and (rows[:, 1] <= 2048 / 8 + 20).all(), rows
+    assert (rows[:, 2] >= 0).all() and np.array_equal(rows[:, 2], np.round(rows[:, 2]))

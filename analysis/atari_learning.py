@@ -174,7 +174,10 @@ def table(episodes: Episodes) -> str:
 
 
 def draw(episodes: Episodes, game: str, out: Path) -> None:
-    fig, (by_frames, by_hours) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    """Both axes side by side, the legend below them (a variant's name is long: it would cover the curves)."""
+    rows_of_legend = len(episodes)
+    legend_in = 0.2 * rows_of_legend  # inches of legend under the axes
+    fig, (by_frames, by_hours) = plt.subplots(1, 2, figsize=(11, 4 + legend_in), sharey=True)
     line = styles(list(episodes))
     for name, runs in episodes.items():
         for k, rows in enumerate(runs.values()):
@@ -185,11 +188,12 @@ def draw(episodes: Episodes, game: str, out: Path) -> None:
     by_frames.set_xlabel("env frames (millions; frame skip 4)")
     by_hours.set_xlabel("hours since the first env step")
     by_frames.set_ylabel(f"return, mean of the last {WINDOW} games")
-    by_frames.legend(loc="upper left", fontsize=8)
     for ax in (by_frames, by_hours):
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{game.capitalize()} at 84x84, on the same 2 cores: ours and Sample Factory's APPO")
-    fig.tight_layout()
+    fig.suptitle(f"{game.capitalize()} at 84x84, on the same 2 cores: ours and the libraries'")
+    handles, labels = by_frames.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / (4 + legend_in), 1, 1))
     fig.savefig(out, dpi=110)
     plt.close(fig)
 

@@ -4,7 +4,8 @@ cores, each for the same frame budget and the same wall, return against env fram
     python analysis/atari_learning.py [--game pong] [--frames 4000000] [--wall 2400] [--seeds 1] [--first-seed 1]
                                       [--which impala,ppo,sf,sb3] [--runs runs/atari-learning] [--set KEY=VALUE ...]
                                       [--out docs/figures/atari-pong-learning.png]
-    python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--rename OLD=NEW ...] [--out FILE.png]
+    python analysis/atari_learning.py --redraw FILE.h5 [FILE.h5 ...] [--rename OLD=NEW ...] [--drop SIDE ...]
+                                      [--out FILE.png]
 
 Runs back to back on this machine, seed by seed, each until ``--frames`` env frames (agent steps x frame skip 4)
 or ``--wall`` seconds of its own clock from its first env step, whichever comes first:
@@ -28,7 +29,7 @@ seed of a side in two files, files of other games or budgets are refused). ``--f
 a later call adds seeds to an earlier one's. ``--set KEY=VALUE`` (repeated) changes a setting of ours' jobs (a
 variant: the side is then named with its settings, ``mpirl PPO allreduce [env.envs_per_actor=4]``, and drawn dashed
 in its side's colour); ``--rename OLD=NEW`` names a side of the files ``--redraw`` reads anew (a variant run
-before its setting had a name of its own).
+before its setting had a name of its own); ``--drop SIDE`` leaves a side of them out.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ OURS = ("impala", "ppo")
 COLOURS = {atari.IMPALA: "tab:blue", atari.PPO: "tab:green", "Sample Factory APPO": "tab:red", SB3: "tab:purple"}
 
 
-VARIANT_LINES = ("--", ":", "-.")
+VARIANT_LINES = ("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 
 
 def styles(names: list[str]) -> dict[str, dict]:
     """Each side's line: its colour, and for a variant of a side (its name with more after it) the same colour
-    dashed, dotted, then dash-dotted in the order the variants come."""
+    dashed, dotted, dash-dotted, dash-dot-dotted, then sparsely dotted in the order the variants come."""
     out, seen = {}, {}
     for name in names:
         base = next((k for k in COLOURS if name.startswith(k)), None)
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="draw and tabulate the episodes of earlier calls (several: their sides together)")
     ap.add_argument("--set", dest="sets", metavar="KEY=VALUE", action="append", default=[],
                     help="a setting of ours' jobs (repeated; the side is named with them)")
+    ap.add_argument("--drop", metavar="SIDE", action="append", default=[],
+                    help="with --redraw: leave a side of the files out (repeated)")
     ap.add_argument("--rename", metavar="OLD=NEW", action="append", default=[],
                     help="with --redraw: name a side of the files anew (repeated)")
     args = ap.parse_args(argv)
@@ -260,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag}: KEY=VALUE pairs, got {pairs!r}")
     if args.sets and args.redraw:
         ap.error("--set: settings are for new runs, not --redraw (a variant's name is in its file)")
-    if args.rename and not args.redraw:
-        ap.error("--rename: only with --redraw")
+    if (args.rename or args.drop) and not args.redraw:
+        ap.error(f"{'--rename' if args.rename else '--drop'}: only with --redraw")
     which = [w.strip() for w in args.which.split(",") if w.strip()]
     if not which or set(which) - set(SIDES):
         ap.error(f"--which: comma-separated names of {', '.join(SIDES)}, got {args.which!r}")
@@ -272,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--frames >= 10,000, --wall > 0, --seeds >= 1 and --first-seed >= 1")
     if args.redraw:
         episodes, attrs = merged(ap, [Path(p) for p in args.redraw])
+        for side in args.drop:
+            if side not in episodes:
+                ap.error(f"--drop: {side!r} is not a side of the files; their sides: {', '.join(map(repr, episodes))}")
+            del episodes[side]
         for pair in args.rename:
             old, new = (p.strip() for p in pair.split("=", 1))
             if old not in episodes or new in episodes:
@@ -280,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             episodes = {new if name == old else name: runs for name, runs in episodes.items()}
         game = str(attrs.get("game", args.game))
         out = Path(args.out or Path(args.redraw[0]).with_suffix(".png"))
-        if len(args.redraw) > 1 or args.rename:
+        if len(args.redraw) > 1 or args.rename or args.drop:
             if out.with_suffix(".h5").exists():
                 ap.error(f"--out: {out.with_suffix('.h5')} exists; pass another name for the sides together")
             save(episodes, out.with_suffix(".h5"), **attrs)
@@ -311,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                  seeds_done=seed - args.first_seed + 1)  # after every seed: a stopped call keeps what it measured
     draw(episodes, game, out)
     print(table(episodes))
-    both = not args.redraw or len(args.redraw) > 1 or args.rename
+    both = not args.redraw or len(args.redraw) > 1 or args.rename or args.drop
     print(f"wrote {out} and {out.with_suffix('.h5')}" if both else f"wrote {out}")
     return 0
 

@@ -154,9 +154,18 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     with h5py.File(tmp_path / "named.h5", "r") as f:
         assert sorted(f) == ["mpirl PPO allreduce [old]"]
     assert any(l.startswith("mpirl PPO allreduce [old]") for l in named.stdout.splitlines())
+    # A side of the files left out of the figure, its table and the file saved beside --out.
+    dropped = redraw(str(tmp_path / "all.h5"), "--drop", "mpirl IMPALA async", out="dropped.png")
+    assert dropped.returncode == 0, dropped.stderr
+    with h5py.File(tmp_path / "dropped.h5", "r") as f:
+        assert sorted(f) == ["Sample Factory APPO", "mpirl PPO allreduce"]
+    assert not any(l.startswith("mpirl IMPALA") for l in dropped.stdout.splitlines())
     for args, said in ((("--redraw", runs, "--rename", "nobody=x", "--out", str(tmp_path / "o.png")),
                         "'nobody' is not a side"),
                        (("--rename", "a=b"), "--rename: only with --redraw"),
+                       (("--drop", "x"), "--drop: only with --redraw"),
+                       (("--redraw", runs, "--drop", "nobody", "--out", str(tmp_path / "o.png")),
+                        "--drop: 'nobody' is not a side"),
                        (("--redraw", runs, "--set", "agent.lr=1"), "--set: settings are for new runs"),
                        (("--which", "sf", "--set", "agent.lr=1"), "--which names no side of ours"),
                        (("--which", "sf,sb3", "--set", "agent.lr=1"), "--which names no side of ours"),

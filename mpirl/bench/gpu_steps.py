@@ -96,7 +96,8 @@ def impala_batch(B: int, T: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _impala_cfg(device: torch.device):
-    """``jobs/impala_breakout.toml``'s learner: the Nature CNN, Adam, gamma 0.99, gradient norm 40."""
+    """``jobs/impala_breakout.toml``'s learner: the Nature CNN, Adam, gamma 0.99, gradient norm 40 (without the job
+    file's normalisations, which the learner does in numpy before the step: the step is what is compared here)."""
     from mpirl.config import JobConfig
     cfg = JobConfig()
     a = cfg.agent

@@ -280,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--drop: {side!r} is not a side of the files; their sides: {', '.join(map(repr, episodes))}")
             del episodes[side]
         for pair in args.rename:
-            old, new = (p.strip() for p in pair.split("=", 1))
-            if old not in episodes or new in episodes:
+            # a variant's name holds "=" (its --set): OLD ends at the first "=" that leaves a side of the files
+            cuts = [i for i, ch in enumerate(pair) if ch == "=" and pair[:i].strip() in episodes]
+            old, new = (pair[:cuts[0]].strip(), pair[cuts[0] + 1:].strip()) if cuts else pair.split("=", 1)
+            if old not in episodes or new in episodes or not new:
                 ap.error(f"--rename: {old!r} is not a side of the files or {new!r} already is; their sides: "
                          f"{', '.join(map(repr, episodes))}")
             episodes = {new if name == old else name: runs for name, runs in episodes.items()}

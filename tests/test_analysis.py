@@ -154,6 +154,13 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     with h5py.File(tmp_path / "named.h5", "r") as f:
         assert sorted(f) == ["mpirl PPO allreduce [old]"]
     assert any(l.startswith("mpirl PPO allreduce [old]") for l in named.stdout.splitlines())
+    # A variant's name holds its settings' "=": renamed whole.
+    long = _episodes_file(tmp_path / "long.h5", "pong", {"mpirl PPO allreduce [agent.lr=1, env.x=2]/seed1": flat})
+    short = redraw(long, "--rename", "mpirl PPO allreduce [agent.lr=1, env.x=2]=mpirl PPO allreduce [fast]",
+                   out="short.png")
+    assert short.returncode == 0, short.stderr
+    with h5py.File(tmp_path / "short.h5", "r") as f:
+        assert sorted(f) == ["mpirl PPO allreduce [fast]"]
     # A side of the files left out of the figure, its table and the file saved beside --out.
     dropped = redraw(str(tmp_path / "all.h5"), "--drop", "mpirl IMPALA async", out="dropped.png")
     assert dropped.returncode == 0, dropped.stderr

@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         episodes, attrs = merged(ap, [Path(p) for p in args.redraw])
         for side in args.drop:
             if side not in episodes:
-                ap.error(f"--drop: {side!r} is not a side of the files; their sides: {', '.join(map(repr, episodes))}")
+                ap.error(f"--drop: {side!r} is not a side of the files; their sides: "
+                         f"{', '.join(map(repr, episodes))}")
             del episodes[side]
         for pair in args.rename:
             # a variant's name holds "=" (its --set): OLD ends at the first "=" that leaves a side of the files

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 EPS = 1e-8
-PIXEL_SCALE = 1.0 / 255.0  # uint8 pixels as the networks take them (mpirl.agents.networks.as_input)
+PIXEL_SCALE = 1.0 / 255.0  # uint8 pixels as the networks take them (mpirl.agents.networks.image_floats)
 
 
 def input_scale(obs_dtype) -> float:
@@ -206,7 +206,8 @@ class Normalization:
         if x.dtype == np.float32:  # pixels: float32 mean and 1 / sd, made again when the statistics change
             s = self.obs
             if self._pixels is None or self._pixels[0] != s.changes:
-                self._pixels = (s.changes, s.mean.astype(np.float32), (1.0 / np.sqrt(s.var + EPS)).astype(np.float32))
+                inv_sd = (1.0 / np.sqrt(s.var + EPS)).astype(np.float32)
+                self._pixels = (s.changes, s.mean.astype(np.float32), inv_sd)
             z = x - self._pixels[1]
             z *= self._pixels[2]
             return np.clip(z, -self.obs_clip, self.obs_clip, out=z).reshape(shape)

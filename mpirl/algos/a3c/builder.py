@@ -38,7 +38,7 @@ class A3cBuilder(GradientBuilder):
         from mpirl.agents.a3c import Rollout
         s = ctx.spaces
         state = ctx.cfg.agent.hidden[-1] if ctx.cfg.agent.recurrent == "lstm" else 0
-        # Normalised observations are floats (images too: their pixels scaled and normalised as the policy acted on them)
+        # Normalised observations are floats (images too: pixels scaled and normalised as the policy acted on them)
         dtype = np.float32 if ctx.cfg.agent.normalize_obs else s.obs_dtype
         return Rollout(ctx.cfg.a3c.unroll, ctx.cfg.env.envs_per_actor, s.obs_shape, dtype, s.action, state)
 

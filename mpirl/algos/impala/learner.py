@@ -45,14 +45,13 @@ class ImpalaTraining(LearnerAlgorithm):
                  peers: LearnerPeers | None = None):
         super().__init__(ctx, rng, counters, peers)
         cfg = self.cfg
+        shift = reference_observation(cfg.env) if needs_shift(cfg.agent, ctx.spaces.obs_dtype) else None
         self.agent = ImpalaLearner(ctx.spaces.obs_shape, ctx.spaces.action, cfg.agent, cfg.impala,
                                    pick_device(cfg.agent.device), seed=ctx.seed(),
                                    schedules=scheduled(cfg, {"lr": (cfg.agent.lr, cfg.agent.lr_final),
                                                              "entropy_coef": (cfg.impala.entropy_coef,
                                                                               cfg.impala.entropy_final)}),
-                                   obs_shift=(reference_observation(cfg.env) if needs_shift(cfg.agent, ctx.spaces.obs_dtype)
-                                              else None),
-                                   obs_dtype=ctx.spaces.obs_dtype)
+                                   obs_shift=shift, obs_dtype=ctx.spaces.obs_dtype)
         self.acc: dict[str, list[float]] = {k: [] for k in (*STATS, "lag_max")}
 
     @property

@@ -27,7 +27,8 @@ import json
 import sys
 import time
 
-FRAMESKIP = 4
+from mpirl.bench.refs.ale_env import FRAMESKIP, legacy_id
+
 ZOO = dict(n_steps=128, n_epochs=4, batch_size=256, vf_coef=0.5, ent_coef=0.01, gamma=0.99, gae_lambda=0.95,
            max_grad_norm=0.5)
 N_ENVS = 8
@@ -42,8 +43,6 @@ def main(seed: int, steps: int, wall: float, env_id: str, out: str) -> dict:
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecFrameStack
-
-    from mpirl.bench.refs.ale_env import legacy_id
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(legacy_id(env_id), n_envs=N_ENVS, seed=seed), n_stack=4)
@@ -64,8 +63,8 @@ def main(seed: int, steps: int, wall: float, env_id: str, out: str) -> dict:
             for info in self.locals.get("infos", []):
                 if "episode" in info:  # Monitor's record: the whole game's score and its frames
                     self.f.write(f"{now:.3f} {info['episode']['l'] / FRAMESKIP:.2f} {info['episode']['r']:g}\n")
+                    self.f.flush()  # only when a game ended: not on every step of the reference's loop
                     self.n += 1
-            self.f.flush()
             return now < wall
 
     with open(out, "w") as f:

@@ -115,7 +115,10 @@ def impala_learner(device: torch.device, B: int):
     from mpirl.algos.impala.learner import ImpalaTraining
     cfg = _impala_cfg(device)
     cfg.replay.batch_size = B
-    ctx = SimpleNamespace(cfg=cfg, spaces=SimpleNamespace(obs_shape=OBS, action=ACTIONS), seed=lambda: 1)
+    from mpirl.agents.policy_checks import Spaces
+    from mpirl.envs.actions import discrete
+    spaces = Spaces(OBS, np.dtype(np.uint8), discrete(ACTIONS))  # what the roles carry: a typed tuple, not a namespace
+    ctx = SimpleNamespace(cfg=cfg, spaces=spaces, seed=lambda: 1)
     return ImpalaTraining(ctx, np.random.default_rng(0), Counters(1, cfg.run.return_window))
 
 

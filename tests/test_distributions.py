@@ -248,6 +248,35 @@ def test_uint8_images_are_normalised_pixel_by_pixel_after_the_networks_scaling()
     assert deployed.dtype == np.float32 and np.allclose(deployed, z, atol=1e-3)
 
 
+def test_a_learners_batch_of_frames_is_scaled_once_counted_from_a_view_and_normalised_as_in_two_passes():
+    """IMPALA's learner counts each trajectory step's stack once (not the bootstrap one) and normalises every stack:
+    one scaled array serves both, counted through a strided view without a copy; the statistics and the inputs are
+    those of counting a contiguous copy and normalising the raw frames apart."""
+    from mpirl.agents.running_stats import normalization
+    agent = SimpleNamespace(normalize_obs=True, normalize_reward=False, gamma=0.99, normalized_obs_clip=5.0,
+                            normalized_reward_clip=10.0)
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (3, 6, 2, 5, 5), dtype=np.uint8)  # 3 trajectories of 5 steps + the bootstrap
+    one, two = (normalization((2, 5, 5), agent, obs_dtype=np.uint8) for _ in range(2))
+    before = rng.integers(0, 256, (7, 2, 5, 5), dtype=np.uint8)
+    for n in (one, two):  # the same statistics, not the identity's, before the batch
+        n.observe(before)
+        n.fold_counted()
+    x = one.scaled(frames)
+    view = x[:, :-1]
+    assert not view.flags.c_contiguous
+    one.count(obs=view, scaled=True)
+    one.fold_counted()
+    z1 = one.normalize(x.reshape(-1, 2, 5, 5), scaled=True)
+    two.count(obs=np.ascontiguousarray(frames[:, :-1]).reshape(-1, 2, 5, 5))
+    two.fold_counted()
+    z2 = two.normalize(frames.reshape(-1, 2, 5, 5))
+    assert one.obs.count == two.obs.count == 7 + 15
+    assert np.allclose(one.obs.mean, two.obs.mean, rtol=0, atol=1e-12)
+    assert np.allclose(one.obs.var, two.obs.var, rtol=0, atol=1e-12)
+    assert z1.dtype == np.float32 and np.array_equal(z1, z2)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_moments_merged_across_ranks_equal_one_pass_over_all_their_data(ranks):

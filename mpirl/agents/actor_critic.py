@@ -319,12 +319,13 @@ class ImpalaLearner:
         n = self.norm
         if not n.on:
             return batch
-        n.count(obs=batch["obs"][:, :-1] if n.obs is not None else None, returns=batch.get("ret"))
+        obs = batch["obs"]
+        x = n.scaled(obs) if n.obs is not None else None  # one pass over the pixels for the count and the inputs
+        n.count(obs=None if x is None else x[:, :-1], returns=batch.get("ret"), scaled=True)
         n.fold_counted()
         b = dict(batch)
-        if n.obs is not None:
-            obs = batch["obs"]
-            b["obs"] = n.normalize(obs.reshape(-1, *obs.shape[2:])).reshape(obs.shape)
+        if x is not None:
+            b["obs"] = n.normalize(x.reshape(-1, *obs.shape[2:]), scaled=True).reshape(obs.shape)
         if n.ret is not None:
             b["reward"] = n.scale(batch["reward"])
         return b

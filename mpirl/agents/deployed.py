@@ -54,13 +54,13 @@ class Normalize(nn.Module):
         super().__init__()
         stats = None if norm is None else norm.obs
         self.on = stats is not None
-        mean = np.zeros(1) if stats is None else np.asarray(stats.mean, np.float64).reshape(-1)
-        var = np.ones(1) if stats is None else np.asarray(stats.var, np.float64).reshape(-1)
-        # Images: the statistics are of pixels x 1/255 (s); (s x - m) / sd = (x - m / s) / (sd / s), in raw pixels.
-        s = norm.obs_scale if stats is not None and norm is not None else 1.0
+        mean, var, s, self.clip = np.zeros(1), np.ones(1), 1.0, 0.0
+        if norm is not None and stats is not None:
+            mean, var = (np.asarray(v, np.float64).reshape(-1) for v in (stats.mean, stats.var))
+            # Images: the statistics are of pixels x 1/255 (s); (s x - m) / sd = (x - m / s) / (sd / s), raw pixels.
+            s, self.clip = norm.obs_scale, float(norm.obs_clip)
         self.register_buffer("mean", torch.as_tensor(mean / s))
         self.register_buffer("scale", torch.as_tensor(np.sqrt(var + EPS) / s))
-        self.clip = float(norm.obs_clip) if norm is not None else 0.0
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.on:

@@ -45,8 +45,16 @@ class Moments:
         self.values = np.zeros(1 + 2 * self.size)  # float64 while counting
 
     def add(self, x: np.ndarray) -> None:
-        """Count the rows of ``x``: float64 ones, or float32 ones about 0 (pixels in [0, 1]) summed in float64."""
-        x = np.asarray(x).reshape(-1, self.size)
+        """Count the rows of ``x`` (``[..., *shape]``): float64 ones, or float32 ones about 0 (pixels in [0, 1])
+        summed in float64, read where they lie (a strided view of a batch is not copied)."""
+        x = np.asarray(x)
+        if x.dtype == np.float32 and not self.shifted and x.ndim > len(self.shape):
+            lead = tuple(range(x.ndim - len(self.shape)))
+            self.values[0] += int(np.prod([x.shape[i] for i in lead]))
+            self.values[1:1 + self.size] += x.sum(lead, dtype=np.float64).reshape(-1)
+            self.values[1 + self.size:] += np.square(x).sum(lead, dtype=np.float64).reshape(-1)
+            return
+        x = x.reshape(-1, self.size)
         if x.dtype != np.float32 or self.shifted:
             x = x.astype(np.float64) - self.shift
         self.values[0] += len(x)
@@ -183,22 +191,24 @@ class Normalization:
         """Count raw observations ``[k, *obs_shape]`` and return them normalised (float32); as they are when off."""
         if self.obs is None or self.obs_moments is None:
             return obs
-        x = self._scaled(obs)
+        x = self.scaled(obs)
         self.obs_moments.add(x)
         return self._normalized(x, np.shape(obs))
 
-    def _scaled(self, obs: np.ndarray) -> np.ndarray:
+    def scaled(self, obs: np.ndarray) -> np.ndarray:
         """Raw observations as the statistics describe them: float64, or pixels x 1/255 in float32 (values in [0, 1],
         whose rounding, 6e-8, is far below any moving pixel's spread; several times faster on 28,224 pixels)."""
         if self.obs_scale == 1.0:
             return np.asarray(obs, np.float64)
         return np.multiply(obs, np.float32(self.obs_scale), dtype=np.float32)
 
-    def normalize(self, obs: np.ndarray) -> np.ndarray:
-        """Observations normalised with the statistics as they are (not counted): final observations, test games."""
+    def normalize(self, obs: np.ndarray, scaled: bool = False) -> np.ndarray:
+        """Observations normalised with the statistics as they are (not counted): final observations, test games.
+        ``scaled``: ``obs`` came from :meth:`scaled` (a learner that counted them first); pixels are then
+        normalised in place."""
         if self.obs is None:
             return obs
-        return self._normalized(self._scaled(obs), np.shape(obs))
+        return self._normalized(obs if scaled else self.scaled(obs), np.shape(obs))
 
     def _normalized(self, x: np.ndarray, shape: tuple) -> np.ndarray:
         assert self.obs is not None
@@ -208,17 +218,17 @@ class Normalization:
             if self._pixels is None or self._pixels[0] != s.changes:
                 inv_sd = (1.0 / np.sqrt(s.var + EPS)).astype(np.float32)
                 self._pixels = (s.changes, s.mean.astype(np.float32), inv_sd)
-            z = x - self._pixels[1]
+            z = np.subtract(x, self._pixels[1], out=x)  # x is this call's own (from :meth:`scaled`)
             z *= self._pixels[2]
             return np.clip(z, -self.obs_clip, self.obs_clip, out=z).reshape(shape)
         z = (x - self.obs.mean) / np.sqrt(self.obs.var + EPS)
         return np.clip(z, -self.obs_clip, self.obs_clip).astype(np.float32).reshape(shape)
 
-    def count(self, obs: np.ndarray | None = None, returns: np.ndarray | None = None) -> None:
+    def count(self, obs: np.ndarray | None = None, returns: np.ndarray | None = None, scaled: bool = False) -> None:
         """Count raw observations and discounted returns seen elsewhere (a learner counting its batches); folded by
-        :meth:`fold_counted`."""
+        :meth:`fold_counted`. ``scaled``: ``obs`` came from :meth:`scaled` (counted as they are)."""
         if obs is not None and self.obs_moments is not None:
-            self.obs_moments.add(self._scaled(obs))
+            self.obs_moments.add(obs if scaled else self.scaled(obs))
         if returns is not None and self.ret_moments is not None:
             self.ret_moments.add(np.asarray(returns).reshape(-1))
 

@@ -44,6 +44,10 @@ def test_row_ratio_and_targets():
     under = Row("m", "1/s", "model", "measured", values={"model": [0.85], "measured": [1.0]}, within=0.2)
     assert over.met is False and under.met is True
     assert "within 20 %: MISSED" in format_rows("t", [over]) and "within 20 %: met" in summary({"b": [under]})
+    # A quantity told for every side (a learner's busy share): the sides' figures, no ratio of ours with itself
+    told = Row("busy", "share", "ours", "ours", values={"ours": [0.9], "lib": [0.2]}, note="40 s")
+    text = format_rows("t", [told])
+    assert "ratio" not in text and "0.9" in text and "0.2" in text and "(40 s)" in text
 
 
 def test_replay_bench_measures_ours_cpprb_and_the_floor(tmp_path):

@@ -115,6 +115,9 @@ def format_rows(title: str, rows: list[Row]) -> str:
         for impl, v in r.values.items():
             lines.append(f"    {impl:34s} {_fmt(statistics.median(v)):>12s}   [{_fmt(min(v))} – {_fmt(max(v))}]  "
                          f"n={len(v)}")
+        if r.ours == r.reference:  # a quantity told side by side, not compared: no ratio of a side with itself
+            lines.extend([f"    ({r.note})"] if r.note else [])
+            continue
         verdict = ""
         if r.target is not None:
             verdict = f"  target >= {r.target:g}x: {'met' if r.met else 'MISSED'}"

@@ -163,14 +163,19 @@ def table(episodes: Episodes) -> str:
     head = (f"{'':{width}s}" + "".join(f"{m * span_f / 1e6:>9.2f}M fr" for m in marks)
             + "".join(f"{m * span_h:>10.2f} h" for m in marks) + f"{'episodes':>10s}{'frames':>12s}{'hours':>7s}")
     lines = [f"return, mean of the last {WINDOW} episodes (median over seeds), at equal frames | at equal hours", head]
-    for name, cs in curves.items():
+    def row(label: str, cs: list, runs: list) -> str:
         vals = [median([at(c[0], c[2], m * span_f) if len(c[0]) else math.nan for c in cs]) for m in marks]
         vals += [median([at(c[1], c[2], m * span_h) if len(c[0]) else math.nan for c in cs]) for m in marks]
-        runs = list(episodes[name].values())
         total_f = np.median([r[:, 1].sum() * atari.FRAMESKIP for r in runs])
         total_h = np.median([r[-1, 0] / 3600 if len(r) else 0.0 for r in runs])
-        lines.append(f"{name:{width}s}" + "".join(f"{v:>12.1f}" for v in vals[:3]) + "".join(f"{v:>12.1f}" for v in vals[3:])
-                     + f"{np.median([len(r) for r in runs]):>10.0f}{total_f:>12,.0f}{total_h:>7.2f}")
+        return (f"{label:{width}s}" + "".join(f"{v:>12.1f}" for v in vals)
+                + f"{np.median([len(r) for r in runs]):>10.0f}{total_f:>12,.0f}{total_h:>7.2f}")
+
+    for name, cs in curves.items():
+        runs = list(episodes[name].values())
+        lines.append(row(name, cs, runs))
+        if len(runs) > 1:  # each seed under the median: the spread the median hides
+            lines += [row(f"  seed {seed}", [c], [r]) for (seed, r), c in zip(episodes[name].items(), cs)]
     return "\n".join(lines)
 
 

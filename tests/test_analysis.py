@@ -138,6 +138,10 @@ def test_atari_learning_draws_and_tabulates_kept_episodes_at_equal_frames_and_ho
     assert float(ours2[-1]) == 1.0  # the median of the two seeds' hours
     # at the whole hour: the median of seed 1 (the last 20 of the line) and seed 2 (-20)
     assert float(ours2[8]) == pytest.approx((np.linspace(-21, 0, 100)[80:].mean() - 20.0) / 2, abs=0.05)
+    seeds = [l.split() for l in two.stdout.splitlines() if l.startswith("  seed ")]  # each under the median
+    assert [s[:2] for s in seeds] == [["seed", "1"], ["seed", "2"]]
+    assert float(seeds[0][7]) == pytest.approx(np.linspace(-21, 0, 100)[80:].mean(), abs=0.05)
+    assert float(seeds[1][7]) == -20.0  # at the whole hour, each its own
     _episodes_file(tmp_path / "breakout.h5", "breakout", {"mpirl PPO allreduce/seed1": rising})
     for second, said in (("all.h5", "seed 1 of 'Sample Factory APPO' is in two of the files"),
                          ("breakout.h5", "differs from")):

@@ -51,6 +51,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from mpirl.bench.refs.ale_env import FRAMESKIP  # one frame skip for ours and the libraries' wrappers
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.bench.impala import library
 from mpirl.bench.solve import first_env_step
@@ -59,7 +60,6 @@ from mpirl.launcher import find_mpiexec, launch_command
 ROOT = Path(__file__).resolve().parents[2]
 REFS = Path(__file__).resolve().parent / "refs"
 GAMES = {"pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
-FRAMESKIP = 4
 ENVS_PER_RUNNER = 8  # every implementation: 2 runners (actors, workers, env runners) of 8 games
 BUDGET = 10_000_000  # env steps: never reached within a wall of minutes
 TARGET = 1.5  # ours against the best library, collected and trained

@@ -116,7 +116,8 @@ def format_rows(title: str, rows: list[Row]) -> str:
             lines.append(f"    {impl:34s} {_fmt(statistics.median(v)):>12s}   [{_fmt(min(v))} – {_fmt(max(v))}]  "
                          f"n={len(v)}")
         if r.ours == r.reference:  # a quantity told side by side, not compared: no ratio of a side with itself
-            lines.extend([f"    ({r.note})"] if r.note else [])
+            if r.note:
+                lines.append(f"    ({r.note})")
             continue
         verdict = ""
         if r.target is not None:

@@ -3,6 +3,15 @@
 ``dqn`` (the default), ``qmix`` or ``macpo`` (QMIX with MAC-PO's weights and central mixer: the learners sum their
 steps and weights before the losses, and two optimizers' gradients).
 
+Each comparison runs twice, in float32 (the jobs' precision) and then in float64 (torch's default dtype set to it
+before the learners are built, the batches' floats cast to it; the learners' gradient sum follows their
+parameters' dtype): OUT holds ``{"float32": [...], "float64": [...]}``, each a list of the ranks' results. In float64
+the K learners and the one agree to rounding (about 1e-16), so any real difference between them shows; in float32
+they can part by ~1e-4 after a few steps on some CPUs, with no fault in the code: the part and the whole batch are
+matrix products of different sizes, for which MKL picks different kernels (by CPU: ``MKL_CBWR``), a ReLU's input
+within rounding of 0 then takes opposite signs in the two, and the gradient of that unit's weights for that row is
+there in one and not in the other (a kink, not rounding), which Adam carries on.
+
 Every rank makes the same stream of prioritized batches (fixed seed: observations, actions, rewards, discounts,
 sampling probabilities); learner k trains rows [lo_k, hi_k) of each (:func:`mpirl.replay.quotas.learner_quotas`'s
 cut) with :class:`mpirl.actor_learner.learner_peers.LearnerPeers` on ``COMM_WORLD``, its importance weights normalised by
@@ -32,6 +41,12 @@ from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 OBS, ACTIONS = 4, 2
 AGENT = SimpleNamespace(hidden=[32, 32], network="mlp", lr=1e-3, adam_eps=1.5e-4, grad_clip=10.0, target_update=5,
                         precision="fp32", gamma=0.99)
+
+
+def floats(fields: dict) -> dict:
+    """The batch's float fields in torch's default dtype (the learners' precision)."""
+    want = torch.empty(0).numpy().dtype
+    return {k: v.astype(want) if v.dtype.kind == "f" else v for k, v in fields.items()}
 
 
 def batch(rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
@@ -91,7 +106,7 @@ def qmix_main(n: int, steps: int, weights: str) -> dict:
     peers = LearnerPeers(comm, n)
     rng = np.random.default_rng(11)
     for step in range(steps):
-        b = episodes(rng, n)
+        b = floats(episodes(rng, n))
         peers.control(False, False, 0.0, everything(mine) if step % 10 == 0 else None, step)
         stats = mine.train_step({name: v[lo:hi] for name, v in b.items()}, peers)
         assert not stats["skipped"], stats["reason"]
@@ -109,7 +124,7 @@ def qmix_main(n: int, steps: int, weights: str) -> dict:
     return result
 
 
-def main(out: str, n: int, steps: int) -> dict:
+def main(n: int, steps: int) -> dict:
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     K, k = comm.size, comm.rank
@@ -122,6 +137,7 @@ def main(out: str, n: int, steps: int) -> dict:
     beta = 0.4
     for step in range(steps):
         fields, probs = batch(rng, n)
+        fields = floats(fields)
         own = {name: v[lo:hi] for name, v in fields.items()}
         ctl = peers.control(False, False, smallest(probs[lo:hi]), mine.flat_params() if step % 10 == 0 else None,
                             step)
@@ -190,11 +206,16 @@ if __name__ == "__main__":
         if algo.endswith("-nan"):
             res = poisoned_main(n, steps, algo)
         else:
-            res = main(out, n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none")
+            res = {}
+            for dtype in (torch.float32, torch.float64):
+                torch.set_default_dtype(dtype)
+                res[str(dtype).split(".")[1]] = MPI.COMM_WORLD.gather(
+                    main(n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none"),
+                    root=0)
     except Exception:  # noqa: BLE001 - the test reads the traceback from the output
         traceback.print_exc()
         MPI.COMM_WORLD.Abort(1)
-    everyone = MPI.COMM_WORLD.gather(res, root=0)
+    everyone = res if not algo.endswith("-nan") else MPI.COMM_WORLD.gather(res, root=0)
     if MPI.COMM_WORLD.rank == 0:
         with open(out, "w") as f:
             json.dump(everyone, f)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpirl.agents.actor_critic import ActorCritic
-from mpirl.agents.flat_grads import clip_scale, flat_grad, flat_norm, flat_values, set_flat_grad
+from mpirl.agents.flat_grads import clip_scale, flat_grad, flat_norm, flat_values, set_flat_grad, wire_dtype
 from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.policy_gradient import a2c_losses
 
@@ -56,7 +56,24 @@ def test_flat_grad_length_mismatch_names_both_lengths():
     with pytest.raises(ValueError, match=rf"{n}.*{n - 1}"):
         set_flat_grad(net.parameters(), np.zeros(n - 1, np.float32))
     with pytest.raises(ValueError, match="float32"):
-        flat_grad(net.parameters(), np.zeros(n, np.float64))
+        flat_grad(net.parameters(), np.zeros(n, np.float16))
+
+
+def test_a_network_in_float64_sums_its_gradient_in_float64():
+    """The learners' gradient sum follows their parameters' dtype (float64 in tests/learners_job.py's exact check):
+    a float64 vector holds each float64 gradient exactly, and set back it is the same tensor."""
+    torch.manual_seed(0)
+    net = ActorCritic((4,), 2, [16, 16]).double()
+    a2c_losses(net, torch.randn(8, 4, dtype=torch.float64), torch.randint(2, (8,)), torch.randn(8, dtype=torch.float64),
+               torch.randn(8, dtype=torch.float64), 0.5, 0.01).total.backward()
+    params = list(net.parameters())
+    assert wire_dtype(params) == np.float64 and wire_dtype(ActorCritic((4,), 2, [8]).parameters()) == np.float32
+    flat = np.zeros(sum(p.numel() for p in params), wire_dtype(params))
+    flat_grad(params, flat)
+    want = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+    np.testing.assert_array_equal(flat, want)
+    set_flat_grad(params, flat * 2)
+    np.testing.assert_array_equal(torch.cat([p.grad.reshape(-1) for p in params]).numpy(), want * 2)
 
 
 def test_flat_values_write_the_parameters_in_place_as_parameters_to_vector_does():

@@ -55,24 +55,34 @@ def test_the_learners_talk_to_every_buffer_and_the_first_publishes():
 
 
 # ---------------------------------------------------------------- K learners = one learner
+# float32 after 40 steps: K learners and one part by up to ~1e-4 on some CPUs (9.2e-5 on this Intel Xeon's AVX-512
+# kernels and under MKL_CBWR=COMPATIBLE, 3e-8 under MKL_CBWR=AVX2) where a ReLU's input within rounding of 0 takes
+# opposite signs in the part's and the whole batch's matrix products (tests/learners_job.py); float64 leaves no such
+# input, and there they agree to rounding, which is where a real difference between K learners and one would show.
+F32_APART, F64_APART = 1e-3, 1e-10
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("algo,K,n", [("dqn", 2, 7), ("dqn", 3, 64), ("qmix", 2, 9), ("macpo", 3, 10)])
 def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, algo, K, n):
     """Same batches, K learners each on its part with the gradient sum, and one learner alone on each whole batch:
-    after 40 steps the parameters agree to float32 rounding, every learner's are bit-identical, and the parts'
-    new values (Ape-X: |TD| of prioritized, importance-weighted transitions; QMIX: each episode's weight, with
-    MAC-PO's weights normalised over the whole batch and its central mixer's optimizer) are the whole batch's."""
+    after 40 steps every learner's parameters are bit-identical, and in float64 they agree with the one learner's
+    to rounding, as do the parts' new values (Ape-X: |TD| of prioritized, importance-weighted transitions; QMIX:
+    each episode's weight, with MAC-PO's weights normalised over the whole batch and its central mixer's
+    optimizer) with the whole batch's. In float32 they agree to what a ReLU's kink leaves (see F32_APART)."""
     out = tmp_path / "k.json"
     code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), str(n), "40", algo, timeout=300)
     assert code == 0, text
-    res = json.loads(out.read_text())
-    assert [r["rows"] for r in res] == [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1],
-                                                                          np.cumsum(even_quotas(n, K)))]
-    assert len({r["crc"] for r in res}) == 1 and all(r["steps"] == 40 for r in res)
-    head = res[0]
-    assert head["ref_steps"] == 40 and head["moved"] > 1e-3  # the reference learned something
-    assert head["param_diff"] <= 1e-5 * max(1.0, head["param_scale"]), head
-    assert head["td_diff"] <= 1e-5, head
+    runs = json.loads(out.read_text())
+    cuts = [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1], np.cumsum(even_quotas(n, K)))]
+    for dtype, apart in (("float32", F32_APART), ("float64", F64_APART)):
+        res = runs[dtype]
+        assert [r["rows"] for r in res] == cuts
+        assert len({r["crc"] for r in res}) == 1 and all(r["steps"] == 40 for r in res), (dtype, res)
+        head = res[0]
+        assert head["ref_steps"] == 40 and head["moved"] > 1e-3, (dtype, head)  # the reference learned something
+        assert head["param_diff"] <= apart * max(1.0, head["param_scale"]), (dtype, head)
+        assert head["td_diff"] <= apart, (dtype, head)
 
 
 @pytest.mark.mpi

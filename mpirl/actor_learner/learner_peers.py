@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from mpirl.agents.flat_grads import flat_grad, set_flat_grad
+from mpirl.agents.flat_grads import flat_grad, set_flat_grad, wire_dtype
 from mpirl.comm.collectives import Collectives
 
 CHECK_EVERY = 100  # train steps between parameter CRC comparisons (and at every checkpoint)
@@ -84,8 +84,9 @@ class LearnerPeers:
         :attr:`bad_parts`: the learners whose own gradient or losses were not finite."""
         params = list(params)
         n, k = sum(p.numel() for p in params), len(losses)
-        if self.grad.size != n + k + self.K:
-            self.grad, self.summed = np.zeros(n + k + self.K, np.float32), np.zeros(n + k + self.K, np.float32)
+        dtype = wire_dtype(params)  # float32 (float64 for networks run in float64: tests/learners_job.py)
+        if self.grad.size != n + k + self.K or self.grad.dtype != dtype:
+            self.grad, self.summed = np.zeros(n + k + self.K, dtype), np.zeros(n + k + self.K, dtype)
         flat_grad(params, self.grad[:n])
         self.grad[n:n + k] = [float(x.detach()) for x in losses]
         self.grad[n + k:] = 0.0

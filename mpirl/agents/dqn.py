@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mpirl.agents.networks import NetworkCopy, build_network
-from mpirl.agents.tensors import pick_precision, to_tensors
+from mpirl.agents.tensors import floats, pick_precision, to_tensors
 from mpirl.agents.train_step import Fault, GradientPeers, not_finite
 
 
@@ -109,8 +109,8 @@ class DQNLearner:
         rows of the whole batch several learners share) this part's sum over ``total``, so the learners' losses
         and gradients add up to the whole batch's."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            y = n_step_target(self.online, self.target, b).float()
-            q = self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1).float()
+            y = floats(n_step_target(self.online, self.target, b))
+            q = floats(self.online(b["obs"]).gather(1, b["action"].view(-1, 1)).squeeze(1))
         per_sample = w * F.smooth_l1_loss(q, y, reduction="none")
         return y, q, (per_sample.sum() / total if total else per_sample.mean())
 

@@ -16,9 +16,17 @@ import torch
 from torch import Tensor
 
 
+WIRE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # float32 on every wire; float64 where the networks are
+
+
+def wire_dtype(params: Iterable[Tensor]) -> np.dtype:
+    """The flat vector's dtype for ``params``: float32, or float64 when they are (a network run in float64)."""
+    return np.dtype(np.float64) if any(p.dtype == torch.float64 for p in params) else np.dtype(np.float32)
+
+
 def flat_grad(params: Iterable[Tensor], out: np.ndarray) -> None:
     """Write the parameters' ``.grad``, concatenated in order, into ``out`` (float32, one value per parameter
-    element; zeros for a parameter without a gradient)."""
+    element; zeros for a parameter without a gradient; float64 for parameters in float64, as a test runs them)."""
     params = list(params)
     _flatten(params, [p.grad for p in params], out, "the gradient has")
 
@@ -34,8 +42,8 @@ def _flatten(params: list[Tensor], tensors: list, out: np.ndarray, what: str) ->
     n = sum(p.numel() for p in params)
     if out.ndim != 1 or out.shape[0] != n:
         raise ValueError(f"{what} {n} values but out has {out.size} (shape {out.shape})")
-    if out.dtype != np.float32:
-        raise ValueError(f"out must be float32, not {out.dtype}")
+    if out.dtype not in WIRE_DTYPES:
+        raise ValueError(f"out must be float32 (or float64), not {out.dtype}")
     flat = torch.from_numpy(out)
     offset = 0
     for p, t in zip(params, tensors):
@@ -56,7 +64,7 @@ def set_flat_grad(params: Iterable[Tensor], flat: np.ndarray, scale: float = 1.0
     if flat.ndim != 1 or flat.shape[0] != n:
         raise ValueError(f"the parameters have {n} values but the flat gradient has {flat.size} "
                          f"(shape {flat.shape})")
-    host = np.ascontiguousarray(flat, dtype=np.float32)
+    host = np.ascontiguousarray(flat, dtype=flat.dtype if flat.dtype in WIRE_DTYPES else np.float32)
     src = torch.from_numpy(host if host.flags.writeable else host.copy())
     offset = 0
     for p in params:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mpirl.agents.running_stats import PIXEL_SCALE
+from mpirl.agents.tensors import floats
 
 
 class DuelingHead(nn.Module):
@@ -42,14 +43,14 @@ class DuelingMLP(nn.Module):
         self.head = DuelingHead(width, n_actions, hidden[-1])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.torso(obs.float()))
+        return self.head(self.torso(floats(obs)))
 
 
 def image_floats(obs: torch.Tensor) -> torch.Tensor:
     """Stored image observations as the convolutions take them: uint8 pixels / 255, anything else as is. (The
     scaling is a multiply in place on the new float tensor: one pass over it, not a second tensor. Observations the
     job normalises, ``agent.normalize_obs``, arrive as floats already scaled and normalised.)"""
-    return obs.float().mul_(PIXEL_SCALE) if obs.dtype == torch.uint8 else obs.float()
+    return floats(obs).mul_(PIXEL_SCALE) if obs.dtype == torch.uint8 else floats(obs)
 
 
 def nature_floats(obs: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from mpirl.agents.tensors import floats
 from mpirl.agents.train_step import Fault, GradientPeers
 from mpirl.agents.qmix import QmixHyper, central_loss, episode_spec, f_pi, step_mask, td_lambda_targets
 from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_input_dim, agent_inputs,
@@ -76,11 +77,11 @@ class QMixLearner:
              for k in ("obs", "state", "avail", "actions", "reward", "terminated", "filled")}
         B, T1 = b["actions"].shape[:2]
         b["obs"] = b["obs"].reshape(B, T1, self.n_agents, self.obs_dim)
-        b["state"] = b["state"].reshape(B, T1, self.state_dim).float()
+        b["state"] = floats(b["state"].reshape(B, T1, self.state_dim))
         b["avail"] = b["avail"].bool()
         b["terminated"] = b["terminated"].bool()
         b["filled"] = b["filled"].bool()
-        b["reward"] = b["reward"].float()
+        b["reward"] = floats(b["reward"])
         b["inputs"] = agent_inputs(b["obs"], last_action_onehot(b["actions"], self.n_actions))
         return b
 

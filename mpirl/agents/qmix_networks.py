@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mpirl.agents.tensors import floats
+
 # What PyMARL writes into unavailable actions' Q-values before a max/argmax.
 UNAVAILABLE = -9999999.0
 
@@ -19,17 +21,17 @@ def agent_input_dim(obs_dim: int, n_actions: int, n_agents: int) -> int:
 def agent_inputs(obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
     """Each agent's network input ``[..., n, obs_dim + A + n]``, for acting and training alike.
 
-    ``obs`` ``[..., n, obs_dim]`` (flat, any dtype: taken as float as it is), ``last_onehot`` ``[..., n, A]``
+    ``obs`` ``[..., n, obs_dim]`` (flat, any dtype: taken as the networks' floats as it is), ``last_onehot`` ``[..., n, A]``
     the one-hot action each agent took on the previous step (zeros on an episode's first step).
     """
     n = obs.shape[-2]
     ids = torch.eye(n, device=obs.device).expand(*obs.shape[:-1], n)
-    return torch.cat([obs.float(), last_onehot.float(), ids], dim=-1)
+    return torch.cat([floats(obs), floats(last_onehot), ids], dim=-1)
 
 
 def last_action_onehot(actions: torch.Tensor, n_actions: int) -> torch.Tensor:
     """``actions`` ``[B, T+1, n]`` -> the previous step's one-hot action ``[B, T+1, n, A]`` (zeros at t = 0)."""
-    onehot = F.one_hot(actions[:, :-1], n_actions).float()
+    onehot = floats(F.one_hot(actions[:, :-1], n_actions))
     return torch.cat([torch.zeros_like(onehot[:, :1]), onehot], dim=1)
 
 
@@ -82,7 +84,7 @@ class QMixer(nn.Module):
     def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """``agent_qs`` ``[..., n]``, ``states`` ``[..., state_dim]`` -> Q_tot ``[...]``."""
         lead = agent_qs.shape[:-1]
-        s = states.reshape(-1, self.state_dim).float()
+        s = floats(states.reshape(-1, self.state_dim))
         q = agent_qs.reshape(-1, 1, self.n_agents)
         w1 = self.hyper_w1(s).abs().view(-1, self.n_agents, self.embed)
         b1 = self.hyper_b1(s).view(-1, 1, self.embed)
@@ -106,7 +108,7 @@ class CentralMixer(nn.Module):
 
     def forward(self, agent_qs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         lead = agent_qs.shape[:-1]
-        x = torch.cat([states.reshape(-1, self.state_dim).float(), agent_qs.reshape(-1, self.n_agents)], dim=1)
+        x = torch.cat([floats(states.reshape(-1, self.state_dim)), agent_qs.reshape(-1, self.n_agents)], dim=1)
         return self.net(x).view(lead)
 
 

@@ -28,6 +28,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def floats(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the networks' floats: torch's default floating dtype, which their parameters are made in (float32,
+    unless a caller set another before building them: ``tests/learners_job.py`` runs the learners in float64, where
+    K learners and one agree to the last bits that float32's rounding, amplified at a ReLU's kink, does not keep).
+    A tensor of that dtype already is returned as it is, as ``.float()`` does."""
+    return t.to(torch.get_default_dtype())
+
+
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     """Numpy views -> tensors on ``device`` (zero-copy on the CPU).
 

@@ -53,16 +53,19 @@ class Run:
 
 
 def read_run(run_dir: str | os.PathLike) -> Run:
-    """Every rank file's tables of a run (finished, running or killed: the files are read, never locked)."""
-    from mpirl.metrics.run_file import load_run
-    loaded = load_run(Path(run_dir))
+    """Every rank file's tables of a run (finished, running or killed: the files are read, never locked): ``run_dir``
+    itself, or the newest run below it, as :func:`load_policy` takes it. Raises :class:`mpirl.config.ConfigError` naming
+    ``RUN_DIR`` when there is no run there."""
+    from mpirl.metrics.run_file import load_run, newest_run
+    run_dir = newest_run(run_dir)
+    loaded = load_run(run_dir)
     try:
         import pandas as pd
         frame: Any = pd.DataFrame
     except ImportError:
         frame = dict
     run = loaded["run"]
-    out = Run(Path(run_dir), dict(run["job"]), dict(run["attrs"]))
+    out = Run(run_dir, dict(run["job"]), dict(run["attrs"]))
     if run["note"] not in ("", "ok"):
         out.notes["run"] = run["note"]
     for name, entry in loaded["files"].items():

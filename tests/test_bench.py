@@ -16,7 +16,7 @@ from mpirl.bench import replay
 from mpirl.bench.report import Row, format_rows, write_rows
 from mpirl.bench.suite import summary
 
-from conftest import JOBS, run_cli
+from conftest import JOBS, bad_targets, run_cli, tree
 
 
 def test_row_ratio_and_targets():
@@ -188,13 +188,23 @@ def test_reference_minatar_env_plays_minatars_own_breakout_step_for_step():
     assert 0.1 < np.mean(returns) < 1.5  # random play scores little: about 0.4 a game with 3 actions
 
 
-def test_bench_command_line_refuses_bad_input(tmp_path):
+def test_bench_command_line_refuses_bad_input(tmp_path, capsys):
     proc = run_cli("bench", "replay", "--reps", "3")
     assert proc.returncode == 2 and "--reps" in proc.stderr
     (tmp_path / "old.h5").write_bytes(b"results")
     proc = run_cli("bench", "replay", "--out", str(tmp_path / "old.h5"))
     assert proc.returncode == 2 and "exists" in proc.stderr
     assert (tmp_path / "old.h5").read_bytes() == b"results"  # never overwritten
+    from mpirl import cli  # in this process: the refusals come before any bench starts
+    places = tmp_path / "places"
+    places.mkdir()
+    for path, extra, says in bad_targets(places, ".h5", force=""):
+        before = tree(places)
+        capsys.readouterr()
+        assert cli.main(["bench", "replay", "--out", str(path), *extra]) == 2, path
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("mpirl: error: --out: ") and says in err, err
+        assert tree(places) == before, path
     proc = run_cli("bench", "replya")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
     proc = run_cli("bench", "continuous", "--tasks", "pendulum,atari")

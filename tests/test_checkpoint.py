@@ -220,7 +220,8 @@ def _assert_metrics_continue(run_dir, resumed_at, train_steps):
                          ids=["replay refilled", "replay checkpointed", "baseline"])
 def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, replay):
     sets = (*LONG, f"checkpoint.replay={str(replay).lower()}", f"replay.architecture={architecture}")
-    code, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=sets)
+    events = architecture == "baseline"  # this one with TensorBoard's event files, resumed without them
+    code, text, out = _preempt(tmp_path, signal.SIGUSR1, sets=(*sets, *(["log.tensorboard=true"] if events else [])))
     assert code == 75, text  # EX_TEMPFAIL: checkpointed, try again
     run_dir = next(out.glob("*/run.h5")).parent
     with h5py.File(run_dir / "run.h5", "r") as f:
@@ -239,10 +240,15 @@ def test_preempted_job_resumes_and_its_metrics_continue(tmp_path, architecture, 
     snap = run_dir / "checkpoints" / "replay-1.npz"
     assert snap.exists() == replay
     stop_time = checkpoint.load(ckpts[-1])["job_time"]
+    if events:
+        from mpirl.metrics.tensorboard import event_files
+        assert event_files(run_dir)  # the first start's, with rows up to its stop
 
     job = run_mpi(4, out, *_budget(sets, total), args=("--resume", str(run_dir)))
     assert job.proc.returncode == 0, job.output
     assert f"resuming {run_dir}" in job.output and f"ckpt-{stopped_at:010d}.pt" in job.output
+    if events:  # they held rows after the checkpoint; nothing writes them on with log.tensorboard off
+        assert not event_files(run_dir) and "log.tensorboard is off: the event files" in job.output, job.output
     if replay:  # the memory came back whole: the first row after the resume is at least that full
         assert f"buffer rank 1: replay restored, {fill_at_stop} records from replay-1.npz" in job.output
     with h5py.File(run_dir / "buffer_1.h5", "r") as f:

@@ -18,6 +18,8 @@ from mpirl.metrics import compare as cmp
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files
 from mpirl.metrics.writer import MetricsFile
 
+from conftest import bad_targets, tree
+
 ROOT = Path(__file__).resolve().parents[1]
 F8, I8 = np.float64, np.int64
 WINDOW, LENGTH = 20, 10  # run.return_window; every episode's length
@@ -171,11 +173,16 @@ def test_columns_and_axes_of_two_families(tmp_path, capsys):
 
 def test_bad_input_is_one_line_and_exit_2_and_runs_without_returns_are_skipped(six, tmp_path, capsys, monkeypatch):
     (tmp_path / "empty").mkdir()
-    assert "has no run.h5" in refused(capsys, tmp_path / "empty")
+    assert "holds no run.h5" in refused(capsys, tmp_path / "empty")
     assert "does not exist" in refused(capsys, tmp_path / "nowhere")
-    (tmp_path / "there.png").write_bytes(b"")
-    assert "--force" in refused(capsys, six, "--out", tmp_path / "there.png")
-    assert mpirl(capsys, six, "--out", tmp_path / "there.png", "--force")[0] == 0
+    out = tmp_path / "outs"
+    out.mkdir()
+    for path, extra, says in bad_targets(out, ".png"):
+        before = tree(out)
+        assert says in refused(capsys, six, "--out", path, *extra), (path, extra)
+        assert tree(out) == before, path  # nothing written, nothing left behind
+    assert "--force" in refused(capsys, six, "--out", out / "there.png")
+    assert mpirl(capsys, six, "--out", out / "there.png", "--force")[0] == 0
     young = apex_run(tmp_path / "young", 1, episodes=WINDOW - 1)
     broken = tmp_path / "young" / "broken"
     broken.mkdir()

@@ -311,6 +311,10 @@ def test_a_sync_run_stopped_and_resumed_ends_where_an_uninterrupted_one_does(tmp
     sets = ("distql.workers=2", "distql.exchange=sync", "distql.episodes=600", "run.seed=3", "distql.eval_episodes=0")
     whole = _launch(tmp_path / "whole", 3, *sets)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    ended = _run_dir(tmp_path / "whole")  # ended by its episodes: a last checkpoint, as every stop writes one
+    with h5py.File(_checkpoints(ended)[-1], "r") as ck, h5py.File(ended / "qserver.h5", "r") as f:
+        assert np.array_equal(ck["server/q"][()], f["table/q"][()]) and ck["server/merges"][()].sum() > 0
+        assert ck.attrs["finished"].tolist() == [1, 2] and int(ck.attrs["train_steps"]) > 0  # (merges)
     part = _launch(tmp_path / "part", 3, *sets, "run.env_steps=20000")
     assert part.returncode == 0, part.stdout[-3000:] + part.stderr[-3000:]
     run = _run_dir(tmp_path / "part")

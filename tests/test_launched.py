@@ -64,3 +64,14 @@ def test_phase_marks_are_off_unless_asked_for_and_name_each_process(tmp_path):
     assert [m.phase for m in got] == ["process", "one", "two"]
     assert {m.pid for m in got} == {proc.pid} and {m.rank for m in got} == {"3"}
     assert got[0].time <= got[1].time <= got[2].time and got[2].cpu >= got[1].cpu >= 0
+
+
+def test_an_mpiexec_that_is_not_there_is_one_line_naming_the_option(tmp_path, capsys):
+    from mpirl import cli
+    (tmp_path / "mpiexec").write_text("not a program")  # there, but not executable
+    for given in (str(tmp_path / "nowhere" / "mpiexec"), str(tmp_path / "mpiexec"), "no-such-mpiexec"):
+        code = cli.main(["launch", str(ROOT / "jobs" / "cartpole.toml"), "--mpiexec", given,
+                         "--set", f'run.out_dir="{tmp_path / "runs"}"'])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("mpirl: error: --mpiexec: "), err
+    assert not (tmp_path / "runs").exists()

@@ -285,6 +285,18 @@ def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
         assert t["bytes_out"][-1] < t["bytes_out_raw"][-1]  # requests compressed (parameters stay raw)
 
 
+def test_zstd_without_its_package_is_refused_before_any_rank_starts(monkeypatch, capsys, tmp_path):
+    from mpirl import cli
+    monkeypatch.delitem(sys.modules, "zstandard", raising=False)
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # as if the zstd extra were not installed
+    code = cli.main(["validate", str(JOBS / "cartpole.toml"), "--set", "comm.link.compression=zstd",
+                     "--set", f'run.out_dir="{tmp_path}"'])  # the checks every rank of a job runs before it starts
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, (code, err)
+    assert err[0].startswith("mpirl: error: comm.link.compression: ") and "mpirl[zstd]" in err[0], err
+    assert not any(tmp_path.iterdir())  # no run directory made
+
+
 def test_baseline_dumps_larger_than_one_message_arrive_in_pieces(tmp_path):
     # 0.05 MiB pieces: a dump of a few thousand CartPole experiences (~50 B each) takes several.
     job = run_mpi(4, tmp_path, *SHORT, "replay.architecture=baseline", "replay.n_replay=50",

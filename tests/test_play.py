@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mpirl
-from conftest import JOBS, ROOT, in_process as cli, mpi_env, run_cli
+from conftest import JOBS, ROOT, bad_targets, in_process as cli, mpi_env, run_cli, tree
 from mpirl.trained.export import observations
 from mpirl.trained.play import play
 from mpirl.trained.video import VideoFile, count_frames
@@ -104,7 +104,7 @@ def test_refusals_say_one_line_and_leave_nothing(runs, tmp_path, capsys):
     bare.mkdir()
     shutil.copy(runs["apex"] / "run.h5", bare / "run.h5")
     assert "no checkpoint" in refused("play", str(bare))
-    assert "no run.h5" in refused("play", str(tmp_path / "nothing"))
+    assert "does not exist" in refused("play", str(tmp_path / "nothing"))
     other = tmp_path / "other" / "ckpt-0000000001.pt"  # a checkpoint of another algorithm's shape
     other.parent.mkdir()
     torch.save({"format": 2, "identity": {}, "train_steps": 1, "job_time": 0.0, "model": {"net": {}}}, other)
@@ -126,6 +126,25 @@ def test_refusals_say_one_line_and_leave_nothing(runs, tmp_path, capsys):
     if not torch.cuda.is_available():
         assert "CUDA" in refused("play", str(runs["apex"]), "--device", "cuda")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "other", "p.pt", "taken.mp4"]
+    # Every file-writing option, every place it cannot write: one line before anything is computed, nothing left.
+    places = tmp_path / "places"
+    places.mkdir()
+    for command, option, suffix, more in (("play", "--video", ".mp4", ()), ("export", "--out", ".pt", ()),
+                                          ("export", "--out", ".pt", ("--pt2",))):
+        for path, extra, says in bad_targets(places, suffix):
+            before = tree(places)
+            assert says in refused(command, str(runs["apex"]), option, str(path), *more, *extra), (command, path)
+            assert tree(places) == before, (command, path)  # no partial file, nothing replaced
+        shutil.rmtree(places)
+        places.mkdir()
+    (places / "p.pt2").mkdir()  # the file --pt2 writes beside --out is checked as --out is
+    assert "--pt2: " in refused("export", str(runs["apex"]), "--out", str(places / "p.pt"), "--pt2", "--force")
+    assert [p.name for p in places.iterdir()] == ["p.pt2"]
+    from mpirl.config import ConfigError
+    with pytest.raises(ConfigError, match="RUN_DIR: .* does not exist"):  # as load_policy says it
+        mpirl.read_run(tmp_path / "nothing")
+    with pytest.raises(ConfigError, match="RUN_DIR: .* holds no run.h5"):
+        mpirl.read_run(places)
 
 
 def test_a_video_of_a_half_played_run_is_removed(runs, tmp_path):

@@ -9,13 +9,19 @@ from mpirl import config
 from mpirl.job import memory
 from mpirl.algos.apex import memory as apex_memory
 
-from conftest import JOBS, run_cli, run_mpi
+from conftest import JOBS, in_process, run_cli, run_mpi
 
 CARTPOLE = str(JOBS / "cartpole.toml")
 
 
 def error_lines(proc) -> list[str]:
     return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("mpirl: error:")]
+
+
+def refusal(capsys, command: str, *args: str):
+    """``mpirl COMMAND ARGS``: validate in this process (its checks are all it does), launch as a user runs it (its
+    job's rank 0 checks itself and hands the refusal to the launcher, which prints it)."""
+    return in_process(capsys, command, *args) if command == "validate" else run_cli(command, *args)
 
 
 def cartpole_slot() -> float:
@@ -136,12 +142,13 @@ PREDATOR_PREY = str(JOBS / "predator_prey_qmix.toml")
     (PREDATOR_PREY, 5, ("qmix.hypernet_hidden=65536", "qmix.mixer_embed=65536"), "qmix.mixer_embed"),
     (PREDATOR_PREY, 5, ("qmix.loss_weights=macpo", "qmix.central_hidden=65536"), "qmix.central_hidden"),
 ])
-def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tmp_path, job, n, sets, key):
+def test_a_network_no_node_can_hold_is_refused_by_its_size_not_by_building_it(tmp_path, job, n, sets, key, capsys):
     """The estimate counts parameters without allocating them (torch's meta device): a network of many GB is
-    refused in a moment with the estimate and the setting that makes it big, through validate and launch."""
+    refused in a moment with the estimate and the setting that makes it big, through validate and (the first case:
+    the path is the same for all, rank 0's checks of the job) launch."""
     flags = [x for s in sets for x in ("--set", s)]
-    for command in ("validate", "launch"):
-        proc = run_cli(command, job, "-n", str(n), "--set", f'run.out_dir="{tmp_path}"', *flags)
+    for command in ("validate", "launch") if key == "agent.hidden" else ("validate",):
+        proc = refusal(capsys, command, job, "-n", str(n), "--set", f'run.out_dir="{tmp_path}"', *flags)
         lines = error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
         assert lines[0].startswith(f"mpirl: error: {key}: the job needs about "), lines[0]
@@ -161,10 +168,10 @@ MINATAR = str(JOBS / "minatar_breakout.toml")
     (("env.id=\"CartPole-v1\"", "agent.network=minatar"),
      "mpirl: error: agent.network: 'CartPole-v1' observes (4,) float32: the minatar network takes (C, H, W) images"),
 ])
-def test_a_shape_the_network_cannot_take_is_exit_2_naming_the_shape_not_a_traceback(tmp_path, sets, start):
+def test_a_shape_the_network_cannot_take_is_exit_2_naming_the_shape_not_a_traceback(tmp_path, sets, start, capsys):
     flags = [x for s in sets for x in ("--set", s)]
-    for command in ("validate", "launch"):
-        proc = run_cli(command, MINATAR, "--set", f'run.out_dir="{tmp_path}"', *flags)
+    for command in ("validate", "launch") if sets == ("agent.network=nature",) else ("validate",):
+        proc = refusal(capsys, command, MINATAR, "--set", f'run.out_dir="{tmp_path}"', *flags)
         lines = error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
         assert lines[0].startswith(start), lines[0]
@@ -192,7 +199,7 @@ A3C = str(JOBS / "a3c_cartpole.toml")
 @pytest.mark.parametrize("job, sets, commands, key, fix", [
     (IMPALA, ("topology.actors=1000000",), ("validate", "launch"), "topology.actors",
      "lower topology.actors (now 1,000,000: a world of 1,000,002 ranks)"),
-    (A3C, ("a3c.unroll=100000", "env.envs_per_actor=4096"), ("validate", "launch"), "a3c.unroll",
+    (A3C, ("a3c.unroll=100000", "env.envs_per_actor=4096"), ("validate",), "a3c.unroll",
      "lower a3c.unroll (now 100,000) or env.envs_per_actor (now 4,096)"),
     (A3C, ("a3c.workers=1000000",), ("validate", "launch"), "a3c.workers",
      "lower a3c.workers (now 1,000,000: a world of 1,000,001 ranks)"),
@@ -202,14 +209,21 @@ A3C = str(JOBS / "a3c_cartpole.toml")
      "lower distql.workers (now 1,000,000: a world of 1,000,001 ranks)"),
     (str(JOBS / "predator_prey_qmix.toml"), ("topology.actors=100000",), ("validate",), "topology.actors",
      "lower topology.actors (now 100,000"),
+    # the parameter server alone, with one worker, would not fit: the network's width, not the count of ranks
+    (A3C, ("agent.hidden=[65536, 65536]",), ("validate",), "agent.hidden", "use a smaller network (agent.hidden"),
+    # the learner's batch is batch_size x (unroll + 1) steps: the one of the two raised a million-fold
+    (IMPALA, ("replay.batch_size=1000000", "replay.capacity=2000000"), ("validate",), "replay.batch_size",
+     "lower replay.batch_size (now 1,000,000) or impala.unroll"),
 ])
-def test_a_refusal_names_the_setting_whose_change_shrinks_the_need_most(tmp_path, job, sets, commands, key, fix):
+def test_a_refusal_names_the_setting_whose_change_shrinks_the_need_most(tmp_path, job, sets, commands, key, fix,
+                                                                      capsys):
     """The memory preflight names what makes a job too big for a node: the count of ranks (a world of a million
     actors or workers, thousands of learners), a worker's rollout (unroll x envs), not the replay's capacity or the
-    network's width that the defaults leave small."""
+    network's width that the defaults leave small; never a count of ranks when one rank alone would still not fit,
+    and of settings that size one part together, the one that departs most from its default."""
     flags = [x for s in sets for x in ("--set", s)]
     for command in commands:
-        proc = run_cli(command, job, "--set", f'run.out_dir="{tmp_path}"', *flags)
+        proc = refusal(capsys, command, job, "--set", f'run.out_dir="{tmp_path}"', *flags)
         lines = error_lines(proc)
         assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
         assert lines[0].startswith(f"mpirl: error: {key}: the job needs about "), lines[0]

@@ -156,6 +156,27 @@ def test_without_the_package_a_job_and_the_command_are_refused(tmp_path, monkeyp
     assert err.count("\n") == 1 and "pip install 'mpirl[tensorboard]'" in err, err
 
 
+@pytest.mark.mpi
+def test_a_run_whose_files_cannot_be_read_or_written_gets_no_event_files(job, tmp_path, capsys):
+    """A run.h5 cut short (a copy that stopped halfway, a full disk) would give event files of nothing: refused, as
+    is a run directory where the event files cannot go; nothing is written for any run named."""
+    damaged, blocked = tmp_path / "damaged", tmp_path / "blocked"
+    for run in (damaged, blocked):
+        shutil.copytree(job.run_dir, run)
+        shutil.rmtree(run / tensorboard.EVENTS_DIR, ignore_errors=True)
+    whole = (damaged / "run.h5").read_bytes()
+    (damaged / "run.h5").write_bytes(whole[:len(whole) // 3])
+    (blocked / tensorboard.EVENTS_DIR).write_bytes(b"mine")  # a file where the directory goes
+    for run, says in ((damaged, "run.h5 cannot open"), (blocked, "is a file, not the directory")):
+        assert cli.main(["tensorboard", str(run), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err and "RUN_DIR: " in err, err
+    assert cli.main(["tensorboard", str(tmp_path), "--force"]) == 2  # one bad run among them: none is written
+    capsys.readouterr()
+    assert not (damaged / tensorboard.EVENTS_DIR).exists()
+    assert (blocked / tensorboard.EVENTS_DIR).read_bytes() == b"mine"
+
+
 def test_a_path_without_runs_is_refused(tmp_path, capsys):
     assert cli.main(["tensorboard", str(tmp_path)]) == 2
     err = capsys.readouterr().err

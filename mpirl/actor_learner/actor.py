@@ -138,14 +138,18 @@ class Shipping:
         d.drop(rows)
 
     def ship(self, version: int, env_errors: int) -> bool:
-        """Send every full batch staged, and a part one when the frames waiting might not fit the next message
-        (frames once: games that have not made transitions yet, e.g. short episodes); True if anything went."""
+        """Send every full batch staged, a part one when the frames waiting might not fit the next message (frames
+        once: games that have not made transitions yet, e.g. short episodes), and messages of no records while more
+        episodes have finished than one message reports, so none waits here; True if anything went."""
         staging, sent = self.deciding.staging, False
         while staging.count >= self.batch:
             self.send(self.batch, version, env_errors)
             sent = True
         if self.sender.frames_due:
             self.send(min(staging.count, self.batch), version, env_errors)
+            sent = True
+        while len(self.deciding.episodes) > EPISODE_SLOTS:  # short episodes: more finished than a message tells
+            self.send(0, version, env_errors)
             sent = True
         return sent
 

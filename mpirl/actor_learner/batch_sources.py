@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 
 from mpirl.comm.backoff import Backoff, wait_until
-from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, sample_layout
+from mpirl.comm.messages import DUMP, SAMPLE, dump_layout, episode_slots, sample_layout
 from mpirl.config import JobConfig
 from mpirl.job.context import RoleContext
 from mpirl.metrics.writer import MetricsFile
@@ -154,7 +154,8 @@ def _shard_links(given: SourceInputs, sampled: bool) -> ShardLinks:
     most = max_quota(cfg.replay.batch_size, n_buf, cfg.replay.shares)
     framed = framed_fields(spec) if cfg.replay.dedup_frames else {}
     reply = (sample_layout(spec, most, framed, cache=bool(cache_slots(cfg.replay.frame_cache, cfg.replay.capacity,
-                                                                      framed))) if sampled
+                                                                      framed)),
+                           episodes=episode_slots(cfg.run.return_window)) if sampled
              else dump_layout(spec, cfg.replay.capacity, framed))
     return ShardLinks(given.ctx, given.counters, reply, most, cfg.comm.prefetch + 1 if sampled else 1)
 

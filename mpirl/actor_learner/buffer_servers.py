@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 import numpy as np
 
 from mpirl.comm.layout import Layout
-from mpirl.comm.messages import dump_layout, sample_layout
+from mpirl.comm.messages import dump_layout, episode_slots, sample_layout
 from mpirl.config import JobConfig
 from mpirl.replay.frame_cache import CacheMirror, cache_slots, settle_slots
 from mpirl.replay.memory import ReplayMemory
@@ -115,7 +115,8 @@ class ShardServer(Server):
         cache = cache_slots(buffer.cfg.replay.frame_cache, buffer.cfg.replay.capacity, buffer.framed)
         # The learner's frame cache as this buffer knows it (none: every reply carries all its batch's frames).
         self.mirror = CacheMirror(cache) if cache else None
-        self.reply = sample_layout(buffer.spec, share, buffer.framed, cache=bool(cache))
+        self.reply = sample_layout(buffer.spec, share, buffer.framed, cache=bool(cache),
+                                   episodes=episode_slots(buffer.cfg.run.return_window))
         self.depth = buffer.cfg.comm.prefetch + 1  # replies in flight: the learner's prefetch, and one more
         self.min_fill = buffer.min_fill
 

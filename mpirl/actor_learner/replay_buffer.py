@@ -14,7 +14,6 @@ counters, episodes, actor stats) to HDF5.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from mpirl.comm.backoff import Backoff
 from mpirl.comm.messages import (BYE, DUMP, SAMPLE, TAG_EXPERIENCE, TAG_REPLY, TAG_REQUEST, experience_layout,
                                  request_layout)
+from mpirl.actor_learner.episode_tally import EpisodeTally
 from mpirl.comm.codec import codec_for
 from mpirl.comm.link import shaper_for
 from mpirl.comm.params import ParamBroadcast, param_channel
@@ -92,9 +92,9 @@ class Buffer:
                                if topo.group_params else None)
 
         self.waiting: deque = deque()  # SAMPLE requests waiting for the shard to fill: (learner, seq, want)
-        # Returns of finished episodes not yet forwarded; NaN for an episode that does not count
-        # toward the learner's return window (run.return_from = "least_exploring": other actors').
-        self.to_learner: deque = deque()
+        # Finished episodes not yet told to the learner: all counted, the latest returns its window counts
+        # (run.return_from = "least_exploring": that actor's alone), as many as a reply holds.
+        self.to_learner = EpisodeTally(self.reply.slot_length("ep_return"))
         self.window_actor = topo.least_exploring_actor if cfg.run.return_from == "least_exploring" else None
         self.actor_steps: dict[int, int] = {}
         self.actor_logged: dict[int, float] = {}
@@ -153,8 +153,7 @@ class Buffer:
             rets = exp.get(buf, "ep_return")[:k].copy()
             self.t_episodes.extend(time=np.full(k, t), actor=np.full(k, actor), env_steps=np.full(k, steps),
                                    length=exp.get(buf, "ep_length")[:k].astype(I8), **{"return": rets})
-            counts = self.window_actor is None or actor == self.window_actor
-            self.to_learner.extend(rets.tolist() if counts else [math.nan] * k)
+            self.to_learner.add(rets.tolist(), counted=self.window_actor is None or actor == self.window_actor)
         final = bool(exp.get(buf, "final"))
         if final or self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
@@ -190,11 +189,10 @@ class Buffer:
     def _send_reply(self, slot: int, buf: np.ndarray, kind: int, seq: float, rows: int, frames: int = 0,
                     learner: int = 0) -> None:
         # Finished episodes go to the first learner (the one that decides the stop and writes the returns).
-        k = min(len(self.to_learner), self.reply.slot_length("ep_return")) if learner == 0 else 0
-        rets = [self.to_learner.popleft() for _ in range(k)]
+        k, rets = self.to_learner.take() if learner == 0 else (0, [])
         self.reply.set(buf, rows=rows, kind=kind, seq=seq, shard_size=self.store.size,
-                       shard_total=self.server.reply_total,
-                       env_steps=sum(self.actor_steps.values()), inserted=self.inserted, episodes=k, ep_return=rets)
+                       shard_total=self.server.reply_total, env_steps=sum(self.actor_steps.values()),
+                       inserted=self.inserted, episodes=k, returns=len(rets), ep_return=rets)
         counted = dict.fromkeys(self.reply.counted, frames)  # every counted field of a reply: one row per frame sent
         self.reply.set(buf, **{f"{name}_rows": n for name, n in counted.items()})
         self.replies[learner].send(slot, self.reply.nbytes(rows, **counted))

@@ -87,11 +87,8 @@ class ShardLinks:
         c.env_steps[b] = int(lay.get(buf, "env_steps")) + self.env_offset[b]
         self.sizes[b] = int(lay.get(buf, "shard_size"))
         self.meters[b].update(time.perf_counter(), int(lay.get(buf, "inserted")))
-        k = int(lay.get(buf, "episodes"))
-        if k:
-            rets = lay.get(buf, "ep_return")[:k]
-            c.returns.extend(rets[~np.isnan(rets)].tolist())
-            c.episodes += k
+        c.episodes += int(lay.get(buf, "episodes"))  # every episode since its last reply; the latest returns
+        c.returns.extend(lay.get(buf, "ep_return")[:int(lay.get(buf, "returns"))].tolist())
         return lay.views(buf)
 
     def ready(self) -> bool:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from mpirl.atomic import check_target
 from mpirl.bench.continuous import LONG_TASKS, TASKS
 from mpirl.bench.suite import BENCHES
-from mpirl.domain import bad_input
+from mpirl.domain import ConfigError, bad_input
 
 
 def add_parser(sub) -> None:
@@ -69,7 +70,12 @@ def cmd_bench(args) -> int:
     if wrong:
         return bad_input(wrong)
     out = Path(args.out or f"bench/bench-{dt.datetime.now():%Y%m%d-%H%M%S}.h5")
-    if out.exists():
+    if args.out:  # (the default's bench/ is made for it)
+        try:
+            check_target("--out", out, force=False, forced="")
+        except ConfigError as err:
+            return bad_input(str(err))
+    elif out.exists():
         return bad_input(f"--out: {out} exists; pass a new file name (results are never overwritten)")
     return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
                learner={"device": args.device}, continuous={"tasks": tasks}, gpu={"device": args.device},

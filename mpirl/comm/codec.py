@@ -16,13 +16,24 @@ from mpirl.config import ConfigError
 PREFIX = 8
 
 
+def _zstandard():
+    try:
+        import zstandard
+    except ImportError:
+        raise ConfigError("comm.link.compression", "'zstd' needs the zstandard package, which is not installed: "
+                          "pip install 'mpirl[zstd]' (or set compression = \"none\")") from None
+    return zstandard
+
+
+def check(link_cfg) -> None:
+    """The package ``comm.link.compression`` needs is there (a job's checks, before any rank starts)."""
+    if link_cfg.compression == "zstd":
+        _zstandard()
+
+
 class Codec:
     def __init__(self, level: int = 1):
-        try:
-            import zstandard
-        except ImportError:
-            raise ConfigError("comm.link.compression", "'zstd' needs the zstandard package: "
-                              "pip install 'mpirl[zstd]' (or set compression = \"none\")") from None
+        zstandard = _zstandard()
         self._c = zstandard.ZstdCompressor(level=level)
         self._d = zstandard.ZstdDecompressor()
 

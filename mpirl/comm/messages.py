@@ -37,7 +37,8 @@ from mpirl.comm.layout import Layout
 TAG_EXPERIENCE, TAG_REQUEST, TAG_REPLY, TAG_STEP, TAG_ACTIONS = 11, 12, 13, 14, 15
 SAMPLE, DUMP, BYE = 1, 2, 3
 
-# Finished episodes reported per message; more wait for the next message.
+# Finished episodes reported per experience message (more wait for the next message), and the fewest returns a
+# reply to the learner holds.
 EPISODE_SLOTS = 32
 
 F32, F64, I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
@@ -78,23 +79,35 @@ def request_layout(max_share: int) -> Layout:
 DUMP_EPISODE_SLOTS = 4096
 
 
+def episode_slots(return_window: int) -> int:
+    """Returns a reply to the learner holds: its return window's (``run.return_window``), at least
+    :data:`EPISODE_SLOTS` and at most :data:`DUMP_EPISODE_SLOTS`. A reply counts every episode finished since the
+    buffer's last and carries the latest returns of them (:class:`mpirl.actor_learner.episode_tally.EpisodeTally`),
+    so the learner's window is the buffers' latest episodes however many finish between two replies."""
+    return max(EPISODE_SLOTS, min(int(return_window), DUMP_EPISODE_SLOTS))
+
+
 def _reply_header(episode_slots: int) -> dict:
+    """``episodes``: finished since the buffer's last reply, every one; ``returns``: how many of the latest of
+    them (those the learner's return window counts) ``ep_return`` holds."""
     return {"kind": 1, "seq": 1, "shard_size": 1, "shard_total": 1, "env_steps": 1, "inserted": 1,
-            "episodes": 1, "ep_return": episode_slots}
+            "episodes": 1, "returns": 1, "ep_return": episode_slots}
 
 
-def sample_layout(spec: dict, max_share: int, framed: dict | None = None, cache: bool = False) -> Layout:
+def sample_layout(spec: dict, max_share: int, framed: dict | None = None, cache: bool = False,
+                  episodes: int = EPISODE_SLOTS) -> Layout:
     """``framed``: the frame-stack fields stored once; they travel as dumps carry them. ``cache``: with the learner's
     frame cache, ``frames`` holds only the frames it does not hold, and ``frame_slots`` (int32, one per sent frame)
-    the cache slot each goes into, -1 for none (:mod:`mpirl.replay.frame_cache`)."""
+    the cache slot each goes into, -1 for none (:mod:`mpirl.replay.frame_cache`). ``episodes``: the returns a reply
+    holds (:func:`episode_slots`)."""
     fields = {"ids": ((), I64), "versions": ((), I64), "probs": ((), F64), "priority": ((), F32)}
     if not framed:
-        return Layout(_reply_header(EPISODE_SLOTS), {**fields, **spec}, max_share)
+        return Layout(_reply_header(episodes), {**fields, **spec}, max_share)
     fields.update(_as_frame_indices(spec, framed))
     counted = _frames_field(framed, max_share)
     if cache:
         counted["frame_slots"] = ((), np.dtype(np.int32), counted["frames"][2])
-    return Layout(_reply_header(EPISODE_SLOTS), fields, max_share, counted=counted)
+    return Layout(_reply_header(episodes), fields, max_share, counted=counted)
 
 
 def _as_frame_indices(spec: dict, framed: dict) -> dict:

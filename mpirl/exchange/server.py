@@ -13,7 +13,8 @@ The run ends when every worker has played ``episodes``, or early: at a stop cond
 a signal on any rank (Ctrl-C through ``mpirl launch``, SIGUSR1, SIGTERM: then "preempted", exit 75). Either way
 the stop flag rides in each worker's next reply together with the checkpoint flag: the last cut
 (:mod:`mpirl.exchange.checkpoint`) is taken as the workers stop, and ``--resume`` continues from it, as from
-the cuts taken every ``checkpoint.every_seconds``.
+the cuts taken every ``checkpoint.every_seconds``. A run whose workers all played their episodes ends with a last
+cut too, of the server alone (each worker finished before it).
 
 Everything lands in ``qserver.h5``: ``merges``, ``episodes`` and ``workers`` rows (the workers' counters and
 finished episodes travel in their exchanges), ``eval`` rows (greedy episodes of the server's table, each cut at
@@ -283,6 +284,10 @@ class Server:
         try:
             while not self.hub.finished or self.cut is not None:
                 self.step()
+            if not self.stop_reason:  # every worker played its episodes: the last cut holds the server alone
+                self.cut = Cut(self.ctx.run_dir, set(), stop=True)
+                self.commit(self.cut)
+                self.cut = None
             self.hub.close()
             if self.eval_env is not None:
                 self.evaluate_now()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mpirl.comm import codec
 from mpirl.config import ConfigError, JobConfig
 from mpirl.job import memory
 from mpirl.job.contract import Algorithm, Checked
@@ -24,7 +25,8 @@ def check_job(cfg: JobConfig, algo: Algorithm, world_size: int, job_path: str) -
     """
     checked = algo.check(cfg, world_size, job_path)
     check_out_dir(cfg)
-    tensorboard.check(cfg)  # the optional package a [log] setting needs
+    tensorboard.check(cfg)  # the optional packages a [log] setting and the link's compression need
+    codec.check(cfg.comm.link)
     est = checked.memory
     memory.check_fits(cfg, est, memory.LIBRARIES + est.largest(),
                       "one node (its largest rank alone)", memory.available_bytes(), largest_only=True)

@@ -100,9 +100,30 @@ class Estimate:
                 out[count] = out.get(count, 0) + (n - 1) * self.per_rank[role]
         return out
 
-    def fix(self, cfg: JobConfig, largest_only: bool = False) -> tuple[str, str]:
-        """The field to name and the fix: the setting with the largest share of the need."""
+    def is_count(self, key: str) -> bool:
+        """Whether ``key`` counts ranks (the world size, or a role's count such as ``topology.actors``)."""
+        return key == WORLD_SIZE or key in self.counts.values()
+
+    def at_fewest(self, key: str, largest_only: bool = False) -> int:
+        """What count ``key`` would still account for with one rank of the roles it counts: the parts it sizes in
+        other ranks (a server's buffer per worker) divided by that count; fewer ranks of its own roles cost none."""
+        counted = sum(self.ranks.get(role, 0) for role, k in self.counts.items() if k == key) or 1
+        roles = [r for r in self.per_rank if self.ranks.get(r, 0)]
+        if largest_only:
+            roles = [max(roles, key=self.per_rank.__getitem__)] if roles else []
+        sized = sum((1 if largest_only else self.ranks[r]) * int(self.parts.get(r, {}).get(key, 0)) for r in roles)
+        return sized // counted
+
+    def fix(self, cfg: JobConfig, largest_only: bool = False, need: int | None = None,
+            available: int | None = None) -> tuple[str, str]:
+        """The field to name and the fix: the setting with the largest share of the need, but never a count of
+        ranks that, at one rank, would still leave ``need`` above ``available`` (a rank too big alone is made
+        smaller by a size, not by fewer ranks)."""
         shares = {k: b for k, b in self.shares(largest_only).items() if b > 0}
+        if need is not None and available is not None:
+            helps = {k: b for k, b in shares.items()
+                     if not self.is_count(k) or need - (b - self.at_fewest(k, largest_only)) <= available}
+            shares = helps or {k: b for k, b in shares.items() if not self.is_count(k)} or shares
         if shares:
             key = max(shares, key=shares.__getitem__)
             return key, self.fix_for(cfg, key)
@@ -136,6 +157,25 @@ class Estimate:
             return f"use a smaller network ({key}, now {getattr(getattr(cfg, section), name)}) or a bigger node"
         section, name = key.split(".")
         return f"lower {key} (now {getattr(getattr(cfg, section), name)}), or run the ranks on more nodes"
+
+
+def departs_most(cfg: JobConfig, *keys: str) -> str:
+    """Of settings that multiply one part of the memory together (a batch of batch_size x unroll steps), the one
+    whose value departs most from its default (the algorithm's), as a ratio: the one a refusal names, since it is
+    most likely the one a user raised. Ties go to the first."""
+    import math
+
+    from mpirl.config import defaults
+    base = defaults(cfg.agent.algorithm)
+
+    def departure(key: str) -> float:
+        section, name = key.split(".")
+        now, was = getattr(getattr(cfg, section), name), getattr(getattr(base, section), name)
+        try:
+            return abs(math.log(max(float(now), 1e-300) / max(float(was), 1e-300)))
+        except (TypeError, ValueError):
+            return 0.0
+    return max(keys, key=lambda k: (departure(k), -keys.index(k)))
 
 
 def available_bytes() -> int | None:
@@ -187,6 +227,6 @@ def check_fits(cfg: JobConfig, est: Estimate, need: int, where: str, available: 
                           f"{limit / 2**30:.1f} GiB of RAM and swap; lower replay.capacity")
     if available is None or need <= available:
         return
-    key, fix = est.fix(cfg, largest_only)
+    key, fix = est.fix(cfg, largest_only, need, available)
     raise ConfigError(key, f"the job needs about {need / 2**30:.1f} GiB on {where} ({est.text()}), "
                            f"{available / 2**30:.1f} GiB are available; {fix}")

@@ -33,7 +33,7 @@ from mpirl.metrics.heartbeat import Heartbeat
 from mpirl.metrics.live import Follower
 from mpirl.metrics.progress import RUN_DIR_LINE
 from mpirl.metrics.run_file import create_run_file, finish_run_file, link_rank_files, mark_resumed
-from mpirl.metrics.tensorboard import LiveEvents
+from mpirl.metrics.tensorboard import LiveEvents, event_files, remove_events
 from mpirl.job.checkpoint import Resume, plan_resume
 from mpirl.job import launched, memory
 from mpirl.job.checks import check_job
@@ -182,6 +182,21 @@ def _shared_run_dir(world: MPI.Comm, cfg: JobConfig) -> Path:
     return Path(_on_rank0(world, make))
 
 
+def _mark_resumed(run_dir: Path, plan: Resume, cfg: JobConfig) -> None:
+    """Rank 0 of a resumed run: run.h5 says so, the line says from where. Without ``log.tensorboard`` the event files
+    of its earlier start, which hold rows after the checkpoint and that nothing writes on, go (the HDF5 files hold
+    every row), and a line says so."""
+    (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
+    mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(), command=" ".join(sys.argv),
+                 job_time=plan.job_time)
+    print(f"mpirl: resuming {run_dir} from {plan.where()}, job time {plan.job_time:.1f} s; restart {plan.restart}",
+          flush=True)
+    if not cfg.log.tensorboard and event_files(run_dir):
+        remove_events(run_dir)
+        print(f"mpirl: log.tensorboard is off: the event files of the run's earlier start are removed (they held rows "
+              f"after the checkpoint); `mpirl tensorboard {run_dir}` writes them from the HDF5 files", flush=True)
+
+
 def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet: bool = False,
             resume: str = "", early: list[int] | None = None) -> int:
     """Run the job on this rank (every rank calls it); ``algo``: the job's algorithm module
@@ -203,11 +218,7 @@ def run_job(cfg: JobConfig, algo: Algorithm, job_text: str, job_path: str, quiet
         if launched.command():  # the job passed its checks: the launcher's command, as its first line
             print(f"mpirl: {launched.command()}", flush=True)
         if plan:
-            (run_dir / FAILURE_CLAIM).unlink(missing_ok=True)
-            mark_resumed(run_dir, plan.restart, checkpoint=plan.checkpoint, job=cfg.flat(),
-                         command=" ".join(sys.argv), job_time=plan.job_time)
-            print(f"mpirl: resuming {run_dir} from {plan.where()}, job time {plan.job_time:.1f} s; "
-                  f"restart {plan.restart}", flush=True)
+            _mark_resumed(run_dir, plan, cfg)
         else:
             if resume:
                 print(f"mpirl: --resume {resume}: no unfinished run of '{cfg.run.name}' with a checkpoint "

@@ -9,11 +9,9 @@ reads them; DistQL's ``distql.episodes``), the fraction done of the one expected
 left until then, from the recent rate. A run that has ended says so at the end of its line.
 
 The line is made from what ``mpirl watch`` reads: the run's algorithm's ``info.summarize`` (handed in; this layer
-names no algorithm), which opens the HDF5 files read-only and without locks. Its summaries come in three shapes, one
-per family (the learner-buffer-actor one of :mod:`mpirl.metrics.summary`, the gradient family's ``updates``, the
-exchange family's ``merges``); :func:`reading` takes from each what the line shows. A beat whose read fails (a
-table caught mid-flush) is skipped; a read that takes longer than the interval delays the next beat, it never
-stacks reads.
+names no algorithm), which opens the HDF5 files read-only and without locks; :mod:`mpirl.metrics.reading` takes
+from its summary what the line shows. A beat whose read fails (a table caught mid-flush) is skipped; a read that
+takes longer than the interval delays the next beat, it never stacks reads.
 
 Who prints it, and how it meets the job's own output: :mod:`mpirl.metrics.live`.
 """
@@ -23,70 +21,16 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from mpirl.metrics.formatting import fmt
+from mpirl.metrics.reading import Reading, number, reading
 
 RUN_DIR_LINE = "mpirl: run directory "  # rank 0's line naming the run directory (mpirl.job.wiring), then the path
 WINDOW = 30.0  # seconds of job time over which the rates (and with them the time left) are measured
-TIMED = ("train_steps", "env_steps", "wall_seconds")  # the stop conditions whose time left can be told
 
 Summarize = Callable[[Path], dict[str, Any]]
-
-
-@dataclass
-class Reading:
-    """What one summary says that the line shows, whatever the algorithm."""
-    unit: str = "steps"  # what the run counts as its step
-    steps: float | None = None
-    env_steps: float | None = None
-    ret: float | None = None  # the recent mean return
-    bounds: dict[str, float] = field(default_factory=dict)  # stop condition -> fraction done, 0..1
-    status: str = "running"
-
-
-def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-def _learner_buffers(s: dict[str, Any]) -> tuple[str, Any, Any, Any, dict[str, float]]:
-    """Ape-X, QMIX, IMPALA: the learner's last row."""
-    learner = s.get("learner") or {}
-    return "train steps", learner.get("train_steps"), learner.get("env_steps"), learner.get("return_mean20"), {}
-
-
-def _gradients(s: dict[str, Any]) -> tuple[str, Any, Any, Any, dict[str, float]]:
-    """The gradient family (``a3c``): updates applied, the workers' steps, the window's mean return."""
-    env = sum(w.get("env_steps", 0) for w in s.get("workers", []))
-    return "updates", s["updates"].get("version"), env, s.get("episodes", {}).get("last_window"), {}
-
-
-def _exchange(s: dict[str, Any]) -> tuple[str, Any, Any, Any, dict[str, float]]:
-    """The exchange family (``distql``): merges, the workers' steps and last 100 returns, episodes played toward
-    every worker's ``distql.episodes``."""
-    workers = s.get("workers", [])
-    env = sum(w.get("env_steps", 0) for w in workers)
-    rets = [r for r in (_number(w.get("last100_return")) for w in workers) if r is not None]
-    total = int(s.get("job", {}).get("distql.episodes", 0) or 0) * max(len(workers), 1)
-    bounds = {"episodes": min(sum(w.get("episodes", 0) for w in workers) / total, 1.0)} if total and workers else {}
-    return "merges", s["merges"].get("count"), env, sum(rets) / len(rets) if rets else None, bounds
-
-
-SHAPES = (("learner", _learner_buffers), ("updates", _gradients), ("merges", _exchange))  # a key its summaries hold
-
-
-def reading(s: dict[str, Any], elapsed: float | None) -> Reading:
-    """What the line shows of summary ``s`` at ``elapsed`` seconds of job time."""
-    from mpirl.metrics.watch import progress
-    unit, steps, env, ret, bounds = next((read(s) for key, read in SHAPES if key in s), ("steps", None, None, None, {}))
-    r = Reading(unit, _number(steps), _number(env), _number(ret), bounds, str(s.get("status", "unknown")))
-    # watch.progress reads the stop conditions from the learner's counters: the run's own step stands in for them
-    view = {"job": s.get("job", {}), "elapsed_seconds": elapsed,
-            "learner": {"train_steps": r.steps, "env_steps": r.env_steps, "return_mean20": r.ret}}
-    r.bounds.update((what, frac) for what, frac, _ in progress(view) if what in TIMED)
-    return r
 
 
 def clock(seconds: float | None) -> str:
@@ -109,7 +53,7 @@ def job_seconds(attrs: dict[str, Any], now: float | None = None) -> float | None
     from datetime import datetime
 
     from mpirl.metrics.run_file import FINAL_STATUSES
-    if attrs.get("status") in FINAL_STATUSES and _number(attrs.get("wall_seconds")) is not None:
+    if attrs.get("status") in FINAL_STATUSES and number(attrs.get("wall_seconds")) is not None:
         return float(attrs["wall_seconds"])
     now = time.time() if now is None else now
     k = int(attrs.get("restarts", 0) or 0)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mpirl.domain import ConfigError
-from mpirl.metrics.run_file import RUN_FILE, load_run
+from mpirl.metrics.run_file import RUN_FILE, load_run, runs_under
 from mpirl.metrics.summary import in_time_order, window_means
 
 # Cumulative env-step counters of one actor or worker each: (table, the column naming whose; None: the file's).
@@ -74,18 +74,9 @@ class Run:
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """Run directories: each path that holds a ``run.h5``, else every directory below it that does."""
-    found: dict[Path, None] = {}
-    for p in map(Path, paths):
-        if (p / RUN_FILE).is_file():
-            found[p] = None
-            continue
-        below = sorted(f.parent for f in p.rglob(RUN_FILE)) if p.is_dir() else []
-        if not below:
-            why = "does not exist" if not p.exists() else f"has no {RUN_FILE}, here or below"
-            raise ConfigError("RUN_DIR", f"{p} {why}; pass run directories or directories holding runs")
-        found.update(dict.fromkeys(below))
-    return list(dict.fromkeys(p.resolve() for p in found))
+    """Run directories: each path that holds a ``run.h5``, else every directory below it that does
+    (:func:`~mpirl.metrics.run_file.runs_under`), each once."""
+    return list(dict.fromkeys(run.resolve() for p in paths for run in runs_under(p)))
 
 
 def _role(name: str) -> str:

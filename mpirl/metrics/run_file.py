@@ -155,6 +155,29 @@ def mark_resumed(run_dir: Path, restart: int, checkpoint: str, job: Mapping[str,
                       f"resume_{restart}_job_time": job_time})
 
 
+def runs_under(path: str | Path) -> list[Path]:
+    """The runs ``path`` names, oldest first (by their run.h5's time): itself when it holds a run.h5, else every
+    directory below it, at any depth, that does. The one place the commands find runs (info, play, export, compare,
+    tensorboard, :func:`mpirl.read_run`); ConfigError naming ``RUN_DIR`` when there is none."""
+    from mpirl.domain import ConfigError
+    p = Path(path)
+    if (p / RUN_FILE).is_file():
+        return [p]
+    below = sorted((f for f in p.rglob(RUN_FILE) if f.is_file()), key=lambda f: (f.stat().st_mtime, str(f))) \
+        if p.is_dir() else []
+    if not below:
+        why = "does not exist" if not p.exists() else "is not a directory" if not p.is_dir() else \
+            f"holds no {RUN_FILE}, here or in a directory below"
+        raise ConfigError("RUN_DIR", f"{path} {why}; pass a run directory such as runs/cartpole-20260101-120000, or "
+                                     "a directory of runs such as runs/")
+    return [f.parent for f in below]
+
+
+def newest_run(path: str | Path) -> Path:
+    """``path`` itself when it holds a run.h5, else the newest run below it (:func:`runs_under`)."""
+    return runs_under(path)[-1]
+
+
 def read_status(run_dir: Path) -> dict[str, Any]:
     """Root attributes of ``run_dir/run.h5`` (status, start_time, end_time, ...).
 

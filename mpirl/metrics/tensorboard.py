@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -37,7 +38,7 @@ import numpy as np
 
 from mpirl.config import ConfigError
 from mpirl.metrics import writer
-from mpirl.metrics.run_file import RUN_FILE, load_run, read_status
+from mpirl.metrics.run_file import RUN_FILE, load_run, open_h5, read_status, runs_under
 
 EVENTS_DIR = "tensorboard"
 EVENTS_PREFIX = "events.out.tfevents."  # the files TensorBoard's writers make; what is removed and rewritten
@@ -209,21 +210,26 @@ class LiveEvents:
 
 def runs_of(paths: Iterable[Path], force: bool) -> list[Path]:
     """The run directories ``paths`` name (a run directory, or a directory of runs), checked before any is
-    written: ConfigError for a path without runs, a missing tensorboard package, or event files there already
-    without ``force``."""
+    written: ConfigError for a path without runs, a missing tensorboard package, a run.h5 that cannot be read (a
+    damaged file would give events of nothing), a run directory where the events cannot go, or event files there
+    already without ``force``."""
     require("", "")
     runs: list[Path] = []
-    for path in map(Path, paths):
-        found = [path] if (path / RUN_FILE).is_file() else sorted(p.parent for p in path.glob(f"*/{RUN_FILE}"))
-        if not found:
-            raise ConfigError("", f"{path}: no {RUN_FILE} here or in its directories; pass a run directory such as "
-                                  "runs/cartpole-20260101-120000, or a directory of runs such as runs/")
-        runs += [run for run in found if run not in runs]
-    if not force:
-        for run in runs:
-            if event_files(run):
-                raise ConfigError("", f"{run / EVENTS_DIR} holds event files already (the job's, with log.tensorboard, "
-                                      "or an earlier export); pass --force to replace them")
+    for path in paths:
+        runs += [run for run in runs_under(path) if run not in runs]
+    for run in runs:
+        f, note = open_h5(run / RUN_FILE)
+        if f is None:
+            raise ConfigError("RUN_DIR", f"{run / RUN_FILE} {note}; nothing was written")
+        f.close()
+        where = run / EVENTS_DIR
+        if where.exists() and not where.is_dir():
+            raise ConfigError("RUN_DIR", f"{where} is a file, not the directory the event files go in; move it away")
+        if not os.access(run, os.W_OK | os.X_OK) or (where.is_dir() and not os.access(where, os.W_OK | os.X_OK)):
+            raise ConfigError("RUN_DIR", f"cannot write in {where if where.is_dir() else run}; nothing was written")
+        if not force and event_files(run):
+            raise ConfigError("", f"{where} holds event files already (the job's, with log.tensorboard, "
+                                  "or an earlier export); pass --force to replace them")
     return runs
 
 

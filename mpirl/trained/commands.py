@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+from mpirl.atomic import check_target
 from mpirl.config import ConfigError
 from mpirl.domain import bad_input as _fail
 
@@ -59,19 +60,15 @@ def cmd_export(args) -> int:
     out = Path(args.out)
     if args.seed < 0:
         return _fail(f"--seed: a seed is >= 0, got {args.seed}")
-    if out.exists() and not args.force:
-        return _fail(f"--out: {out} exists; pass another file name, or --force to replace it")
-    if not out.parent.is_dir():
-        return _fail(f"--out: {out.parent} is not a directory; make it first or pass another path")
-    for flag, suffix in (("--onnx", ".onnx"), ("--pt2", ".pt2")):
-        if not getattr(args, flag[2:]):
-            continue
-        if out.suffix == suffix:
-            return _fail(f"{flag}: its file goes to {out.with_suffix(suffix)}, which is --out itself; name --out "
-                         "policy.pt")
-        if out.with_suffix(suffix).exists() and not args.force:
-            return _fail(f"{flag}: {out.with_suffix(suffix)} exists; pass another --out, or --force to replace it")
     try:
+        check_target("--out", out, args.force)
+        for flag, suffix in (("--onnx", ".onnx"), ("--pt2", ".pt2")):
+            if not getattr(args, flag[2:]):
+                continue
+            if out.suffix == suffix:
+                return _fail(f"{flag}: its file goes to {out.with_suffix(suffix)}, which is --out itself; name --out "
+                             "policy.pt")
+            check_target(flag, out.with_suffix(suffix), args.force)  # beside --out: the same directory
         policy, path = load_trained(args.run_dir, args.checkpoint, "cpu")
         written = export(policy, out, onnx=args.onnx, seed=args.seed, pt2=args.pt2)
     except ConfigError as err:

@@ -131,9 +131,7 @@ def export(policy, out: Path, onnx: bool = False, seed: int = 0, pt2: bool = Fal
     if wrong:
         raise RuntimeError(f"the traced policy differs from the policy on {wrong} of {len(obs)} observations; "
                            "nothing was written")
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, out)
+    _write_whole(out, buffer.getvalue())
     shape = ", ".join(["N", *map(str, meta["obs_shape"])])
     said = [f"TorchScript {out} ({out.stat().st_size / 2**10:.0f} KiB): ({', '.join(meta['inputs'])}) -> "
             f"({', '.join(meta['outputs'])}), obs [{shape}] {meta['obs_dtype']}; the same actions as the policy on "
@@ -143,6 +141,17 @@ def export(policy, out: Path, onnx: bool = False, seed: int = 0, pt2: bool = Fal
     if onnx:
         said.append(_onnx(module, inputs, meta, out.with_suffix(".onnx")))
     return said
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, complete or not at all: written under a partial name beside it, then renamed; the
+    partial file is gone whatever fails."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _pt2(module, inputs: tuple, meta: dict, path: Path, policy, obs: list, starts: list) -> str:
@@ -157,9 +166,7 @@ def _pt2(module, inputs: tuple, meta: dict, path: Path, policy, obs: list, start
     if wrong:
         raise RuntimeError(f"the exported program differs from the policy on {wrong} of {len(obs)} observations; "
                            f"{path} was not written")
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
+    _write_whole(path, buffer.getvalue())
     return f"torch.export {path} ({path.stat().st_size / 2**10:.0f} KiB): the same actions on the same observations"
 
 

@@ -8,19 +8,7 @@ from pathlib import Path
 import torch
 
 from mpirl.config import ALGORITHMS, MOVED, ConfigError, JobConfig, from_dict
-from mpirl.metrics.run_file import RUN_FILE, load_run
-
-
-def run_directory(path: str | Path) -> Path:
-    """``path`` itself when it holds a run.h5, else the newest run below it."""
-    p = Path(path)
-    if (p / RUN_FILE).is_file():
-        return p
-    runs = sorted(p.glob(f"*/{RUN_FILE}"), key=lambda f: f.stat().st_mtime) if p.is_dir() else []
-    if not runs:
-        raise ConfigError("RUN_DIR", f"{path}: no run.h5 here or in a directory below; pass a run directory such "
-                                     "as runs/cartpole-20260101-120000")
-    return runs[-1].parent
+from mpirl.metrics.run_file import RUN_FILE, load_run, newest_run
 
 
 def job_of(run_dir: Path) -> JobConfig:
@@ -60,7 +48,7 @@ def load_trained(run_dir: str | Path, checkpoint: str | Path | None = None, devi
     """``(policy, run directory)``: the run's trained policy (its algorithm's ``trained.load_policy``) from
     ``checkpoint`` (default: the newest); ``policy.source`` says which."""
     from mpirl import registry
-    path = run_directory(run_dir)
+    path = newest_run(run_dir)
     cfg = job_of(path)
     if cfg.agent.algorithm not in ALGORITHMS:
         raise ConfigError("RUN_DIR", f"{path} ran {cfg.agent.algorithm!r}, which this version does not know")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mpirl import atomic
 from mpirl.config import ConfigError
 
 
@@ -23,14 +24,10 @@ def _ffmpeg():
 
 
 def check_target(path: Path, force: bool) -> None:
-    """Refuse a target that exists (without ``force``), is not .mp4, or whose directory is missing."""
+    """Refuse a video that cannot be written (:func:`mpirl.atomic.check_target`: not .mp4, a directory, a parent
+    missing or unwritable, a file that exists without ``force``), and a missing ffmpeg."""
     _ffmpeg()
-    if path.suffix.lower() != ".mp4":
-        raise ConfigError("--video", f"{path}: a video is an .mp4 file; pass e.g. --video {path.with_suffix('.mp4')}")
-    if path.exists() and not force:
-        raise ConfigError("--video", f"{path} exists; pass another file name, or --force to replace it")
-    if not path.parent.is_dir():
-        raise ConfigError("--video", f"{path.parent} is not a directory; make it first or pass another path")
+    atomic.check_target("--video", path, force, (".mp4",))
 
 
 class VideoFile:

@@ -62,7 +62,8 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
         buffer += group * params
         by_senders += group * params
     queue_parts = {sender_count(cfg): by_senders, "impala.replay_capacity": slot * cfg.impala.replay_capacity}
-    learner_parts = {"agent.hidden": 4 * params, "impala.unroll": activations + 2 * rp.batch_size * slot}
+    batch_key = memory.departs_most(cfg, "impala.unroll", "replay.batch_size")  # the batch: their product
+    learner_parts = {"agent.hidden": 4 * params, batch_key: activations + 2 * rp.batch_size * slot}
     if not t.buffers:  # the queue is the learner's, in its process
         learner, buffer = learner + buffer - memory.PROCESS, 0
         learner_parts.update(queue_parts)
@@ -83,9 +84,10 @@ def estimate(cfg: JobConfig, world_size: int, spec: dict, n_params: int) -> memo
     parts = {LEARNER: learner_parts, BUFFER: queue_parts if t.buffers else {}, ACTOR: {"agent.hidden": 3 * params}}
     if t.served:
         parts[WORKER] = {"agent.hidden": 3 * params}
-    fixes = {"impala.unroll": f"lower impala.unroll (now {cfg.impala.unroll}) or replay.batch_size (now "
-                              f"{rp.batch_size}): the learner's batch holds batch_size x (unroll + 1) steps and their "
-                              "activations, or run the ranks on more nodes"}
+    batch = (f"the learner's batch holds replay.batch_size x (impala.unroll + 1) steps ({rp.batch_size:,} x "
+             f"{cfg.impala.unroll + 1:,}) and their activations, or run the ranks on more nodes")
+    fixes = {"impala.unroll": f"lower impala.unroll (now {cfg.impala.unroll:,}) or replay.batch_size: {batch}",
+             "replay.batch_size": f"lower replay.batch_size (now {rp.batch_size:,}) or impala.unroll: {batch}"}
     est = star_estimate(cfg, world_size, learner, buffer, actor, worker, slot, params, parts=parts)
     est.fixes.update(fixes)
     return est

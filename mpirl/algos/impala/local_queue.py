@@ -8,7 +8,6 @@ its file); :class:`LocalQueue` pumps it between train steps and takes each batch
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable, cast
 
@@ -37,11 +36,9 @@ class LocalLinks:
         """The actors' env steps and finished episodes, from the messages the intake took."""
         c, b = self.counters, self.buffer
         c.env_steps[0] = sum(b.actor_steps.values()) + self.env_offset
-        while b.to_learner:
-            ret = b.to_learner.popleft()
-            c.episodes += 1
-            if not math.isnan(ret):
-                c.returns.append(ret)
+        episodes, returns = b.to_learner.take()
+        c.episodes += episodes
+        c.returns.extend(returns)
 
     def open_tables(self, file: MetricsFile) -> None:
         """No shards table: the queue's rows are in buffer_0.h5."""

@@ -16,7 +16,7 @@ from mpirl.algos.impala.flow import Windows, queue_slots, window
 from mpirl.algos.impala.settings import replayed
 from mpirl.comm.credit import CreditGrants
 from mpirl.comm.layout import Layout
-from mpirl.comm.messages import sample_layout
+from mpirl.comm.messages import episode_slots, sample_layout
 from mpirl.replay.trajectory_queue import TrajectoryQueue
 from mpirl.actor_learner.buffer_servers import Buffer, Server
 
@@ -53,7 +53,7 @@ class QueueServer(Server):
         self.replayed = replayed(cfg, queues)  # of each share, drawn from the replay once it holds them
         self.served_again = 0  # trajectories served from the replay since the buffer's last row
         self.ring = None  # no frame pool: trajectories carry their observations
-        self.reply = sample_layout(buffer.spec, share)
+        self.reply = sample_layout(buffer.spec, share, episodes=episode_slots(buffer.cfg.run.return_window))
         self.depth = cfg.comm.prefetch + 1
         # Asynchronous exchange: each sender's window, given back as the learner takes its trajectories.
         senders = list(range(1, buffer.n_actors + 1))  # their ranks in the group

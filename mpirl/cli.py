@@ -86,9 +86,11 @@ def cmd_run(args) -> int:
     phases.mark("imported")
     from mpi4py import MPI  # initializes MPI: only the run command needs it
     phases.mark("MPI initialized")
+    from mpirl.job.waiting import passive_when_oversubscribed
+    world = MPI.COMM_WORLD
+    passive_when_oversubscribed(world)  # before torch is imported: its threads then wait without spinning
 
     from mpirl.job.wiring import run_job
-    world = MPI.COMM_WORLD
     try:
         cfg, text = _load(args)
         algo = _algorithm(cfg)

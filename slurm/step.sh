@@ -4,9 +4,13 @@
 #
 # * Launcher: `srun --mpi=pmix` where Slurm offers PMIx (Slurm starts the ranks), else the
 #   venv's (or site's) `mpiexec` inside the allocation. MPIRL_LAUNCHER=srun|mpiexec forces one.
+#   The MPI is told by `mpiexec --version`: Open MPI's gets --oversubscribe --bind-to none; MPICH's
+#   family (MPICH, Intel MPI, MVAPICH: hydra) runs more ranks than cores unbound as it is, and under
+#   srun speaks PMI-2 (`srun --mpi=pmi2`) unless Slurm offers only PMIx. MPIRL_SRUN_MPI=pmix|pmi2|...
+#   sets srun's --mpi plugin yourself.
 # * Placement: MPIRL_DISTRIBUTION=cyclic deals the ranks out over the nodes one at a time, rank k on
-#   node k for k < nodes (`srun --distribution=cyclic`, `mpiexec --map-by node`); =block fills each node
-#   in turn. Unset (the default), each launcher places the ranks as it always does.
+#   node k for k < nodes (`srun --distribution=cyclic`, Open MPI's `mpiexec --map-by node`, hydra's
+#   `-rr`); =block fills each node in turn. Unset (the default), each launcher places the ranks as it always does.
 # * Preemption: the step runs in the background so that a signal to the batch shell
 #   (`#SBATCH --signal=B:USR1@120`, `scancel --signal=USR1 --batch`, or SIGTERM at preemption)
 #   reaches this trap, which passes SIGUSR1 to the step; mpirl then checkpoints and every rank
@@ -23,6 +27,17 @@ if [ "$(id -u)" = 0 ]; then  # Open MPI refuses root unless told
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
+# "openmpi" or "mpich" (MPICH's hydra: MPICH, Intel MPI, MVAPICH), from the mpiexec on PATH.
+mpirl_mpi_family() {
+  if mpiexec --version 2>&1 | grep -qE "Open MPI|OpenRTE"; then echo openmpi; else echo mpich; fi
+}
+
+# srun's --mpi plugin: MPIRL_SRUN_MPI, else pmix for Open MPI, pmi2 for MPICH's family (pmix where Slurm has no pmi2).
+mpirl_srun_mpi() {
+  if [ -n "${MPIRL_SRUN_MPI:-}" ]; then echo "$MPIRL_SRUN_MPI"; return; fi
+  if [ "$(mpirl_mpi_family)" = mpich ] && srun --mpi=list 2>&1 | grep -q pmi2; then echo pmi2; else echo pmix; fi
+}
+
 mpirl_launcher() {
   case "${MPIRL_LAUNCHER:-auto}" in
     srun|mpiexec) echo "$MPIRL_LAUNCHER" ;;
@@ -36,8 +51,8 @@ mpirl_distribution() {
   case "${MPIRL_DISTRIBUTION:-}:$1" in
     :*) ;;
     cyclic:srun|block:srun) echo "--distribution=$MPIRL_DISTRIBUTION" ;;
-    cyclic:mpiexec) echo "--map-by node" ;;
-    block:mpiexec) echo "--map-by slot" ;;
+    cyclic:mpiexec) if [ "$(mpirl_mpi_family)" = openmpi ]; then echo "--map-by node"; else echo "-rr"; fi ;;
+    block:mpiexec) if [ "$(mpirl_mpi_family)" = openmpi ]; then echo "--map-by slot"; fi ;;  # hydra fills each node
     *) echo "mpirl: MPIRL_DISTRIBUTION must be cyclic or block, not '$MPIRL_DISTRIBUTION'" >&2; return 2 ;;
   esac
 }
@@ -56,9 +71,11 @@ mpirl_step() {
     # other, and killing the later ones when the first exits makes srun report 143 instead of 75;
     # a rank that dies still takes the step down (measured: Slurm's PMIx plugin aborts the step within
     # seconds of a rank killed with -9; --wait=60 ends the others within a minute in any case).
-    _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 $dist mpirl run "$@"
-  else
+    _mpirl_supervise srun --mpi="$(mpirl_srun_mpi)" --overcommit --wait=60 $dist mpirl run "$@"
+  elif [ "$(mpirl_mpi_family)" = openmpi ]; then
     _mpirl_supervise mpiexec -n "$SLURM_NTASKS" --oversubscribe --bind-to none $dist mpirl run "$@"
+  else  # hydra: oversubscribes and binds nothing by default; its placement options are Open MPI's
+    _mpirl_supervise mpiexec -n "$SLURM_NTASKS" $dist mpirl run "$@"
   fi
 }
 
@@ -72,7 +89,7 @@ mpirl_het_step() {
   echo "mpirl: heterogeneous step: learner on $SLURM_JOB_NODELIST_HET_GROUP_0, $n1 tasks on $SLURM_JOB_NODELIST_HET_GROUP_1"
   export PMIX_MCA_psec=${PMIX_MCA_psec:-native}
   # Options before ":" apply to the first component only: each component gets its own --overcommit.
-  _mpirl_supervise srun --mpi=pmix --overcommit --wait=60 mpirl run "$@" : --overcommit mpirl run "$@"
+  _mpirl_supervise srun --mpi="$(mpirl_srun_mpi)" --overcommit --wait=60 mpirl run "$@" : --overcommit mpirl run "$@"
 }
 
 # Run the step in the background, pass a signal to the batch shell on as SIGUSR1, requeue if preempted.

@@ -236,9 +236,38 @@ def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), code, out.out, out.err)
 
 
+IN_PROCESS = ("validate", "info")  # commands that only read and check: run in the test's own process
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``mpirl ARGS`` from the project's directory: its exit code, stdout and stderr. ``validate`` and ``info`` (they
+    check a job or read a run, and start nothing) run in this process, whose imports are done: a Python of its own
+    costs each about 2 CPU-s of start-up and imports, on a machine the tests' jobs keep busy. The rest run as a
+    user runs them."""
+    if args and args[0] in IN_PROCESS:
+        return _here(*args)
     return subprocess.run([sys.executable, "-m", "mpirl", *args], capture_output=True, text=True,
                           timeout=timeout, env=mpi_env(), cwd=ROOT)
+
+
+def _here(*args: str) -> subprocess.CompletedProcess:
+    """:func:`run_cli` in this process: ``mpirl.cli.main`` in the project's directory, its output captured (argparse's
+    own refusals, a SystemExit, give their code)."""
+    import contextlib
+    import io
+
+    from mpirl.cli import main
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 2
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess([sys.executable, "-m", "mpirl", *args], code, out.getvalue(), err.getvalue())
 
 
 # ---------------------------------------------------------------- the order

@@ -334,3 +334,21 @@ def test_ctrl_c_while_the_ranks_start_is_a_clean_stop(tmp_path):
     with h5py.File(run / "run.h5", "r") as f:
         assert f.attrs["status"] == "preempted" and f.attrs["stop_reason"].startswith("preempted: SIGUSR1 on rank")
     assert list((run / "checkpoints").glob("ckpt-*.pt")), "no checkpoint at the stop"
+
+
+def test_ranks_that_outnumber_the_cores_wait_without_spinning(tmp_path):
+    """One rank more than the cores this machine gives the job: every rank sets OMP_WAIT_POLICY=PASSIVE before torch
+    starts its threads (mpirl/job/waiting.py); a policy the user set stands; ranks that fit the cores keep the
+    default."""
+    from mpirl.job.waiting import node_cores
+    cores = len(node_cores())
+    code = ("import os, sys; from mpi4py import MPI; from mpirl.job.waiting import passive_when_oversubscribed as p; "
+            "got = MPI.COMM_WORLD.gather((p(MPI.COMM_WORLD), os.environ.get('OMP_WAIT_POLICY'))); "
+            "MPI.COMM_WORLD.rank or print(sorted(set(got)))")
+    for n, env, want in ((cores + 1, {}, "[(True, 'PASSIVE')]"), (cores + 1, {"OMP_WAIT_POLICY": "ACTIVE"},
+                                                                  "[(False, 'ACTIVE')]"),
+                         (min(cores, 2), {}, "[(False, None)]")):
+        base = {k: v for k, v in mpi_env().items() if k != "OMP_WAIT_POLICY"}
+        got = subprocess.run([mpiexec(), "-n", str(n), *launch_env(mpiexec())[0], sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120, env={**base, **env}, cwd=ROOT)
+        assert got.returncode == 0 and got.stdout.strip() == want, (n, env, got.stdout, got.stderr)

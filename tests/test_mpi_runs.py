@@ -6,6 +6,7 @@ and what the run wrote to HDF5.
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,10 +56,17 @@ def check_common(job, n_buffers):
     return run_dir, s
 
 
-def test_proposed_replay_on_the_buffer(tmp_path):
-    # A small shard so slots are overwritten while their priorities are in flight.
-    job = run_mpi(4, tmp_path, *SHORT, "replay.capacity=600")
-    run_dir, s = check_common(job, 1)
+@pytest.fixture(scope="module")
+def proposed(tmp_path_factory):
+    """The proposed placement with a small shard, so slots are overwritten while their priorities are in flight, and
+    three games per actor: the module's job for both."""
+    out = tmp_path_factory.mktemp("proposed")
+    yield run_mpi(4, out, *SHORT, "replay.capacity=600", "env.envs_per_actor=3")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_proposed_replay_on_the_buffer(proposed):
+    run_dir, s = check_common(proposed, 1)
     with h5py.File(run_dir / "run.h5", "r") as f:
         buf = f["buffer_1/buffer"]
         # Priorities flowed back: one update per trained sample that came back with a later request.
@@ -73,23 +81,43 @@ def test_proposed_replay_on_the_buffer(tmp_path):
     assert 0 < s["learner"]["comm_fraction"] < 1
 
 
-def test_baseline_replay_on_the_learner(tmp_path):
-    job = run_mpi(4, tmp_path, *SHORT, "replay.architecture=baseline", "replay.n_replay=50")
-    run_dir, s = check_common(job, 1)
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """The baseline placement, a refresh every 50 batches, its dumps (a few thousand CartPole experiences, ~50 B each)
+    in 0.05 MiB pieces, zstd on the link: the module's job for both."""
+    out = tmp_path_factory.mktemp("baseline")
+    yield run_mpi(4, out, *SHORT, "replay.architecture=baseline", "replay.n_replay=50", "comm.max_message_mb=0.05",
+                  "comm.link.compression=zstd")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_baseline_replay_on_the_learner(baseline):
+    run_dir, s = check_common(baseline, 1)
     with h5py.File(run_dir / "run.h5", "r") as f:
         buf = f["buffer_1/buffer"]
         assert buf["priority_updates"][-1] == 0  # priorities stay on the learner
         # obs 16 + action 8 + reward 4 + next_obs 16 + done 1 + discount 4 + priority 4 + version 8
         assert f["buffer_1"].attrs["bytes_per_slot"] == 61
-        # Each refresh ships the whole memory: far more bytes than the batches trained on.
-        assert f["learner/train/bytes_in"][-1] > buf["experiences_in"][-1] * 50
+        # Each refresh ships the whole memory: far more bytes than the batches trained on (before compression).
+        assert f["learner/train/bytes_in_raw"][-1] > buf["experiences_in"][-1] * 50
         assert buf["bytes_out"][-1] == f["learner/train/bytes_in"][-1]
     assert s["learner"]["bytes_per_sample"] > 0
 
 
-def test_two_buffers_share_the_batch(tmp_path):
-    job = run_mpi(6, tmp_path, *SHORT, "topology.buffers=2")
-    run_dir, s = check_common(job, 2)
+RATIO = 8  # replay.samples_per_insert of the two-buffer job
+
+
+@pytest.fixture(scope="module")
+def two_buffers(tmp_path_factory):
+    """Two buffers, uneven groups (2 actors on one, 1 on the other), samples_per_insert = RATIO: the module's job
+    for both."""
+    out = tmp_path_factory.mktemp("two-buffers")
+    yield run_mpi(6, out, *SHORT, "topology.buffers=2", f"replay.samples_per_insert={RATIO}")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_two_buffers_share_the_batch(two_buffers):
+    run_dir, s = check_common(two_buffers, 2)
     with h5py.File(run_dir / "run.h5", "r") as f:
         actors = {b: list(f[b].attrs["actors"]) for b in ("buffer_1", "buffer_2")}
         assert sorted(len(a) for a in actors.values()) == [1, 2]  # 3 actors over 2 buffers
@@ -176,10 +204,11 @@ def test_cuda_requested_without_a_gpu_exits_2(tmp_path):
     assert job.run_dirs == []
 
 
-def test_several_envs_per_actor(tmp_path):
-    job = run_mpi(4, tmp_path, *SHORT, "env.envs_per_actor=3")
-    run_dir, s = check_common(job, 1)
+def test_several_envs_per_actor(proposed):
+    run_dir, s = check_common(proposed, 1)
     assert s["episodes"]["count"] > 0 and s["learner"]["env_steps"] > 0
+    with h5py.File(run_dir / "run.h5", "r") as f:
+        assert f["job"].attrs["env.envs_per_actor"] == 3
 
 
 def test_bad_command_lines_exit_2(tmp_path):
@@ -187,7 +216,7 @@ def test_bad_command_lines_exit_2(tmp_path):
              (("validate", "jobs/cartpole.toml", "--set", "replay.architecture"), "section.key=value"),
              (("validate", "jobs/nope.toml"), "job file 'jobs/nope.toml' not found"),
              (("validate", "jobs/cartpole.toml", "-n", "2"), "world size"),
-             (("info", str(tmp_path)), "no run.h5 here")]
+             (("info", str(tmp_path)), "holds no run.h5")]
     for args, words in cases:
         proc = run_cli(*args)
         assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
@@ -207,26 +236,34 @@ def test_long_haul_link_delays_every_batch(tmp_path):
         assert f["job"].attrs["comm.link.latency_ms"] == 10.0
 
 
-def test_atari_frames_stay_uint8_end_to_end(tmp_path):
-    from conftest import JOBS
-    # Without the learner's frame cache, whose replies carry less (tests/test_frame_cache.py).
-    job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
-                  "env.envs_per_actor=2", "replay.frame_cache=0", job=JOBS / "breakout_proposed_small.toml",
-                  timeout=240)
+@pytest.fixture(scope="module")
+def breakout(tmp_path_factory):
+    """Breakout at a 2-core scale, proposed placement, without the learner's frame cache (whose replies carry less:
+    tests/test_frame_cache.py), zstd and 1 ms on the learner's link: the module's job for both."""
+    out = tmp_path_factory.mktemp("breakout")
+    yield run_mpi(4, out, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
+                  "env.envs_per_actor=2", "replay.frame_cache=0", "comm.link.compression=zstd",
+                  "comm.link.latency_ms=1", job=JOBS / "breakout_proposed_small.toml", timeout=240)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_atari_frames_stay_uint8_end_to_end(breakout):
+    job = breakout
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
         assert t["train_steps"][-1] == 20
-        # Frames once on both wires. Per experience that crossed buffer -> learner: 45 B of ids, versions,
-        # probs, priority, action, reward, done, discount, 32 B of frame indices, and its share of the
-        # batch's distinct uint8 frames of 7,056 B: at least one and at most 8 (56,448 B as stacks; float32
+        # Frames once on both wires. Per experience that crossed buffer -> learner (as packed, before zstd): 45 B
+        # of ids, versions, probs, priority, action, reward, done, discount, 32 B of frame indices, and its share of
+        # the batch's distinct uint8 frames of 7,056 B: at least one and at most 8 (56,448 B as stacks; float32
         # would be 4x). The batches in flight at the stop (prefetch 2 + 1) crossed too: in the file's totals.
         n = int(f["learner"].attrs["batch_size"])
         trained = t["train_steps"][-1] * n
-        assert (77 + 7_056) * trained <= t["bytes_in"][-1] <= (77 + 8 * 7_056) * trained + 2_000 * (trained // n)
-        assert t["bytes_in"][-1] < 0.9 * 56_493 * trained  # small replays share frames within a batch
-        crossed = trained + 3 * n
-        assert (77 + 7_056) * crossed <= f["learner"].attrs["bytes_in"] <= (77 + 8 * 7_056) * crossed + 2_000 * (crossed // n)
+        raw = t["bytes_in_raw"][-1]
+        assert (77 + 7_056) * trained <= raw <= (77 + 8 * 7_056) * trained + 2_000 * (trained // n)
+        assert raw < 0.9 * 56_493 * trained  # small replays share frames within a batch
+        crossed, total = trained + 3 * n, f["learner"].attrs["bytes_in_raw"]
+        assert (77 + 7_056) * crossed <= total <= (77 + 8 * 7_056) * crossed + 2_000 * (crossed // n)
         # Actor -> buffer: each new frame once, about one frame a transition (short episodes add reset stacks).
         b = f["buffer_1/buffer"]
         assert b["bytes_in"][-1] / b["experiences_in"][-1] < 1.3 * 7_056 + 200, b["bytes_in"][-1] / b["experiences_in"][-1]
@@ -237,7 +274,6 @@ def test_atari_frames_stay_uint8_end_to_end(tmp_path):
 
 
 def test_atari_baseline_dumps_carry_each_frame_once(tmp_path):
-    from conftest import JOBS
     job = run_mpi(4, tmp_path, "run.train_steps=40", "replay.learning_starts=300", "replay.capacity=1024",
                   "replay.n_replay=20", "env.envs_per_actor=2", job=JOBS / "breakout_baseline_small.toml",
                   timeout=240)
@@ -270,11 +306,8 @@ def test_rate_shares_follow_the_faster_shard(tmp_path):
         assert f["buffer_1/buffer/consumed"][-1] + f["buffer_2/buffer/consumed"][-1] == 1500 * 64
 
 
-def test_zstd_on_the_link_cuts_wire_bytes_not_data(tmp_path):
-    from conftest import JOBS
-    job = run_mpi(4, tmp_path, "run.train_steps=20", "replay.learning_starts=300", "replay.capacity=2048",
-                  "env.envs_per_actor=2", "comm.link.compression=zstd", "comm.link.latency_ms=1",
-                  "replay.frame_cache=0", job=JOBS / "breakout_proposed_small.toml", timeout=240)
+def test_zstd_on_the_link_cuts_wire_bytes_not_data(breakout):
+    job = breakout
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         t, b, totals = f["learner/train"], f["buffer_1/buffer"], f["learner"].attrs
@@ -297,23 +330,19 @@ def test_zstd_without_its_package_is_refused_before_any_rank_starts(monkeypatch,
     assert not any(tmp_path.iterdir())  # no run directory made
 
 
-def test_baseline_dumps_larger_than_one_message_arrive_in_pieces(tmp_path):
-    # 0.05 MiB pieces: a dump of a few thousand CartPole experiences (~50 B each) takes several.
-    job = run_mpi(4, tmp_path, *SHORT, "replay.architecture=baseline", "replay.n_replay=50",
-                  "comm.max_message_mb=0.05", "comm.link.compression=zstd")
-    run_dir, s = check_common(job, 1)
+def test_baseline_dumps_larger_than_one_message_arrive_in_pieces(baseline):
+    run_dir, s = check_common(baseline, 1)
     with h5py.File(run_dir / "run.h5", "r") as f:
         buf, train = f["buffer_1/buffer"], f["learner/train"]
         assert buf["bytes_out_raw"][-1] == train["bytes_in_raw"][-1] > 20 * 0.05 * 2**20
         assert buf["bytes_out"][-1] == train["bytes_in"][-1]
 
 
-def test_samples_per_insert_holds_actors_to_the_learner(tmp_path):
+def test_samples_per_insert_holds_actors_to_the_learner(two_buffers):
     # Uneven groups (2 actors on one buffer, 1 on the other): the lone actor's buffer must
     # still fill to learning_starts / 2, or the job would wait forever.
-    ratio = 8
-    job = run_mpi(6, tmp_path, *SHORT, "topology.buffers=2", f"replay.samples_per_insert={ratio}")
-    run_dir, s = check_common(job, 2)
+    ratio = RATIO
+    run_dir, s = check_common(two_buffers, 2)
     with h5py.File(run_dir / "run.h5", "r") as f:
         inserted = sum(int(f[b]["buffer/experiences_in"][-1]) for b in ("buffer_1", "buffer_2"))
         throttled = np.concatenate([f[b]["actors/throttled_s"][()] for b in ("buffer_1", "buffer_2")])

@@ -62,6 +62,10 @@ def mpich_python() -> Path:
     # The test venv's packages (mpi4py, torch, mpirl itself, ...) with their own .pth files: addsitedir reads them.
     (Path(purelib) / "mpirl-test-venv.pth").write_text(
         f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    # The command as an install makes it (the Slurm templates run `mpirl` from the venv they are given).
+    command = VENV / "bin" / "mpirl"
+    command.write_text(f"#!{python}\nimport sys\nfrom mpirl.cli import main\nsys.exit(main())\n")
+    command.chmod(0o755)
     stamp.write_text(_made_from())
     return python
 
@@ -98,9 +102,10 @@ def test_the_tier_runs_mpich_and_the_launcher_knows_it(python):
     assert flags == [] and "OMPI_ALLOW_RUN_AS_ROOT" not in {k for k in env if k not in os.environ}
     got = subprocess.run([mpiexec, "-n", "2", str(python), "-c",
                           "from mpi4py import MPI; c = MPI.COMM_WORLD; "
-                          "print(c.rank, c.size, MPI.Get_library_version().split()[0])"],
+                          "seen = c.gather((c.rank, c.size, MPI.Get_library_version().split()[0])); "
+                          "c.rank or print(seen)"],
                          capture_output=True, text=True, timeout=120, env=mpi_env())
-    assert got.returncode == 0 and sorted(got.stdout.split("\n")[:2]) == ["0 2 MPICH", "1 2 MPICH"], got
+    assert got.returncode == 0 and got.stdout.strip() == "[(0, 2, 'MPICH'), (1, 2, 'MPICH')]", got
 
 
 def test_the_default_job_reaches_its_target_under_mpich(python, tmp_path):

@@ -108,16 +108,26 @@ def check_run(run_dir: Path, job_id: str, steps: int = 400):
         assert buffers and all(f[g]["buffer/experiences_in"][-1] > 0 for g in buffers), buffers
 
 
-@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec", "srun/mpich", "mpiexec/mpich"])
 def test_single_node_template(cluster, tmp_path, launcher):
+    """Both launchers, with the Open MPI of the test venv and with MPICH (tests/test_mpich.py's venv): the template
+    tells the two apart and starts each with its own flags (srun: PMIx for Open MPI, PMI-2 for MPICH)."""
+    launcher, _, mpi = launcher.partition("/")
+    env = {"MPIRL_LAUNCHER": launcher}
+    if mpi:
+        from test_mpich import mpich_python
+        env["MPIRL_VENV"] = str(mpich_python().parent.parent)
     job = submit(cluster, tmp_path, "single_node.sbatch", "jobs/cartpole.toml", *SHORT,
-                 "--set", "log.progress_seconds=0.5", env={"MPIRL_LAUNCHER": launcher})
+                 "--set", "log.progress_seconds=0.5", env=env)
     info = wait_for(cluster, job, tmp_path)
     log = log_of(tmp_path, job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
     assert f"mpirl: {launcher} step on 4 tasks" in log
     assert "Sorry!" not in log  # no PMIx help-file noise from the ranks
     check_run(only_run(tmp_path), job)
+    with h5py.File(only_run(tmp_path) / "run.h5", "r") as f:
+        assert f["provenance"].attrs["mpi_library"].startswith("MPICH" if mpi else "Open MPI"), dict(f["provenance"].attrs)
+        assert f["provenance"].attrs["world_size"] == 4
     # No `mpirl launch` here: rank 0's follower appended the progress line to the output file, none after the summary
     head, summary = log.split("\nrun           cartpole", 1)
     assert re.search(r"^mpirl: \d+:\d\d  [-\d,]+ train steps  ", head, re.M), log

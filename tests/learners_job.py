@@ -1,7 +1,7 @@
 """K data-parallel DQN learners against one learner on the same batches, under mpiexec. Run by
-``tests/test_learners.py``: ``mpiexec -n K python tests/learners_job.py OUT.json BATCH STEPS [ALGO]``, ALGO
-``dqn`` (the default), ``qmix`` or ``macpo`` (QMIX with MAC-PO's weights and central mixer: the learners sum their
-steps and weights before the losses, and two optimizers' gradients).
+``tests/test_learners.py``: ``mpiexec -n K python tests/learners_job.py OUT.json STEPS CASE...``, each CASE
+``ALGO:BATCH``, ALGO ``dqn``, ``qmix`` or ``macpo`` (QMIX with MAC-PO's weights and central mixer: the learners sum
+their steps and weights before the losses, and two optimizers' gradients); OUT maps each case to its results.
 
 Each comparison runs twice, in float32 (the jobs' precision) and then in float64 (torch's default dtype set to it
 before the learners are built, the batches' floats cast to it; the learners' gradient sum follows their
@@ -199,23 +199,28 @@ def poisoned_main(n: int, steps: int, algo: str) -> dict:
     return {"rank": k, "skipped": skipped, "fault": fault, "steps": learner.steps}
 
 
+def run_case(case: str, steps: int):
+    """One case ``ALGO:BATCH``: a comparison in both precisions, or a poisoned run (``ALGO`` ending in ``-nan``)."""
+    algo, n = case.split(":")
+    if algo.endswith("-nan"):
+        return MPI.COMM_WORLD.gather(poisoned_main(int(n), steps, algo), root=0)
+    res = {}
+    for dtype in (torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+        res[str(dtype).split(".")[1]] = MPI.COMM_WORLD.gather(
+            main(int(n), steps) if algo == "dqn" else qmix_main(int(n), steps, "macpo" if algo == "macpo" else "none"),
+            root=0)
+    torch.set_default_dtype(torch.float32)
+    return res
+
+
 if __name__ == "__main__":
-    out, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    algo = sys.argv[4] if len(sys.argv) > 4 else "dqn"
+    out, steps, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     try:
-        if algo.endswith("-nan"):
-            res = poisoned_main(n, steps, algo)
-        else:
-            res = {}
-            for dtype in (torch.float32, torch.float64):
-                torch.set_default_dtype(dtype)
-                res[str(dtype).split(".")[1]] = MPI.COMM_WORLD.gather(
-                    main(n, steps) if algo == "dqn" else qmix_main(n, steps, "macpo" if algo == "macpo" else "none"),
-                    root=0)
+        everyone = {case: run_case(case, steps) for case in cases}  # one mpiexec for several: its start-up once
     except Exception:  # noqa: BLE001 - the test reads the traceback from the output
         traceback.print_exc()
         MPI.COMM_WORLD.Abort(1)
-    everyone = res if not algo.endswith("-nan") else MPI.COMM_WORLD.gather(res, root=0)
     if MPI.COMM_WORLD.rank == 0:
         with open(out, "w") as f:
             json.dump(everyone, f)

@@ -10,6 +10,8 @@ from mpirl.agents.dqn import (ActingPolicy, DQNLearner, apex_epsilon, env_epsilo
                               to_tensors)
 from mpirl.config import AgentConfig
 
+pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py
+
 
 def test_apex_epsilons():
     eps = [apex_epsilon(i, 8) for i in range(8)]

@@ -23,6 +23,8 @@ from mpirl.envs.actions import action_spec, discrete
 from mpirl.envs.factory import make_env, policy_env_spaces
 from mpirl.envs.vector import GymVector
 
+pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py
+
 BOX = action_spec(gym.spaces.Box(-2, 2, (3,), np.float32), "box")
 MULTI = action_spec(gym.spaces.MultiDiscrete([3, 4]), "multi")
 

@@ -63,46 +63,53 @@ F32_APART, F64_APART = 1e-3, 1e-10
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algo,K,n", [("dqn", 2, 7), ("dqn", 3, 64), ("qmix", 2, 9), ("macpo", 3, 10)])
-def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, algo, K, n):
+@pytest.mark.numerical
+@pytest.mark.parametrize("K,cases", [(2, ("dqn:7", "qmix:9")), (3, ("dqn:64", "macpo:10"))],
+                         ids=["2 learners", "3 learners"])
+def test_k_learners_take_the_step_one_learner_takes_on_the_whole_batch(tmp_path, K, cases):
     """Same batches, K learners each on its part with the gradient sum, and one learner alone on each whole batch:
     after 40 steps every learner's parameters are bit-identical, and in float64 they agree with the one learner's
     to rounding, as do the parts' new values (Ape-X: |TD| of prioritized, importance-weighted transitions; QMIX:
     each episode's weight, with MAC-PO's weights normalised over the whole batch and its central mixer's
-    optimizer) with the whole batch's. In float32 they agree to what a ReLU's kink leaves (see F32_APART)."""
+    optimizer) with the whole batch's. In float32 they agree to what a ReLU's kink leaves (see F32_APART). (Each
+    mpiexec runs two cases: its start-up once.)"""
     out = tmp_path / "k.json"
-    code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), str(n), "40", algo, timeout=300)
+    code, text = run_mpi_script(K, ROOT / "tests" / "learners_job.py", str(out), "40", *cases, timeout=300)
     assert code == 0, text
-    runs = json.loads(out.read_text())
-    cuts = [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1], np.cumsum(even_quotas(n, K)))]
-    for dtype, apart in (("float32", F32_APART), ("float64", F64_APART)):
-        res = runs[dtype]
-        assert [r["rows"] for r in res] == cuts
-        assert len({r["crc"] for r in res}) == 1 and all(r["steps"] == 40 for r in res), (dtype, res)
-        head = res[0]
-        assert head["ref_steps"] == 40 and head["moved"] > 1e-3, (dtype, head)  # the reference learned something
-        assert head["param_diff"] <= apart * max(1.0, head["param_scale"]), (dtype, head)
-        assert head["td_diff"] <= apart, (dtype, head)
+    got = json.loads(out.read_text())
+    for case in cases:
+        n = int(case.split(":")[1])
+        cuts = [[int(a), int(b)] for a, b in zip(np.cumsum([0] + even_quotas(n, K))[:-1], np.cumsum(even_quotas(n, K)))]
+        for dtype, apart in (("float32", F32_APART), ("float64", F64_APART)):
+            res = got[case][dtype]
+            assert [r["rows"] for r in res] == cuts, (case, dtype)
+            assert len({r["crc"] for r in res}) == 1 and all(r["steps"] == 40 for r in res), (case, dtype, res)
+            head = res[0]
+            assert head["ref_steps"] == 40 and head["moved"] > 1e-3, (case, dtype, head)  # the reference learned
+            assert head["param_diff"] <= apart * max(1.0, head["param_scale"]), (case, dtype, head)
+            assert head["td_diff"] <= apart, (case, dtype, head)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algo", ["dqn-nan", "qmix-nan", "macpo-nan"])
-def test_a_part_that_is_not_finite_is_named_by_every_learner(tmp_path, algo):
-    """The last of 3 learners gets a NaN reward in its part of step 1 (of 3): every learner skips that step alone
-    (the sum is not finite everywhere), the last says what in its part was not finite, the others name its part
-    rather than blaming their own finite rows."""
+def test_a_part_that_is_not_finite_is_named_by_every_learner(tmp_path):
+    """The last of 3 learners gets a NaN reward in its part of step 1 (of 3), for Ape-X, QMIX and MAC-PO: every
+    learner skips that step alone (the sum is not finite everywhere), the last says what in its part was not finite,
+    the others name its part rather than blaming their own finite rows."""
     out = tmp_path / "out.json"
-    code, text = run_mpi_script(3, ROOT / "tests" / "learners_job.py", str(out), "9", "3", algo, timeout=300)
+    cases = ("dqn-nan:9", "qmix-nan:9", "macpo-nan:9")
+    code, text = run_mpi_script(3, ROOT / "tests" / "learners_job.py", str(out), "3", *cases, timeout=300)
     assert code == 0, text
-    res = json.loads(out.read_text())
-    assert [r["skipped"] for r in res] == [[False, True, False]] * 3, res
-    assert all(r["steps"] == 2 for r in res), res
-    *others, last = res
-    assert last["fault"][0] in ("batch", "targets"), last  # QMIX's reward enters its targets (checked first: batch)
-    assert "not finite" in last["fault"][1] and "learner 2's part" not in last["fault"][1], last
-    for r in others:
-        assert r["fault"] == ["peer", "learner 2's part of the batch was not finite (this learner's part was; that "
-                                      "learner's message names what)"], r
+    got = json.loads(out.read_text())
+    for case in cases:
+        res = got[case]
+        assert [r["skipped"] for r in res] == [[False, True, False]] * 3, (case, res)
+        assert all(r["steps"] == 2 for r in res), (case, res)
+        *others, last = res
+        assert last["fault"][0] in ("batch", "targets"), (case, last)  # QMIX's reward enters its targets
+        assert "not finite" in last["fault"][1] and "learner 2's part" not in last["fault"][1], (case, last)
+        for r in others:
+            assert r["fault"] == ["peer", "learner 2's part of the batch was not finite (this learner's part was; "
+                                          "that learner's message names what)"], (case, r)
 
 
 # ---------------------------------------------------------------- a job with two learners

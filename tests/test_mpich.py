@@ -49,7 +49,8 @@ def _made_from() -> str:
 def mpich_python() -> Path:
     """The tier venv's Python, made first if it is missing or was made from something else."""
     python, stamp = VENV / "bin" / "python", VENV / "made-from"
-    if python.exists() and (VENV / "bin" / "mpiexec").exists() and stamp.exists() and stamp.read_text() == _made_from():
+    made = all((VENV / "bin" / name).exists() for name in ("python", "mpiexec", "mpirl"))
+    if made and stamp.exists() and stamp.read_text() == _made_from():
         return python
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(VENV)], check=True, timeout=300)

@@ -16,6 +16,8 @@ from mpirl.agents.actor_critic import ActorCritic
 from mpirl.agents.distributions import categorical_log_prob_entropy
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, minibatch_indices, ppo_losses
 
+pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py
+
 # ---------------------------------------------------------------------------------------------------------------- gae
 
 # One game (E = 1), T = 3, gamma = 0.5: rewards 1, 2, 3; V(x_0..2) = 0.5, 1.0, 1.5; V(x_3) = 2.

@@ -11,6 +11,8 @@ from mpirl.agents.qmix_learner import QMixLearner
 from mpirl.agents.qmix_networks import QMixer, agent_inputs
 from mpirl.agents.qmix_policy import QMixPolicy, epsilon_schedule
 
+pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():

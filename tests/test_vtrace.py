@@ -14,6 +14,8 @@ import torch
 from mpirl.agents.actor_critic import ActorCritic, ImpalaLearner, impala_losses, trajectory_spec
 from mpirl.agents.vtrace import vtrace
 
+pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py
+
 
 def reference(mu_logp, pi_logp, rewards, values, bootstrap, terminated, truncated, final_values, gamma, rho_bar,
               c_bar, lam):

@@ -135,3 +135,54 @@ def test_the_fused_adam_steps_as_the_loop_does_and_rmsprop_as_torchs():
     for p, q in zip(*(n.parameters() for n in nets)):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert rmsprop(nets[0].parameters(), 1e-3, 0.99, 0.1).defaults["foreach"]
+
+
+def test_the_learners_optimizers_take_torchs_steps_without_importing_dynamo():
+    """mpirl.agents.optimizers' Adam and RMSprop are torch's, their steps bit for bit the same as torch.optim's over
+    20 steps (fused Adam too, against torch's fused), and a learner that trains with them (DQN, QMIX, the
+XX, whose import cost every training rank
+    2 CPU-s of its start-up: in a process of its own, as a rank is."""
+    code = """
+import sys, torch
+from types import SimpleNamespace
+from mpirl.agents import optimizers as o
+from mpirl.agents.dqn import DQNLearner
+from mpirl.agents.actor_critic import ActorCritic
+from mpirl.agents.policy_gradient import a2c_losses
+import numpy as np
+agent = SimpleNamespace(hidden=[16], network="mlp", lr=1e-3, adam_eps=1e-8, grad_clip=10.0, target_update=5,
+                        precision="fp32", gamma=0.99)
+dqn = DQNLearner((4,), 2, agent, torch.device("cpu"), seed=1)
+rng = np.random.default_rng(0)
+batch = {"obs": rng.standard_normal((8, 4)).astype(np.float32), "next_obs": rng.standard_normal((8, 4)).astype(np.float32),
+         "action": rng.integers(0, 2, 8), "reward": rng.standard_normal(8).astype(np.float32),
+         "discount": np.full(8, 0.97, np.float32), "done": np.zeros(8, bool)}
+for _ in range(3):
+    dqn.train_step(batch, np.ones(8, np.float32))
+dqn.optimizer.load_state_dict(dqn.optimizer.state_dict())
+net = ActorCritic((4,), 2, [16])
+for opt in (o.adam(net.parameters(), 1e-3, 1e-8), o.rmsprop(net.parameters(), 1e-3, 0.99, 1e-5)):
+    a2c_losses(net, torch.randn(8, 4), torch.randint(2, (8,)), torch.randn(8), torch.randn(8), 0.5, 0.01).total.backward()
+    opt.step(); opt.zero_grad()
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+for ours, theirs, kw in ((o.Adam, torch.optim.Adam, {}), (o.Adam, torch.optim.Adam, {"fused": True}),
+                         (o.RMSprop, torch.optim.RMSprop, {"foreach": True})):
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    oa, ob = ours(a.parameters(), lr=1e-2, **kw), theirs(b.parameters(), lr=1e-2, **kw)
+    for _ in range(20):
+        x = torch.randn(7, 5)
+        for n, opt in ((a, oa), (b, ob)):
+            opt.zero_grad()
+            (n(x) ** 2).sum().backward()
+            opt.step()
+    print(theirs.__name__, kw, all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())))
+"""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "no dynamo", out.stdout
+    assert lines[1:] == ["Adam {} True", "Adam {'fused': True} True", "RMSprop {'foreach': True} True"], out.stdout

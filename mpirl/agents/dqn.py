@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mpirl.agents.networks import NetworkCopy, build_network
+from mpirl.agents.optimizers import Adam
 from mpirl.agents.tensors import floats, pick_precision, to_tensors
 from mpirl.agents.train_step import Fault, GradientPeers, not_finite
 
@@ -95,7 +96,7 @@ class DQNLearner:
         self.target = build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network).to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)
+        self.optimizer = Adam(self.online.parameters(), lr=agent_cfg.lr, eps=agent_cfg.adam_eps)  # torch's Adam
         self.grad_clip = agent_cfg.grad_clip
         self.target_update = agent_cfg.target_update
         self.steps = 0

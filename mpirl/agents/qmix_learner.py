@@ -10,6 +10,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from mpirl.agents.optimizers import Adam, RMSprop
 from mpirl.agents.tensors import floats
 from mpirl.agents.train_step import Fault, GradientPeers
 from mpirl.agents.qmix import QmixHyper, central_loss, episode_spec, f_pi, step_mask, td_lambda_targets
@@ -64,8 +65,8 @@ class QMixLearner:
 
     def _optimizer(self, params):
         if self.hp.optimizer == "rmsprop":
-            return torch.optim.RMSprop(params, lr=self.hp.lr, alpha=0.99, eps=1e-5)
-        return torch.optim.Adam(params, lr=self.hp.lr)
+            return RMSprop(params, lr=self.hp.lr, alpha=0.99, eps=1e-5)
+        return Adam(params, lr=self.hp.lr)  # torch's, started without torch._dynamo (mpirl.agents.optimizers)
 
     def _update_targets(self) -> None:
         self.target_agent.load_state_dict(self.agent.state_dict())

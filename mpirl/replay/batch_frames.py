@@ -12,13 +12,13 @@ frame copy has pushed it out of the caches.)
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from mpirl.replay.compiled import kernel
 
 RADIX_BITS = 11
 _ENTRY = (1 << 32) - 1  # the low half of a pair: the entry (row * depth + column)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _distinct_frames(cols, slots, key_bits, uniq, local):  # pragma: no cover - compiled
     """The distinct frame indices of rows ``slots`` of ``cols`` into ``uniq`` (ascending) and, per entry, its
     position among them into ``local`` (flat: ``local[i * d + c]`` is where ``cols[slots[i], c]`` sits in

@@ -21,12 +21,12 @@ Pure numpy: the messages themselves are built in :mod:`mpirl.actor_learner.exper
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from mpirl.replay.compiled import kernel
 
 from .frames import FramePool
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _lookup(idx, start, end, offset, ids, out):  # pragma: no cover - compiled
     """``out[i] = idx[ids[i] - offset]``; 1 if an id falls outside ``idx[start:end]``."""
     for i in range(ids.size):

@@ -26,7 +26,7 @@ size follows the live frames (``resident_nbytes``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from mpirl.replay.compiled import kernel
 
 _MULT_SEED = 0x6D70_6972  # fixed: fingerprints must agree between runs of the same data
 
@@ -203,7 +203,7 @@ class FramePool:
         self._top = self.max_frames
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _retain(refs, idx):  # pragma: no cover - compiled
     """One more reference per entry of ``idx``; -1 (nothing changed) if one is not held."""
     for i in range(idx.size):
@@ -214,7 +214,7 @@ def _retain(refs, idx):  # pragma: no cover - compiled
     return 0
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _release(refs, idx, dead):  # pragma: no cover - compiled
     """One reference less per entry of ``idx``; the frames left with none go to ``dead``. Returns their
     number, or -1 (nothing changed) if a frame would be released more often than referenced."""

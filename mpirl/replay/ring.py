@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from numba import njit
+from mpirl.replay.compiled import kernel
 
 from .batch_frames import distinct_frames
 from .frames import FramePool, framed_fields
@@ -36,7 +36,7 @@ Spec = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 NOT_HELD, OVER_RELEASED = -1, -2
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _place_frames(cols, versions, ids, new, refs, take, dead):  # pragma: no cover - compiled
     """``cols[ids[i]] = new[i]``: take a reference per entry of ``new`` (if ``take``), then release the
     references of the slots' previous records (``versions >= 0``). Frames left with none go to ``dead``;

@@ -62,7 +62,7 @@ def test_stragglers_slow_a_lockstep_update_and_the_local_model_follows_its_formu
 def test_gradients_bench_measures_the_allreduce_the_jobs_and_projects(capsys, tmp_path):
     from mpirl.bench import gradients
     rows = gradients.run(reps=1, seconds=0.01, ranks=(2,), workers=(1, 2), train_steps=30, learners=(1, 2),
-                         learner_steps=400, step_batch=4, step_steps=1)
+                         learner_steps=150, step_batch=4, step_steps=1)
     printed = capsys.readouterr().out
     assert "projected, not measured" in printed and "DD-PPO" in printed
     allreduce = [r for r in rows if r.name.startswith("allreduce of the")]

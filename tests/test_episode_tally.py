@@ -28,15 +28,19 @@ def test_the_tally_counts_every_episode_and_keeps_only_the_latest_returns():
 ONE_STEP = ("env.id=tests.short_episodes_env:OneStep-v0", "run.wall_seconds=0", "run.target_return=nan")
 
 
-def _last_row(run_dir) -> tuple[dict, int, int]:
+def _last_row(run_dir) -> tuple[dict, int, float]:
     """The learner's last row (episodes, env steps, last-20 mean), the rows of the buffers' episode tables and the
-    actors' count."""
+    slowest actor's newest return the buffers had by then (its episodes so far, in thousands)."""
     with h5py.File(run_dir / "run.h5", "r") as f:
-        row = {k: f["learner/train"][k][-1] for k in ("episodes", "env_steps", "return_mean20")}
-        bufs = [k for k in f if k.startswith("buffer_")]
-        rows = sum(len(f[f"{b}/episodes/return"]) for b in bufs)
-        actors = sum(len(f[b].attrs["actors"]) for b in bufs)
-    return row, rows, actors
+        row = {k: f["learner/train"][k][-1] for k in ("episodes", "env_steps", "return_mean20", "time")}
+        eps = [f[k]["episodes"] for k in f if k.startswith("buffer_")]
+        rows = sum(len(e["return"]) for e in eps)
+        newest: dict[int, float] = {}
+        for e in eps:
+            before = e["time"][()] <= row["time"]
+            for actor, ret in zip(e["actor"][()][before], e["return"][()][before]):
+                newest[int(actor)] = max(newest.get(int(actor), 0.0), float(ret))
+    return row, rows, min(newest.values())
 
 
 @pytest.mark.mpi
@@ -51,11 +55,13 @@ def test_one_step_episodes_reach_the_learner_as_they_finish(tmp_path, algo, sets
     train step; IMPALA: 160 a batch of 8 trajectories). At the learner's last row its count is its env steps (both
     from the same replies) and its last-20 window holds its actors' latest returns. Before the tally (issue 58) the
     actors' and the buffers' backlogs held them back: 0.64 and 0.19 of the env steps, windows at 0.80 and 0.20 of
-    the latest (Ape-X, IMPALA), on this machine; with it 0.999 and 0.999, windows at 0.995 and 0.955."""
+    the latest (Ape-X, IMPALA), on this machine; with it 0.999 and 0.999, windows at 0.995 and 0.955 (of the
+    actors' mean count)."""
     job = JOBS / ("cartpole.toml" if algo == "apex" else "impala_cartpole.toml")
     done = run_mpi(4, tmp_path, *ONE_STEP, *sets, job=job, timeout=300)
     assert done.proc.returncode == 0, done.output
-    row, rows, actors = _last_row(done.run_dir)
+    row, rows, slowest = _last_row(done.run_dir)
     assert 0.95 * row["env_steps"] <= row["episodes"] <= min(row["env_steps"], rows), (row, rows)
-    latest = row["env_steps"] / actors / 1000  # an actor's episodes so far: the return of its newest, about
-    assert row["return_mean20"] >= 0.9 * latest, (row, latest)
+    # Every return in the window is an actor's recent one, so even the slowest actor's (on a loaded machine one actor
+    # can run at half another's pace) is near its newest: the old backlog's window was a fifth of the latest.
+    assert row["return_mean20"] >= 0.9 * slowest, (row, slowest)

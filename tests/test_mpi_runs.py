@@ -301,7 +301,8 @@ def test_rate_shares_follow_the_faster_shard(tmp_path):
         assert last[1] + last[2] == 64
         fast = {b: rate[buf == b][-1] for b in (1, 2)}  # the rates those quotas were computed from
         assert np.isfinite(fast[1]) and np.isfinite(fast[2])
-        assert (last[1] > last[2]) == (fast[1] > fast[2]), (last, fast)
+        assert (last[1] - last[2]) * (fast[1] - fast[2]) >= 0, (last, fast)  # the faster shard never gets less (a tie
+        # when the rates were within a sample a second of each other: the next line pins the quota to the rates)
         assert abs(last[1] / 64 - 1 / 64 - 62 / 64 * fast[1] / (fast[1] + fast[2])) < 2 / 64
         assert f["buffer_1/buffer/consumed"][-1] + f["buffer_2/buffer/consumed"][-1] == 1500 * 64
 

@@ -82,15 +82,9 @@ def test_impala_with_a_gaussian_policy_learns_pendulum(tmp_path):
     had crossed -600. At -400, six runs here (seeds 3-8, two at a time) ended with final rounds of -268 to -523; in
     one (seed 8) the deterministic policy trailed the sampled one, its last 300 train steps' rounds -483 to -841
     with a std of 632 (some games never swung up without the noise): hence a bar of random play + 300, and rounds of
-    30 episodes (the job's 10 would put its standard error at 200).
-
-    The queue holds two batches (the job's four): beside two busy processes here, two runs with 128 took 4,456 and
-    3,684 train steps (239 and 232 s) to -400, the Gaussian's entropy rising from 1.42 to 2.4 on the way, two with 64
-    767 and 765 (57 and 64 s), the entropy staying at 1.42; alone, 818 with 128 (29 s). The mean policy lag was
-    about 1 version in all four (why the larger queue learns slower under load is not known yet)."""
+    30 episodes (the job's 10 would put its standard error at 200)."""
     job = run_mpi(4, tmp_path, "run.target_return=-400", "run.wall_seconds=0", "run.env_steps=4000000",
-                  "impala.test_every=100", "impala.test_episodes=30", "replay.capacity=64",
-                  job=JOBS / "impala_pendulum.toml",
+                  "impala.test_every=100", "impala.test_episodes=30", job=JOBS / "impala_pendulum.toml",
                   timeout=1200, stall=300)
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "learner.h5", "r") as f:

@@ -316,16 +316,16 @@ def resumed_once(run_dir: Path, job: str, stop_reason: str, suffix: str) -> None
 
 
 def test_preempted_job_requeues_and_resumes(cluster, tmp_path):
-    long = ("--set", "run.train_steps=4000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
-            "--set", "replay.learning_starts=300")
+    long = ("--set", "run.train_steps=2000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
+            "--set", "replay.learning_starts=300")  # preempted at 500: 1,500 steps of margin for the signal
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 500, "train 500 steps")
-    check_run(run_dir, job, steps=4000)
+    check_run(run_dir, job, steps=2000)
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert f.attrs["restarts"] == 1
         assert re.match(r"ckpt-\d{10}\.pt", f.attrs["resume_1_checkpoint"])
-    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000004000.pt"
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000002000.pt"
 
 
 def test_preempted_distql_job_requeues_and_resumes(cluster, tmp_path):
@@ -348,18 +348,18 @@ def test_preempted_distql_job_requeues_and_resumes(cluster, tmp_path):
 
 def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
     """The same template for an IMPALA job (4 tasks: learner, a trajectory queue, two actors): preempted once it
-    has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 1,000 train steps with
+    has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 600 train steps with
     every batch's row once."""
-    long = ("--set", "run.train_steps=1000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
+    long = ("--set", "run.train_steps=600", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
             "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/impala_cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200, "train 200 steps")
-    resumed_once(run_dir, job, "train_steps 1000 reached", ".pt")
+    resumed_once(run_dir, job, "train_steps 600 reached", ".pt")
     with h5py.File(run_dir / "run.h5", "r") as f:
         trained = f["learner/train/train_steps"][()]
-    assert np.all(np.diff(trained) > 0) and trained[-1] == 1000, trained  # rows after the checkpoint rewritten
-    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000001000.pt"
+    assert np.all(np.diff(trained) > 0) and trained[-1] == 600, trained  # rows after the checkpoint rewritten
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000000600.pt"
 
 
 def test_preempted_allreduce_gradient_job_requeues_and_resumes(cluster, tmp_path):

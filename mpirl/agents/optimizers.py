@@ -63,7 +63,7 @@ def eager_only() -> int:
     return marked
 
 
-eager_only()  # for every optimizer made after this module's import
+_marked: list[int] = []  # eager_only()'s count, once a process built one of the optimizers below
 
 
 def _eager_step(cls: type) -> object | None:
@@ -83,6 +83,13 @@ class _EagerStep:
     hooks and the profiler's record of each step stay (the instance's own wrapper of this ``step``)."""
 
     _step = staticmethod(None)  # the update written as step, or None (then the wrapped one)
+
+    def __init__(self, *args, **kwargs):
+        # Only a process that trains here marks torch's optimizers (one that loads a policy to play, or a user's
+        # own code importing mpirl, keeps torch's decorators as they are).
+        if not _marked:
+            _marked.append(eager_only())
+        super().__init__(*args, **kwargs)
 
     def step(self, closure=None):
         if self._step is None or self.defaults.get("differentiable"):

@@ -273,11 +273,11 @@ def _here(*args: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- the order
 # The modules whose jobs take longest run first: with workers taking whole files (setup.cfg), a long file
 # started last keeps one worker busy while the others have nothing left. Within a file the order is unchanged.
-LONGEST_FIRST = ("test_slurm.py", "test_qmix_job.py", "test_bench.py", "test_mpi_runs.py", "test_learning.py",
-                 "test_signals.py", "test_impala.py", "test_a3c.py", "test_learners.py", "test_preflight.py",
-                 "test_checkpoint.py", "test_bench_gradients.py", "test_faults.py", "test_launcher.py",
-                 "test_distql.py", "test_types.py", "test_frame_cache.py", "test_analysis.py", "test_minatar.py",
-                 "test_apex_serving.py", "test_frame_stream.py", "test_watch.py", "test_agent.py")  # by their summed
+LONGEST_FIRST = ("test_slurm.py", "test_bench_references.py", "test_qmix_job.py", "test_bench.py", "test_mpi_runs.py",
+                 "test_learning.py", "test_signals.py", "test_impala.py", "test_a3c.py", "test_learners.py",
+                 "test_preflight.py", "test_checkpoint.py", "test_bench_gradients.py", "test_faults.py",
+                 "test_launcher.py", "test_distql.py", "test_types.py", "test_frame_cache.py", "test_analysis.py",
+                 "test_minatar.py", "test_apex_serving.py", "test_frame_stream.py", "test_watch.py", "test_agent.py")  # by their summed
 # durations in a whole suite run (pytest --durations=0)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from mpirl import config
 from mpirl.metrics import heartbeat
-from mpirl.metrics.run_file import create_run_file
+from mpirl.metrics.run_file import create_run_file, finish_run_file
 from mpirl.metrics.summary import summarize
 from mpirl.job.checkpoint import plan_resume
 
@@ -75,6 +75,26 @@ def test_info_says_dead_and_resume_skips_or_refuses_a_live_run(tmp_path):
     assert s["status"] == "dead" and age and int(age.group(1)) >= 12, s["stop_reason"]
     with pytest.raises(config.ConfigError, match="cannot be read"):  # dead: auto takes it up
         plan_resume(cfg, 4, "auto")
+
+
+def test_a_job_that_ends_between_the_read_and_the_look_at_its_rank_0_is_not_called_dead(tmp_path, monkeypatch):
+    """Rank 0 writes the final status, then exits: a reader (``mpirl watch``, ``info``) that read "running" just
+    before and finds rank 0 gone just after reads the file again, and says how the job ended (seen in a suite run
+    under load: watch's last frame said "dead" for a job that completed)."""
+    run_dir = a_run(tmp_path)
+    beat(run_dir, [[HERE, dead_pid()]])
+    look = heartbeat.verdict
+
+    def ends_first(where, now=None):  # the job ends while the reader looks for its rank 0
+        finish_run_file(where, "completed", stop_reason="train_steps 10 reached")
+        return look(where, now)
+    monkeypatch.setattr(heartbeat, "verdict", ends_first)
+    s = summarize(run_dir)
+    assert (s["status"], s["stop_reason"]) == ("completed", "train_steps 10 reached"), s["stop_reason"]
+    monkeypatch.setattr(heartbeat, "verdict", look)
+    run_dir = a_run(tmp_path, "gone")  # one that did die still says so
+    beat(run_dir, [[HERE, dead_pid()]])
+    assert summarize(run_dir)["status"] == "dead"
 
 
 def test_a_rank_file_opens_after_a_death_before_its_first_row(tmp_path):

@@ -277,8 +277,8 @@ LONGEST_FIRST = ("test_slurm.py", "test_bench_references.py", "test_qmix_job.py"
                  "test_learning.py", "test_signals.py", "test_impala.py", "test_a3c.py", "test_learners.py",
                  "test_preflight.py", "test_checkpoint.py", "test_bench_gradients.py", "test_faults.py",
                  "test_launcher.py", "test_distql.py", "test_types.py", "test_frame_cache.py", "test_analysis.py",
-                 "test_minatar.py", "test_apex_serving.py", "test_frame_stream.py", "test_watch.py", "test_agent.py")  # by their summed
-# durations in a whole suite run (pytest --durations=0)
+                 "test_minatar.py", "test_apex_serving.py", "test_frame_stream.py", "test_watch.py", "test_agent.py")
+# (by their summed durations in a whole suite run, pytest --durations=0)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
+from mpirl.metrics import heartbeat
 from mpirl.metrics.writer import set_attrs
 
 RUN_FILE = "run.h5"
@@ -268,3 +269,25 @@ def load_run(run_dir: Path, files: bool = True) -> dict[str, Any]:
                     entry["note"] = f"unreadable while being written ({e}); try again"
         loaded[name] = entry
     return {"run": run, "files": loaded}
+
+
+def load_judged(run_dir: Path) -> tuple[dict[str, Any], str, Any]:
+    """:func:`load_run` with the run's status judged: ``(data, status, stop_reason)``, where a run that says
+    running but whose heartbeat says its processes are gone is "dead", the verdict its reason. Rank 0 writes the
+    final status before it exits, so a job that ended between the read and the look at its processes is read
+    again, and then says how it ended (its files whole)."""
+    data = load_run(run_dir)
+    status, reason = _status(data)
+    if status == "running":
+        alive, why = heartbeat.verdict(run_dir)
+        if alive is False:
+            data = load_run(run_dir)
+            status, reason = _status(data)
+            if status == "running":
+                status, reason = "dead", why
+    return data, status, reason
+
+
+def _status(data: dict[str, Any]) -> tuple[str, Any]:
+    attrs = data["run"]["attrs"]
+    return attrs.get("status", "unknown"), attrs.get("stop_reason")

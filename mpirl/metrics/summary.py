@@ -35,9 +35,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpirl.metrics import heartbeat
 from mpirl.metrics.formatting import fmt, fmt_bytes
-from mpirl.metrics.run_file import RUN_FILE, load_run, plain
+from mpirl.metrics.run_file import RUN_FILE, load_judged, load_run, plain
 
 NAN = float("nan")
 
@@ -201,12 +200,7 @@ def _workers(files: dict) -> list[dict[str, Any]]:
 
 def summarize(run_dir: Path) -> dict[str, Any]:
     """A summary of the run in ``run_dir`` as plain Python values (see module doc)."""
-    data = load_run(run_dir)
-    alive, why = heartbeat.verdict(run_dir) if data["run"]["attrs"].get("status") == "running" else (None, "")
-    if alive is False:  # rank 0 writes the final status before it exits: a job that ended between the read and
-        again = load_run(run_dir)  # the look at its processes says so now, and its files are whole
-        if again["run"]["attrs"].get("status") != "running":
-            data, alive = again, None
+    data, status, reason = load_judged(run_dir)
     run, files = data["run"], data["files"]
     attrs, job, prov = run["attrs"], run["job"], run["provenance"]
     notes = [] if run["note"] == "ok" else [f"{RUN_FILE}: {run['note']}"]
@@ -228,9 +222,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     actors = _actors(bufs)
     workers = _workers(files)
     n_buf = job.get("topology.buffers", len(bufs))
-    status, reason = attrs.get("status", "unknown"), attrs.get("stop_reason")
-    if status == "running" and alive is False:
-        status, reason = "dead", why
     return {
         "run_dir": str(run_dir), "status": status,
         "stop_reason": reason, "start_time": attrs.get("start_time"),

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mpirl.metrics import heartbeat
-from mpirl.metrics.run_file import load_run
+from mpirl.metrics.run_file import load_judged
 from mpirl.metrics.formatting import collapse_note, fmt, table
 
 NAN = float("nan")
@@ -23,15 +22,10 @@ def _mean(x) -> float:
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
-    data = load_run(run_dir)
+    data, status, reason = load_judged(run_dir)
     run = data["run"]
     attrs, job, prov = run["attrs"], run["job"], run["provenance"]
     notes = [] if run["note"] == "ok" else [f"run.h5: {run['note']}"]
-    status, reason = attrs.get("status", "unknown"), attrs.get("stop_reason")
-    if status == "running":
-        alive, why = heartbeat.verdict(run_dir)
-        if alive is False:
-            status, reason = "dead", why
     files = data["files"]
     up = files.get("updates", {"note": "missing", "tables": {}})
     if up["note"] != "ok":

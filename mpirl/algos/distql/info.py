@@ -9,8 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpirl.metrics import heartbeat
-from mpirl.metrics.run_file import load_run
+from mpirl.metrics.run_file import load_judged
 from mpirl.metrics.formatting import fmt, fmt_bytes, table
 
 NAN = float("nan")
@@ -21,7 +20,7 @@ def _mean(x) -> float:
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
-    data = load_run(run_dir)
+    data, status, reason = load_judged(run_dir)
     run = data["run"]
     attrs, job, prov = run["attrs"], run["job"], run["provenance"]
     entry = data["files"].get("qserver", {"note": "missing", "attrs": {}, "tables": {}})
@@ -29,11 +28,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     if entry["note"] != "ok":
         notes.append(f"qserver.h5: {entry['note']}")
     t = entry["tables"]
-    status, reason = attrs.get("status", "unknown"), attrs.get("stop_reason")
-    if status == "running":
-        alive, why = heartbeat.verdict(run_dir)
-        if alive is False:
-            status, reason = "dead", why
     stats, merges, eps, ev = (t.get(k, {}) for k in ("workers", "merges", "episodes", "eval"))
     workers = []
     for w in sorted(set(np.asarray(stats.get("worker", []), int).tolist())):

@@ -86,7 +86,9 @@ def cmd_run(args) -> int:
     phases.mark("imported")
     from mpi4py import MPI  # initializes MPI: only the run command needs it
     phases.mark("MPI initialized")
+    from mpirl.job.blas_threads import one_blas_thread
     from mpirl.job.waiting import passive_when_oversubscribed
+    one_blas_thread()  # before numpy is imported: its matrix products on one thread
     world = MPI.COMM_WORLD
     passive_when_oversubscribed(world)  # before torch is imported: its threads then wait without spinning
 

@@ -37,7 +37,14 @@ def _rank() -> str:
 
 
 def _write(t: float, phase: str, cpu: float) -> None:
-    fd = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """One line; a file this process cannot open (a Slurm job's own ``/tmp``, a directory gone) turns the marks off:
+    a measurement never ends the job it measures."""
+    global _PATH
+    try:
+        fd = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        _PATH = ""
+        return
     try:
         os.write(fd, f"{t:.6f} {os.getpid()} {_rank()} {cpu:.4f} {phase}\n".encode())
     finally:

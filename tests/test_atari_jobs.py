@@ -45,6 +45,7 @@ def test_impala_on_pong_runs_every_role_and_trains_on_uint8_trajectories(tmp_pat
     with h5py.File(job.run_dir / "buffer_1.h5", "r") as f:
         started = f["actors/started_s"][()]
         assert set(f["actors/actor"][()]) == {2, 3} and np.isfinite(started).all() and (started > 0).all()
+        assert f["actors/torch_imported"][()].all()  # IMPALA's actors play with torch's network (the column tells)
     counts = atari.impala_counts(job.run_dir, wall=math.inf)
     assert counts["env_steps_trained"] == 12 * 20 and counts["env_steps_sampled"] >= 12 * 20
     assert counts["seconds"] > 0 and 0 < counts["learner_busy"] <= 1

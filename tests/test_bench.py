@@ -5,6 +5,7 @@ every benchmark measures both sides, that ratios follow from the medians, that t
 HDF5 file holds the repetitions, and that the command line refuses bad input.
 """
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -283,6 +284,19 @@ def test_a_launch_is_broken_into_phases_from_its_marks(tmp_path):
     assert parts["rank 0: run file finished, summary printed"] == pytest.approx(0.2)
     assert parts["ranks' MPI_Finalize and exits, mpiexec's end"] == pytest.approx(0.2)
     assert parts["launcher: its own end"] == pytest.approx(0.2)
+
+
+def test_marks_to_a_file_the_process_cannot_open_are_dropped_not_fatal(tmp_path):
+    """A Slurm job's ranks see their own ``/tmp``: a ``MPIRL_PHASES`` there cannot be opened, and the marks stop
+    rather than end the rank (they did, at its last mark: the job then failed after finishing its work)."""
+    import subprocess
+    import sys
+    code = "from mpirl import phases; phases.mark('imported'); phases.mark('exit'); print('ended')"
+    missing = tmp_path / "gone" / "marks.txt"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MPIRL_PHASES": str(missing)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ended", proc.stderr
+    assert not missing.parent.exists()
 
 
 def test_atari_rows_set_ours_beside_each_library_and_the_best_one_in_like_counts():

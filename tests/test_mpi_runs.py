@@ -51,6 +51,9 @@ def check_common(job, n_buffers):
             assert t["experiences_in"][-1] > 0 and t["fill"][-1] > 0 and t["bytes_in"][-1] > 0
             assert f[b]["episodes"]["return"].shape[0] > 0
             assert set(f[b]["actors"]["actor"][()]) == set(f[b].attrs["actors"])
+            # CartPole's vector observations: the actors' network in numpy (mpirl/agents/acting.py), torch never
+            # imported on their ranks
+            assert not f[b]["actors"]["torch_imported"][()].any()
     s = summarize(run_dir)
     assert s["status"] == "completed"
     return run_dir, s

@@ -18,6 +18,7 @@ buffer, the same an inference worker ships its actors' records with.
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import numpy as np
@@ -134,7 +135,7 @@ class Shipping:
         self.sender.send(records, priorities, d.episodes, final=final, oldest=d.oldest_frame(rows), env_steps=steps,
                          param_version=version, epsilon=float(np.mean([d.epsilon(a) for a in range(d.actors)])),
                          steps_per_s=(steps - self.steps_before) / elapsed, throttled_s=self.throttled,
-                         env_errors=env_errors, started=self.started_at)
+                         env_errors=env_errors, started=self.started_at, torch_imported=float("torch" in sys.modules))
         d.drop(rows)
 
     def ship(self, version: int, env_errors: int) -> bool:

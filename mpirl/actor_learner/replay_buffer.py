@@ -121,7 +121,8 @@ class Buffer:
                                                        "return": F8, "length": I8})
         self.t_actors = self.file.table("actors", {"time": F8, "actor": I8, "env_steps": I8,
                                                    "env_steps_per_s": F8, "epsilon": F8, "param_version": I8,
-                                                   "throttled_s": F8, "env_errors": I8, "started_s": F8})
+                                                   "throttled_s": F8, "env_errors": I8, "started_s": F8,
+                                                   "torch_imported": np.bool_})
         # Cumulative columns continue from the last row at or before a resumed run's checkpoint.
         self.base = dict.fromkeys(("bytes_in", "bytes_out", "bytes_out_raw"), 0)
         if ctx.resume:
@@ -163,7 +164,8 @@ class Buffer:
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=rate,
                                  epsilon=exp.get(buf, "epsilon"), param_version=int(exp.get(buf, "param_version")),
                                  throttled_s=exp.get(buf, "throttled_s"), env_errors=int(exp.get(buf, "env_errors")),
-                                 started_s=exp.get(buf, "started"))
+                                 started_s=exp.get(buf, "started"),
+                                 torch_imported=bool(exp.get(buf, "torch_imported")))
         self.server.arrived(source, rows, final)
         return final
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mpirl.agents.exploration import apex_epsilon, env_epsilons, explore  # noqa: F401  (their home; imported here too)
 from mpirl.agents.networks import NetworkCopy, build_network
 from mpirl.agents.optimizers import Adam
 from mpirl.agents.tensors import floats, pick_precision, to_tensors
@@ -28,25 +29,6 @@ def transition_spec(obs_shape: tuple[int, ...], obs_dtype) -> dict:
         "done": ((), np.dtype(np.bool_)),
         "discount": ((), np.dtype(np.float32)),
     }
-
-
-def apex_epsilon(index: int, actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Ape-X exploration of actor ``index`` of ``actors``: base ** (1 + alpha * i / (N - 1))."""
-    if actors <= 1:
-        return base
-    return base ** (1.0 + alpha * index / (actors - 1))
-
-
-def env_epsilons(actor_index: int, actors: int, envs_per_actor: int, base: float = 0.4,
-                 alpha: float = 7.0) -> np.ndarray:
-    """Ape-X epsilons for the ``envs_per_actor`` games of one actor.
-
-    Ape-X gives each of its N single-game actors its own epsilon; with k games per
-    actor rank every game plays that role: game j of actor i is Ape-X actor i*k + j
-    of N*k, so the whole spread from ``base`` down to ``base ** (1 + alpha)`` is used.
-    """
-    k = envs_per_actor
-    return np.array([apex_epsilon(actor_index * k + j, actors * k, base, alpha) for j in range(k)])
 
 
 @torch.no_grad()
@@ -192,13 +174,6 @@ class DQNLearner:
     def flat_params(self) -> np.ndarray:
         """The online network's parameters as one float32 numpy vector (on the CPU)."""
         return torch.nn.utils.parameters_to_vector(self.online.parameters()).detach().cpu().numpy()
-
-
-def explore(greedy: np.ndarray, epsilon, rng: np.random.Generator, n_actions: int) -> np.ndarray:
-    """Epsilon-greedy over ``greedy`` actions: each row with probability ``epsilon`` (one, or one per row)
-    takes a uniformly random action instead."""
-    take = rng.random(len(greedy)) < epsilon
-    return np.where(take, rng.integers(n_actions, size=len(greedy)), greedy)
 
 
 class ActingPolicy(NetworkCopy):

@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
+from mpirl.agents.network_choice import NATURE_MIN_SIDE, NETWORKS, network_for  # noqa: F401  (chosen there)
 from mpirl.agents.running_stats import PIXEL_SCALE
 from mpirl.agents.tensors import floats
 
@@ -63,9 +64,6 @@ def nature_floats(obs: torch.Tensor) -> torch.Tensor:
     if obs.dim() == 4 and obs.device.type == "cpu" and torch.is_grad_enabled():
         obs = obs.contiguous(memory_format=torch.channels_last)  # .float() keeps the layout
     return image_floats(obs)
-
-
-NATURE_MIN_SIDE = 36  # the Nature convolutions (8/4, 4/2, 3/1) need 36x36 or more
 
 
 class MinAtarCNN(nn.Module):
@@ -121,33 +119,6 @@ class FlatMLP(DuelingMLP):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return super().forward(obs.flatten(1))
-
-
-NETWORKS = ("mlp", "minatar", "nature")
-
-
-def network_for(obs_shape: tuple[int, ...], choice: str = "auto") -> str:
-    """Which network takes observations of ``obs_shape``: ``choice`` itself, or for "auto" the MLP for
-    vectors, MinAtar's for images under 36x36, Nature's from there. ValueError, saying why, for a shape the
-    network cannot take."""
-    if choice != "auto" and choice not in NETWORKS:
-        raise ValueError(f"no network named {choice!r}; choose one of auto, {', '.join(NETWORKS)}")
-    if choice == "auto":
-        if len(obs_shape) == 1:
-            return "mlp"
-        if len(obs_shape) != 3:
-            raise ValueError(f"no network takes observations of shape {tuple(obs_shape)} on its own: vectors "
-                             f"and (C, H, W) images have one; agent.network = \"mlp\" flattens any shape")
-        return "nature" if min(obs_shape[1:]) >= NATURE_MIN_SIDE else "minatar"
-    if choice != "mlp" and len(obs_shape) != 3:
-        raise ValueError(f"the {choice} network takes (C, H, W) images, not observations of shape "
-                         f"{tuple(obs_shape)}; agent.network = \"mlp\" or \"auto\" takes them")
-    if choice == "minatar" and min(obs_shape[1:]) < 3:
-        raise ValueError(f"the minatar network's 3x3 convolution needs images of 3x3 or more, not {tuple(obs_shape)}")
-    if choice == "nature" and min(obs_shape[1:]) < NATURE_MIN_SIDE:
-        raise ValueError(f"the nature network needs images of {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} or more, "
-                         f"not {tuple(obs_shape)}; agent.network = \"minatar\" (or \"auto\") is made for small ones")
-    return choice
 
 
 def build_network(obs_shape: tuple[int, ...], n_actions: int, hidden: list[int], choice: str = "auto") -> nn.Module:

@@ -13,8 +13,9 @@ file and the summary, MPI's and the processes' ends.
 *The floor*: the same ``mpiexec`` (same flags and environment) starting as many ranks that import what the job's
 ranks import before its clock starts, finalize MPI and leave as ours do (``os._exit``): for the a3c job
 ``mpi4py.MPI`` and ``torch`` on every rank (each trains or plays with a network from its first step); for the
-Ape-X job ``mpi4py.MPI``, and ``torch`` on rank 0 alone (it counts the network for the checks; the other ranks
-import torch once the job runs, so the job's wall holds those imports). What no such job can go below on this
+Ape-X job ``mpi4py.MPI``, and ``torch`` on rank 0 alone (it counts the network for the checks and learns; on
+CartPole's vector observations the buffer never imports torch and the actors act with numpy's copy of the network,
+:mod:`mpirl.agents.acting`). What no such job can go below on this
 machine. The ratio is the floor's seconds over ours (1: nothing of ours left). The target is the issue's: the
 a3c job's process wall within 3 s of its job wall.
 """

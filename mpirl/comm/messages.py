@@ -59,7 +59,7 @@ def message_frames(send_batch: int, games: int, depth: int) -> int:
 def experience_layout(spec: dict, send_batch: int, framed: dict | None = None, games: int = 1) -> Layout:
     """``framed`` (the frame-stack fields, name -> (depth, frame shape)): frames once, for a sender of ``games``."""
     header = {"actor": 1, "env_steps": 1, "param_version": 1, "epsilon": 1, "steps_per_s": 1,
-              "throttled_s": 1, "env_errors": 1, "started": 1, "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
+              "throttled_s": 1, "env_errors": 1, "started": 1, "torch_imported": 1, "final": 1, "episodes": 1, "ep_return": EPISODE_SLOTS, "ep_length": EPISODE_SLOTS}
     if not framed:
         return Layout(header, {**spec, "priority": ((), F32)}, send_batch)
     depth, frame_shape = next(iter(framed.values()))

@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 class ApexBuilder(VectorGamesBuilder):
     def make_deciding(self, ctx: RoleContext, actors: list[int]) -> Deciding:
         """Each actor with its own rank's seed and its Ape-X ε by its index among all the job's actors."""
-        import torch
-
-        from mpirl.algos.apex.serving import ApexDeciding
-        torch.set_num_threads(1)
+        from mpirl.algos.apex.serving import ApexDeciding  # torch only for a convolutional network
         everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
         return ApexDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors],
                             [everyone.index(a) for a in actors], len(everyone))

@@ -18,7 +18,8 @@ from collections import deque
 
 import numpy as np
 
-from mpirl.agents.dqn import ActingPolicy, env_epsilons, explore
+from mpirl.agents.acting import acting_policy
+from mpirl.agents.exploration import env_epsilons, explore
 from mpirl.config import JobConfig
 from mpirl.comm.messages import as_frame_ids
 from mpirl.envs.vector import stacks_shift
@@ -43,7 +44,7 @@ class ApexDeciding:
     def __init__(self, cfg: JobConfig, spaces, spec: dict, seeds: list[int], indices: list[int], n_actors: int):
         a = cfg.agent
         self.cfg, self.E, self.actors = cfg, cfg.env.envs_per_actor, len(seeds)
-        self.policy = ActingPolicy(spaces.obs_shape, spaces.n_actions, a)
+        self.policy = acting_policy(spaces.obs_shape, spaces.n_actions, a)
         self.n_actions = spaces.n_actions
         self.epsilons = [env_epsilons(i, n_actors, self.E, cfg.apex.epsilon, cfg.apex.epsilon_alpha) for i in indices]
         self.rngs = [np.random.default_rng(s) for s in seeds]

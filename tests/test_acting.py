@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mpirl.agents.acting import MLPActing, acting_policy
-from mpirl.agents.dqn import ActingPolicy, td_errors
+from mpirl.agents.dqn import ActingPolicy, td_errors, transition_spec
 from mpirl.agents.networks import build_network, parameter_count
 from mpirl.agents.tensors import to_tensors
 
@@ -85,7 +85,12 @@ def test_the_policy_is_numpy_for_the_mlp_and_torch_for_the_convolutions():
 def test_an_actor_on_vector_observations_plays_and_prices_without_torch(tmp_path):
     # The modules an actor rank imports (the wiring, Ape-X's algorithm and its actor loop), then its games and
     # decisions on CartPole for 200 steps, priorities included: torch is never imported.
-    # The spec comes from rank 0's checks (mpirl.agents.dqn.transition_spec, beside the torch learner): written out.
+    # The spec comes from rank 0's checks (mpirl.agents.dqn.transition_spec, beside the torch learner): written out,
+    # and held to it here.
+    spec = ('{"obs": ((4,), np.dtype(np.float32)), "action": ((), np.dtype(np.int64)), '
+            '"reward": ((), np.dtype(np.float32)), "next_obs": ((4,), np.dtype(np.float32)), '
+            '"done": ((), np.dtype(np.bool_)), "discount": ((), np.dtype(np.float32))}')
+    assert eval(spec) == transition_spec((4,), np.float32)
     code = textwrap.dedent("""
         import sys
         import numpy as np
@@ -96,9 +101,7 @@ def test_an_actor_on_vector_observations_plays_and_prices_without_torch(tmp_path
         from mpirl.actor_learner.actor import Acting
         cfg, _ = config.load("jobs/cartpole.toml", [])
         spaces = Spaces((4,), np.dtype(np.float32), 2)
-        spec = {"obs": ((4,), np.dtype(np.float32)), "action": ((), np.dtype(np.int64)),
-                "reward": ((), np.dtype(np.float32)), "next_obs": ((4,), np.dtype(np.float32)),
-                "done": ((), np.dtype(np.bool_)), "discount": ((), np.dtype(np.float32))}
+        spec = SPEC
         a = Acting(ApexGames(cfg, spaces, 3, "actor 0"), ApexDeciding(cfg, spaces, spec, [3], [0], 1))
         a.policy.load_flat((np.random.default_rng(0).standard_normal(a.policy.n_params) * 0.1).astype(np.float32))
         a.start()
@@ -114,6 +117,7 @@ def test_an_actor_on_vector_observations_plays_and_prices_without_torch(tmp_path
         a.close()
         print("torch" in sys.modules, type(a.policy).__name__)
         """)
+    code = code.replace("SPEC", spec)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

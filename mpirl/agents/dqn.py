@@ -177,7 +177,8 @@ class DQNLearner:
 
 
 class ActingPolicy(NetworkCopy):
-    """An actor's local copy of the network: epsilon-greedy actions and initial priorities."""
+    """An actor's local copy of the network in torch: epsilon-greedy actions and initial priorities (the
+    convolutional networks; the MLP's copy is numpy's, :class:`mpirl.agents.acting.MLPActing`)."""
 
     def __init__(self, obs_shape, n_actions: int, agent_cfg):
         super().__init__(build_network(obs_shape, n_actions, agent_cfg.hidden, agent_cfg.network))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpirl.agents.dqn import (ActingPolicy, DQNLearner, apex_epsilon, env_epsilons, n_step_target, td_errors,
-                              to_tensors)
+from mpirl.agents.dqn import ActingPolicy, DQNLearner, n_step_target, td_errors, to_tensors
+from mpirl.agents.exploration import apex_epsilon, env_epsilons
 from mpirl.config import AgentConfig
 
 pytestmark = pytest.mark.numerical  # float results held under each of MKL's kernel branches: test_cpu_kernels.py

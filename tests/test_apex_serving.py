@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpirl import config
-from mpirl.agents.dqn import env_epsilons
+from mpirl.agents.exploration import env_epsilons
 from mpirl.registry import algorithm
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames
 from mpirl.actor_learner.actor import Acting

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from mpirl import config
-from mpirl.agents.dqn import env_epsilons, transition_spec
+from mpirl.agents.dqn import transition_spec
+from mpirl.agents.exploration import env_epsilons
 from mpirl.agents.tensors import to_tensors
 from mpirl.algos.apex.algorithm import Spaces
 from mpirl.algos.apex.serving import ApexDeciding, ApexGames

@@ -19,7 +19,6 @@ import math
 
 import numpy as np
 
-from mpirl.agents.exploration import explore
 from mpirl.agents.network_choice import network_for
 
 
@@ -84,10 +83,6 @@ class MLPActing:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """The best action of each observation in a batch ``(k, *obs_shape)``."""
         return self.q_values(obs).argmax(axis=1)
-
-    def act(self, obs: np.ndarray, epsilon, rng: np.random.Generator) -> np.ndarray:
-        """Actions for a batch of observations ``(k, *obs_shape)``; ``epsilon``: one or one per row."""
-        return explore(self.greedy(obs), epsilon, rng, self.n_actions)
 
     def priorities(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """Initial priorities |TD| with the double-DQN n-step target, the actor's one network as online and target

@@ -32,7 +32,8 @@ from mpirl.agents.distributions import actor_outputs, log_prob_entropy
 from mpirl.agents.schedules import Linear
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
-from mpirl.agents.networks import NetworkCopy, build_network, image_floats, nature_floats, network_for
+from mpirl.agents.network_choice import network_for
+from mpirl.agents.networks import NetworkCopy, build_network, image_floats, nature_floats
 from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.vtrace import vtrace
 from mpirl.envs.actions import ActionSpec, discrete

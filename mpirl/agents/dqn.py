@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpirl.agents.exploration import apex_epsilon, env_epsilons, explore  # noqa: F401  (their home; imported here too)
+from mpirl.agents.exploration import explore
 from mpirl.agents.networks import NetworkCopy, build_network
 from mpirl.agents.optimizers import Adam
 from mpirl.agents.tensors import floats, pick_precision, to_tensors

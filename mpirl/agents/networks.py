@@ -13,7 +13,7 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from mpirl.agents.network_choice import NATURE_MIN_SIDE, NETWORKS, network_for  # noqa: F401  (chosen there)
+from mpirl.agents.network_choice import network_for
 from mpirl.agents.running_stats import PIXEL_SCALE
 from mpirl.agents.tensors import floats
 

@@ -32,7 +32,8 @@ def actor_critic_spaces(cfg: JobConfig, name: str, teams: str) -> Spaces:
 def actor_critic_params(spaces: Spaces, cfg: JobConfig) -> int:
     """The actor-critic's parameters, counted on torch's meta device (a ConfigError for a shape it cannot take)."""
     from mpirl.agents.actor_critic import actor_critic
-    from mpirl.agents.networks import network_for, parameter_count, shapes_only
+    from mpirl.agents.network_choice import network_for
+    from mpirl.agents.networks import parameter_count, shapes_only
     try:
         network_for(spaces.obs_shape, cfg.agent.network)
     except ValueError as err:

@@ -37,7 +37,7 @@ def check(cfg: JobConfig, world_size: int, job_path: str) -> Checked:
         raise ConfigError("env.id", f"{cfg.env.id!r} is a multi-agent (PettingZoo) environment and Ape-X plays "
                                     "single-agent Gymnasium ones; set agent.algorithm = \"qmix\"")
     obs_shape, obs_dtype, n_actions = env_spaces(cfg.env)
-    from mpirl.agents.networks import network_for
+    from mpirl.agents.network_choice import network_for
     try:
         network_for(obs_shape, cfg.agent.network)
     except ValueError as err:  # a shape the chosen (or no) network takes

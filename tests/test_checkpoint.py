@@ -156,27 +156,34 @@ def _first_after(t, resumed_at):
     return int(after[0])
 
 
-def _rate_within_range(what, rate, first):
-    """Rates are >= 0, and the resumed process's first lies in the run's own range: at most 1.5 x the largest of
-    the run's other rows (NaN: no full window yet)."""
+def _non_negative(what, rate):
+    """Rates are >= 0 (NaN: no full window yet). How high a rate may be is the machine's load, not a property of
+    the run: a resumed learner refilling its replay leaves the actors the cores, and their first rows after it ran
+    2.5 x the fastest of the run's other rows on a loaded CI machine. What a rate must match is its counter."""
     assert np.all(np.isnan(rate) | (rate >= 0)), f"{what}: a negative rate: {rate}"
-    top = np.nanmax(np.delete(rate, first))
-    assert np.isnan(rate[first]) or rate[first] <= 1.5 * top, (
-        f"{what}: {rate[first]:.1f}/s in the first row after the resume, at most {top:.1f}/s in the run's other rows")
 
 
-def _rate_over_real_interval(what, rate, count, t, resumed_at):
-    """Each row's rate is its counter's growth since the row before over the time between them (within one process);
-    the resumed process's first row counts from when that process started, at or after the resume."""
+def _rate_over_real_interval(what, rate, count, t, resumed_at, started=None):
+    """Each row's rate is its counter's growth since the row before over the time between them (within one process).
+    A process's first row (the run's first, the first after the resume) counts from when that process began: with
+    ``started`` (an actor's rows: the job time its games began) exactly from then, from nought at the run's start;
+    else at least its growth over the time since the resume."""
     first = _first_after(t, resumed_at)
-    for i in range(1, len(t)):
-        grew, dt = count[i] - count[i - 1], t[i] - t[i - 1]
-        if i == first:
+    for i in range(len(t)):
+        grew = count[i] - (count[i - 1] if i else 0)
+        if i in (0, first) and started is not None:
+            dt = t[i] - started[i]
+            assert started[i] >= (resumed_at if i else 0) and dt > 0, (what, i, started[i], t[i], resumed_at)
+        elif i == first:
             assert rate[i] * (t[i] - resumed_at) >= 0.98 * grew - 1, (what, i, rate[i], grew, t[i] - resumed_at)
+            continue
+        elif i == 0:
+            continue
         else:
-            assert abs(rate[i] * dt - grew) <= 1 + 0.02 * grew, (
-                f"{what}: row {i} says {rate[i]:.1f}/s; its counter grew {grew} in {dt:.3f} s")
-    _rate_within_range(what, rate, first)
+            dt = t[i] - t[i - 1]
+        assert abs(rate[i] * dt - grew) <= 1 + 0.02 * grew, (
+            f"{what}: row {i} says {rate[i]:.1f}/s; its counter grew {grew} in {dt:.3f} s")
+    _non_negative(what, rate)
 
 
 def _assert_metrics_continue(run_dir, resumed_at, train_steps):
@@ -198,8 +205,7 @@ def _assert_metrics_continue(run_dir, resumed_at, train_steps):
         for b in np.unique(shards["buffer"]):
             rows = shards["buffer"] == b
             assert np.all(np.diff(shards["consumed"][rows]) >= 0), f"learner/shards consumed of buffer {b}"
-            _rate_within_range(f"learner/shards inserted_per_s of buffer {b}", shards["inserted_per_s"][rows],
-                               _first_after(shards["time"][rows], resumed_at))
+            _non_negative(f"learner/shards inserted_per_s of buffer {b}", shards["inserted_per_s"][rows])
         for name in (k for k in f if k.startswith("buffer_")):
             buf = _table(f[name]["buffer"])
             for col in BUFFER_COUNTERS:
@@ -212,7 +218,8 @@ def _assert_metrics_continue(run_dir, resumed_at, train_steps):
                 rows = actors["actor"] == actor
                 assert np.all(np.diff(actors["env_steps"][rows]) >= 0), f"{name} actor {actor} env_steps"
                 _rate_over_real_interval(f"{name} actor {actor} env_steps_per_s", actors["env_steps_per_s"][rows],
-                                         actors["env_steps"][rows], actors["time"][rows], resumed_at)
+                                         actors["env_steps"][rows], actors["time"][rows], resumed_at,
+                                         started=actors["started_s"][rows])
 
 
 @pytest.mark.mpi

@@ -137,8 +137,10 @@ class Buffer:
             self.actor_steps = {a: s for a, s in ctx.resume.actor_steps.items() if a in ctx.topo.actors_of(ctx.topo.rank)}
         self.tick = Interval(self.cfg.log.interval)
         self.last_in, self.last_t = self.inserted, ctx.now()
-        # Each actor's env steps and time at its last row: its rate spans the time since (from here at first).
-        self.actor_last = {a: (self.actor_steps.get(a, 0), self.last_t) for a in ctx.topo.actors_of(ctx.topo.rank)}
+        # Each actor's env steps and time at its last row: its rate spans the time since; its first row's, the time
+        # since its games began (its ``started`` on the job clock), so the start-up before them is not counted.
+        self.opened = self.last_t
+        self.actor_last = {a: (self.actor_steps.get(a, 0), None) for a in ctx.topo.actors_of(ctx.topo.rank)}
 
     # -- experiences from actors -----------------------------------------------
     def on_experience(self, buf: np.ndarray, source: int) -> bool:
@@ -158,7 +160,10 @@ class Buffer:
         final = bool(exp.get(buf, "final"))
         if final or self.actor_logged.get(actor, -np.inf) + self.cfg.log.interval <= t:
             self.actor_logged[actor] = t
-            last_steps, last_t = self.actor_last.get(actor, (0, t))
+            last_steps, last_t = self.actor_last.get(actor, (0, None))
+            if last_t is None:
+                started = float(exp.get(buf, "started"))
+                last_t = started if np.isfinite(started) and started < t else self.opened  # (another node's clock)
             self.actor_last[actor] = steps, t
             rate = (steps - last_steps) / max(t - last_t, 1e-9)
             self.t_actors.append(time=t, actor=actor, env_steps=steps, env_steps_per_s=rate,

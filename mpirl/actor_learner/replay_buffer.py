@@ -140,7 +140,8 @@ class Buffer:
         # Each actor's env steps and time at its last row: its rate spans the time since; its first row's, the time
         # since its games began (its ``started`` on the job clock), so the start-up before them is not counted.
         self.opened = self.last_t
-        self.actor_last = {a: (self.actor_steps.get(a, 0), None) for a in ctx.topo.actors_of(ctx.topo.rank)}
+        self.actor_last: dict[int, tuple[int, float | None]] = {a: (self.actor_steps.get(a, 0), None)
+                                                               for a in ctx.topo.actors_of(ctx.topo.rank)}
 
     # -- experiences from actors -----------------------------------------------
     def on_experience(self, buf: np.ndarray, source: int) -> bool:

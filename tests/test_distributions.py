@@ -17,7 +17,8 @@ from torch.distributions import Categorical, Independent, Normal
 import tests.odd_spaces_env  # noqa: F401 - registers the environments
 from mpirl.agents.actor_critic import ActorCritic, trajectory_spec
 from mpirl.agents.distributions import (actor_outputs, categorical_log_prob_entropy, gaussian_entropy,
-                                        gaussian_log_prob, log_prob, log_prob_entropy, sample)
+                                        gaussian_log_prob, log_prob_entropy)
+from mpirl.agents.sampling import log_prob, sample
 from mpirl.config import ConfigError, EnvConfig
 from mpirl.envs.actions import action_spec, discrete
 from mpirl.envs.factory import make_env, policy_env_spaces

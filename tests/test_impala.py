@@ -367,6 +367,9 @@ def test_impala_learns_cartpole_on_4_ranks(tmp_path, exchange):
         eps = f["buffer_1/episodes/return"][()]
         fill = f["buffer_1/buffer/fill"][()]
         test = {k: f["learner/test"][k][()] for k in ("return_mean", "episodes", "train_steps")}
+        # CartPole's vector observations: the actors' policy in numpy (mpirl/agents/actor_critic_acting.py), torch
+        # never imported on their ranks
+        assert set(f["buffer_1/actors/actor"][()]) == {2, 3} and not f["buffer_1/actors/torch_imported"][()].any()
     assert "reached 195" in reason, (f"IMPALA did not reach mean return 195 over 20 episodes within "
                                      f"{ENV_STEP_BUDGET} env steps: stopped by {reason!r}, last-20 mean "
                                      f"{t['return_mean20'][-1]:.1f} after {t['env_steps'][-1]} env steps")

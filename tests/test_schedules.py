@@ -87,7 +87,7 @@ def test_an_actor_critic_setting_for_an_algorithm_that_does_not_take_it_is_exit_
 
 
 def test_a_collapsed_categorical_policy_is_flagged_and_a_gaussian_one_never():
-    from mpirl.agents.distributions import uniform_entropy
+    from mpirl.agents.sampling import uniform_entropy
     from mpirl.envs.actions import action_spec, discrete
     from mpirl.metrics.formatting import collapse_note
     import gymnasium as gym

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from mpirl.agents.actor_critic import actor_critic, as_spec, core_step
-from mpirl.agents.distributions import actor_outputs, log_prob, sample
+from mpirl.agents.distributions import actor_outputs
+from mpirl.agents.sampling import log_prob, sample
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
 from mpirl.agents.flat_grads import clip_scale, flat_grad, flat_values, flat_norm, set_flat_grad
 from mpirl.agents.optimizers import adam, rmsprop

@@ -13,21 +13,19 @@
   float32 it is stored as *before* taking its log-probability, so the learner's recomputation from the stored
   action reproduces it.
 
-Torch functions (:func:`log_prob_entropy`) serve the learners' losses; numpy functions (:func:`sample`,
-:func:`log_prob`) the actors, whose random streams are numpy generators. No MPI.
+Torch functions (:func:`log_prob_entropy`) serve the learners' losses; the actors' side, whose random streams are
+numpy generators, is numpy alone and lives in :mod:`mpirl.agents.sampling` (:func:`~mpirl.agents.sampling.sample`,
+:func:`~mpirl.agents.sampling.log_prob`), so that an actor need not import torch. No MPI.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from mpirl.agents.sampling import HALF_LOG_2PI, policy_outputs
 from mpirl.envs.actions import ActionSpec
-
-HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 # --------------------------------------------------------------------------- torch (the learners)
@@ -70,55 +68,7 @@ def log_prob_entropy(spec: ActionSpec, out: Tensor, log_std: Tensor | None, acti
     return categorical_log_prob_entropy(out, spec.nvec, actions)
 
 
-# --------------------------------------------------------------------------- numpy (the actors)
-
-
 @torch.no_grad()
 def actor_outputs(spec: ActionSpec, out: Tensor) -> np.ndarray:
-    """float64 ``[N, n_outputs]`` numpy: the head's outputs as the actors sample from them: each categorical's
-    logits turned into its log-probabilities (log-softmax per dimension), a Gaussian's means as they are."""
-    out = out.double()
-    if spec.continuous:
-        return out.cpu().numpy()
-    if spec.kind == "discrete":
-        return torch.log_softmax(out, dim=1).cpu().numpy()
-    return torch.cat([torch.log_softmax(p, dim=1) for p in torch.split(out, list(spec.nvec), dim=1)], 1).cpu().numpy()
-
-
-def sample(spec: ActionSpec, out: np.ndarray, log_std: np.ndarray | None,
-           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Actions ``[N, *spec.shape]`` (``spec.dtype``) sampled from :func:`actor_outputs` ``out`` and their
-    log-probabilities (float32 ``[N]``)."""
-    n = len(out)
-    if spec.continuous:
-        assert log_std is not None
-        a = (out + np.exp(log_std) * rng.standard_normal(out.shape)).astype(np.float32)
-        return a.reshape(n, *spec.shape), log_prob(spec, out, log_std, a)
-    if spec.kind == "discrete":
-        actions = np.argmax(out + rng.gumbel(size=out.shape), axis=1)
-        return actions, out[np.arange(n), actions].astype(np.float32)
-    parts = np.split(out, np.cumsum(spec.nvec)[:-1], axis=1)
-    actions = np.stack([np.argmax(p + rng.gumbel(size=p.shape), axis=1) for p in parts], axis=1)
-    return actions.reshape(n, *spec.shape), log_prob(spec, out, log_std, actions)
-
-
-def log_prob(spec: ActionSpec, out: np.ndarray, log_std: np.ndarray | None, actions: np.ndarray) -> np.ndarray:
-    """float32 ``[N]``: the log-probabilities of ``actions`` under :func:`actor_outputs` ``out``."""
-    n = len(out)
-    if spec.continuous:
-        assert log_std is not None
-        a = np.asarray(actions, np.float32).reshape(n, -1).astype(np.float64)
-        z = (a - out) * np.exp(-log_std)
-        return (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(-1).astype(np.float32)
-    if spec.kind == "discrete":
-        return out[np.arange(n), np.asarray(actions).reshape(n)].astype(np.float32)
-    acts = np.asarray(actions).reshape(n, len(spec.nvec))
-    parts = np.split(out, np.cumsum(spec.nvec)[:-1], axis=1)
-    total = sum(p[np.arange(n), acts[:, d]] for d, p in enumerate(parts))
-    return np.asarray(total, np.float64).astype(np.float32)
-
-
-def uniform_entropy(spec: ActionSpec) -> float:
-    """The entropy of the uniform policy over a discrete space (the sum of ``log n`` over its dimensions): the most a
-    categorical policy can have. nan for Box actions (a Gaussian's entropy has no such ceiling)."""
-    return math.nan if spec.continuous else float(sum(math.log(n) for n in spec.nvec))
+    """:func:`~mpirl.agents.sampling.policy_outputs` of a torch network's head outputs ``out``."""
+    return policy_outputs(spec, out.double().cpu().numpy())

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from mpirl.agents.distributions import actor_outputs, sample
+from mpirl.agents.distributions import actor_outputs
+from mpirl.agents.sampling import sample
 from mpirl.envs.games import VectorGames
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mpirl.agents.distributions import actor_outputs, sample
+from mpirl.agents.distributions import actor_outputs
+from mpirl.agents.sampling import sample
 from mpirl.envs.actions import ActionSpec
 from mpirl.envs.watched import single_game
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpirl.agents.distributions import uniform_entropy
+from mpirl.agents.sampling import uniform_entropy
 from mpirl.agents.test_play import TEST_COLUMNS
 from mpirl.gradients.messages import STATS
 from mpirl.metrics.writer import MetricsFile, Rows

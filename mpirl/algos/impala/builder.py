@@ -20,10 +20,7 @@ class ImpalaBuilder(VectorGamesBuilder):
     def make_deciding(self, ctx: RoleContext, actors: list[int]) -> Deciding:
         """Each actor with its own rank's seed and its delay (``impala.actor_delay_us``, by its index among all
         the job's actors)."""
-        import torch
-
-        from mpirl.algos.impala.serving import ImpalaDeciding
-        torch.set_num_threads(1)
+        from mpirl.algos.impala.serving import ImpalaDeciding  # torch only for a convolutional or recurrent network
         everyone = sorted(ctx.topo.worker_of or ctx.topo.buffer_of)  # the actors (without workers: the senders)
         delays = ctx.cfg.impala.actor_delay_us
         delays = [delays[0] if len(delays) == 1 else delays[everyone.index(a)] for a in actors]

@@ -26,7 +26,7 @@ from mpirl.job.context import RoleContext
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.learner_peers import LearnerPeers
-from mpirl.agents.distributions import uniform_entropy
+from mpirl.agents.sampling import uniform_entropy
 from mpirl.agents.schedules import progress_of, scheduled
 from mpirl.agents.running_stats import needs_shift
 from mpirl.agents.test_play import TEST_COLUMNS, play_test

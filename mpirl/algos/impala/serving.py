@@ -23,8 +23,8 @@ from collections import deque
 
 import numpy as np
 
-from mpirl.agents.actor_critic import ActorCriticPolicy
-from mpirl.agents.distributions import log_prob, sample
+from mpirl.agents.actor_critic_acting import actor_critic_acting
+from mpirl.agents.sampling import log_prob, sample
 from mpirl.algos.impala.flow import SenderWindow, queue_budget
 from mpirl.config import JobConfig
 from mpirl.replay.ratio import InsertBudget
@@ -42,15 +42,33 @@ def version_of(params: np.ndarray) -> int:
     return int(np.ascontiguousarray(params[-1:], dtype=np.float32).view(np.int32)[0])
 
 
-class VersionedPolicy(ActorCriticPolicy):
-    """The actor's policy, loaded from a broadcast whose last value is the learner's parameter version
+class VersionedPolicy:
+    """The actor's copy of the policy (:func:`~mpirl.agents.actor_critic_acting.actor_critic_acting`: numpy for a
+    feed-forward MLP, torch otherwise), loaded from a broadcast whose last value is the learner's parameter version
     (:func:`with_version`)."""
 
-    version = 0
+    def __init__(self, obs_shape, action, agent_cfg, obs_dtype=None):
+        self.inner = actor_critic_acting(obs_shape, action, agent_cfg, obs_dtype)
+        self.n_params = self.inner.n_params  # the network's and the statistics' values, the version not counted
+        self.state_size = self.inner.state_size
+        self.version = 0
+
+    @property
+    def log_std(self) -> np.ndarray | None:
+        return self.inner.log_std
 
     def load_flat(self, params: np.ndarray) -> None:
         self.version = version_of(params)
-        super().load_flat(params[:-1])
+        self.inner.load_flat(params[:-1])
+
+    def outputs(self, obs: np.ndarray) -> np.ndarray:
+        return self.inner.outputs(obs)
+
+    def step(self, obs, h, c, starts):
+        return self.inner.step(obs, h, c, starts)
+
+    def values(self, obs: np.ndarray, h: np.ndarray | None = None, c: np.ndarray | None = None) -> np.ndarray:
+        return self.inner.values(obs, h, c)
 
 
 class ImpalaDeciding:

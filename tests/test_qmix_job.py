@@ -18,7 +18,7 @@ SHORT = ("run.train_steps=24", "run.wall_seconds=0", "env.max_episode_steps=25",
          "comm.n_update=2", "log.interval=0.2")
 
 
-def check_run(job, *, steps=24, buffers=1):
+def check_run(job, *, steps=24, buffers=1, torch_free=True):
     assert job.proc.returncode == 0, job.output
     with h5py.File(job.run_dir / "run.h5", "r") as f:
         assert f.attrs["status"] == "completed", f.attrs["stop_reason"]
@@ -39,6 +39,9 @@ def check_run(job, *, steps=24, buffers=1):
             assert f[b]["buffer"]["experiences_in"][-1] >= 1  # whole episodes
             eps = f[b]["episodes"]
             assert eps["return"].shape[0] > 0 and (eps["length"][()] <= 25).all() and (eps["length"][()] > 0).all()
+            # the agent network acts in numpy (mpirl/agents/qmix_policy.py): torch never imported where the senders
+            # decide (a worker on the learner's rank shares that rank's torch: ``torch_free=False``)
+            assert len(f[b]["actors"]["actor"]) and f[b]["actors"]["torch_imported"][()].any() != torch_free
         assert len([k for k in f if k.startswith("buffer_")]) == buffers
     return job.run_dir
 
@@ -242,7 +245,7 @@ def test_the_worker_on_the_learners_rank_serves_the_actors_between_train_steps(t
     """DMCAF's actor-worker (AW): no worker rank; the learner answers the actors and ships their episodes."""
     job = run_mpi(4, tmp_path, *SHORT, "topology.workers=learner", job=JOB, timeout=240)
     assert "ranks: 0 learner and worker; 1 buffer; 2-3 actors of worker 0" in job.output, job.output
-    run_dir = check_run(job)
+    run_dir = check_run(job, torch_free=False)
     with h5py.File(run_dir / "run.h5", "r") as f:
         assert sorted(k for k in f if k.startswith("worker_")) == ["worker_0"]
         assert set(f["buffer_1/actors"]["actor"][()]) == {0}  # the buffer hears from the learner's worker

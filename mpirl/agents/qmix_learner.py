@@ -14,8 +14,9 @@ from mpirl.agents.optimizers import Adam, RMSprop
 from mpirl.agents.tensors import floats
 from mpirl.agents.train_step import Fault, GradientPeers
 from mpirl.agents.qmix import QmixHyper, central_loss, episode_spec, f_pi, step_mask, td_lambda_targets
-from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_input_dim, agent_inputs,
-                                        last_action_onehot, mask_unavailable)
+from mpirl.agents.qmix_networks import (AgentNet, CentralMixer, QMixer, agent_inputs, last_action_onehot,
+                                        mask_unavailable)
+from mpirl.agents.qmix_policy import agent_input_dim
 
 
 def _not_finite(t: torch.Tensor) -> int:

@@ -13,11 +13,6 @@ from mpirl.agents.tensors import floats
 UNAVAILABLE = -9999999.0
 
 
-def agent_input_dim(obs_dim: int, n_actions: int, n_agents: int) -> int:
-    """Width of one agent's input: flat observation + one-hot last action + one-hot agent id."""
-    return obs_dim + n_actions + n_agents
-
-
 def agent_inputs(obs: torch.Tensor, last_onehot: torch.Tensor) -> torch.Tensor:
     """Each agent's network input ``[..., n, obs_dim + A + n]``, for acting and training alike.
 

@@ -31,10 +31,7 @@ class QmixBuilder(ActorLearnerBuilder):
 
     def make_deciding(self, ctx: RoleContext, actors: list[int]) -> Deciding:
         """Each actor exploring from its own rank's seed."""
-        import torch
-
-        from mpirl.algos.qmix.playing import Deciding as TeamDeciding
-        torch.set_num_threads(1)
+        from mpirl.algos.qmix.playing import Deciding as TeamDeciding  # the agent network in numpy: no torch
         return TeamDeciding(ctx.cfg, ctx.spaces, ctx.spec, [ctx.seed_of(a) for a in actors])
 
     def make_server(self, buffer: Buffer, share: int) -> Server:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpirl.agents.deployed import TeamGreedy
-from mpirl.agents.qmix_networks import AgentNet, agent_input_dim
+from mpirl.agents.qmix_networks import AgentNet
+from mpirl.agents.qmix_policy import agent_input_dim
 from mpirl.agents.trained_policy import TrainedPolicy
 from mpirl.algos.qmix.envs import Limit, env_kwargs, spaces_of
 from mpirl.config import JobConfig

@@ -311,17 +311,17 @@ def test_a_killed_rank_ends_the_job_and_resume_continues(tmp_path, exchange, ran
     continues to the end from it, the updates one axis."""
     out = tmp_path / "runs"
     n = 4 if exchange == "allreduce" else 5
-    sets = ("run.target_return=nan", "run.wall_seconds=0", "checkpoint.every_steps=100", "log.flush_seconds=0.2",
+    sets = ("run.target_return=nan", "run.wall_seconds=0", "checkpoint.every_steps=25", "log.flush_seconds=0.2",
             f'a3c.exchange="{exchange}"')
     with start_mpi(n, out, "run.train_steps=1000000", *sets, job=JOB) as job:
-        wait_for(job, lambda: version_of(out) >= 150, "150 updates (a checkpoint at 100)")
+        wait_for(job, lambda: version_of(out) >= 40, "40 updates (a checkpoint at 25)")
         os.kill(ranks_of(job.pid)[rank], signal.SIGKILL)
         code, text = finish(job, 120)
     assert code != 0 and f"rank {rank}" in text and "signal 9" in text, text[-3000:]
     run_dir = next(out.glob("*/run.h5")).parent
     done = int(checkpoint.checkpoints(run_dir)[-1].name[5:15])
-    assert done >= 100
-    steps = done + 100
+    assert done >= 25
+    steps = done + 40
     job = run_mpi(n, out, f"run.train_steps={steps}", *sets, job=JOB, args=("--resume", str(run_dir)))
     assert job.proc.returncode == 0, job.output
     r = _read(run_dir)

@@ -177,28 +177,28 @@ def test_two_learners_on_the_baseline_each_keep_a_copy_of_the_dumps(tmp_path):
 
 
 LONG = ("topology.learners=2", "run.env_steps=0", "run.target_return=nan", "run.wall_seconds=0",
-        "replay.learning_starts=500", "checkpoint.every_steps=300", "log.interval=0.2")
+        "replay.learning_starts=200", "checkpoint.every_steps=100", "log.interval=0.2")
 
 
 @pytest.mark.mpi
 def test_a_killed_learner_ends_the_job_and_resume_continues_from_the_last_checkpoint(tmp_path):
     """kill -9 of the second learner (the first waits for it in the next sum): the job ends, not hangs; the
-    periodic checkpoint (every 300 steps) holds each learner's samples per shard, and --resume continues from it to
+    periodic checkpoint (every 100 steps) holds each learner's samples per shard, and --resume continues from it to
     the end. (A signal's stop is the first learner's, as with one learner: tests/test_checkpoint.py.)"""
     out = tmp_path / "runs"
     with start_mpi(5, out, *LONG, "run.train_steps=100000") as job:
-        wait_for_train_steps(job, out, 400)
+        wait_for_train_steps(job, out, 150)
         os.kill(ranks_of(job.pid)[1], signal.SIGKILL)
         code, text = finish(job, 180)
     assert code != 0, text
     run_dir = next(out.glob("*/run.h5")).parent
     st = checkpoint.load(checkpoint.checkpoints(run_dir)[-1])
     saved = int(st["train_steps"])
-    assert saved >= 300 and saved % 300 == 0
+    assert saved >= 100 and saved % 100 == 0
     assert st["learners_consumed"] == [[32 * saved], [32 * saved]]  # each learner's half of every batch
-    job = run_mpi(5, out, *LONG, f"run.train_steps={saved + 100}", args=("--resume", str(run_dir)))
+    job = run_mpi(5, out, *LONG, f"run.train_steps={saved + 50}", args=("--resume", str(run_dir)))
     assert job.proc.returncode == 0, job.output
-    _two_learners_agree(_files(run_dir), saved + 100, resumed=True)
+    _two_learners_agree(_files(run_dir), saved + 50, resumed=True)
 
 
 def test_validate_counts_each_learner_s_memory():

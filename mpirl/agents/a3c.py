@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpirl.agents.actor_critic import actor_critic, as_spec, core_step
+from mpirl.agents.actor_critic import actor_critic, core_step
 from mpirl.agents.distributions import actor_outputs
 from mpirl.agents.sampling import log_prob, sample
 from mpirl.agents.tensors import as_arrays, as_tensors, to_tensors
@@ -31,7 +31,7 @@ from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.policy_gradient import PGLosses, a2c_losses, gae, ppo_losses
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.schedules import Linear
-from mpirl.envs.actions import ActionSpec
+from mpirl.envs.actions import ActionSpec, as_spec
 
 
 class Rollout:

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from mpirl.agents.flat_views import flat_views
 from mpirl.agents.network_choice import network_for
 
 
@@ -55,12 +56,8 @@ class MLPActing:
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: list[int]):
         self.n_actions = n_actions
         shapes = mlp_shapes(int(math.prod(obs_shape)), n_actions, list(hidden))
-        self.n_params = sum(math.prod(s) for s in shapes)
-        self.flat = np.zeros(self.n_params, np.float32)
-        views, at = [], 0
-        for s in shapes:
-            views.append(self.flat[at:at + math.prod(s)].reshape(s))
-            at += math.prod(s)
+        self.flat, views = flat_views(shapes)
+        self.n_params = len(self.flat)
         layers = list(zip(views[0::2], views[1::2]))  # (weight, bias) each
         self.torso, self.value, self.advantage = layers[:-4], layers[-4:-2], layers[-2:]
 

@@ -36,12 +36,7 @@ from mpirl.agents.network_choice import network_for
 from mpirl.agents.networks import NetworkCopy, build_network, image_floats, nature_floats
 from mpirl.agents.optimizers import adam, rmsprop
 from mpirl.agents.vtrace import vtrace
-from mpirl.envs.actions import ActionSpec, discrete
-
-
-def as_spec(action: ActionSpec | int) -> ActionSpec:
-    """An :class:`ActionSpec`, or a number of discrete actions as one."""
-    return action if isinstance(action, ActionSpec) else discrete(int(action))
+from mpirl.envs.actions import ActionSpec, as_spec
 
 
 def trajectory_spec(obs_shape: tuple[int, ...], obs_dtype, unroll: int, action: ActionSpec | int = 1,

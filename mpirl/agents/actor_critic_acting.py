@@ -3,7 +3,7 @@
 On vector observations with a feed-forward network (``agent.network`` "mlp", or "auto" on a vector, and
 ``agent.recurrent = "none"``) the copy is :class:`MLPActorCritic`, :class:`~mpirl.agents.actor_critic.ActorCritic`'s
 MLP computed in numpy, so the rank never imports torch (as an Ape-X actor's :mod:`mpirl.agents.acting`): an actor
-starts about 0.9 CPU-s sooner and holds about 190 MB less. Convolutions and the LSTM core keep torch's
+starts 1.0-1.4 CPU-s sooner and holds about 195 MB less (measured: docs/performance.md). Convolutions and the LSTM core keep torch's
 :class:`~mpirl.agents.actor_critic.ActorCriticPolicy`. :func:`actor_critic_acting` picks; both take the flat float32
 vector the learner broadcasts (``load_flat``): the network's parameters in the torch module's ``parameters()``
 order, then the job's normalisation statistics where ``[agent]`` asks for them.
@@ -18,10 +18,11 @@ import math
 
 import numpy as np
 
+from mpirl.agents.flat_views import flat_views
 from mpirl.agents.network_choice import network_for
 from mpirl.agents.running_stats import normalization
 from mpirl.agents.sampling import policy_outputs
-from mpirl.envs.actions import ActionSpec, discrete
+from mpirl.envs.actions import ActionSpec, as_spec
 
 
 def actor_critic_acting(obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg, obs_dtype=None):
@@ -67,15 +68,12 @@ class MLPActorCritic:
 
     def __init__(self, obs_shape: tuple[int, ...], action: ActionSpec | int, agent_cfg, obs_dtype=None):
         a = agent_cfg
-        self.spec = action if isinstance(action, ActionSpec) else discrete(int(action))
+        self.spec = as_spec(action)
         self.tanh = a.activation == "tanh"
         shapes = mlp_actor_critic_shapes(int(math.prod(obs_shape)), self.spec, list(a.hidden), a.shared_torso)
-        self.n_net = sum(math.prod(s) for _, s in shapes)
-        self.flat = np.zeros(self.n_net, np.float32)
-        views, at = {}, 0
-        for name, s in shapes:
-            views[name] = self.flat[at:at + math.prod(s)].reshape(s)
-            at += math.prod(s)
+        self.flat, parts = flat_views([s for _, s in shapes])
+        self.n_net = len(self.flat)
+        views = dict(zip((name for name, _ in shapes), parts))
         layers = len(a.hidden)
         self.body = [(views[f"body.{i}.weight"], views[f"body.{i}.bias"]) for i in range(layers)]
         self.critic = (None if a.shared_torso else

@@ -3,13 +3,16 @@ many games at once, keeping each game's GRU state; numpy in, numpy out, no MPI, 
 
 The agent network is :class:`~mpirl.agents.qmix_networks.AgentNet` (fc -> ReLU -> GRU -> fc) computed in numpy
 from the flat float32 vector the learner broadcasts, in the torch module's ``parameters()`` order, so an actor (or an
-inference worker) never imports torch: it starts about 1 CPU-s sooner and holds about 190 MB less. The numbers are
+inference worker) never imports torch: an actor of a short job spent 1.3-2.1 CPU-s less and held about 195 MB less
+(measured: docs/performance.md). The numbers are
 the torch network's to float32 rounding (``tests/test_qmix.py`` holds the Q-values to the learner's sequence pass).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from mpirl.agents.flat_views import flat_views
 
 
 def epsilon_schedule(step: int, start: float = 1.0, finish: float = 0.05, anneal_steps: int = 50_000) -> float:
@@ -48,12 +51,8 @@ class QMixPolicy:
         self.n_agents, self.n_actions, self.hidden = n_agents, n_actions, hidden
         self.obs_dim = int(np.prod(obs_shape))
         shapes = agent_net_shapes(agent_input_dim(self.obs_dim, n_actions, n_agents), n_actions, hidden)
-        self.n_params = sum(int(np.prod(s)) for s in shapes)
-        self.flat = np.zeros(self.n_params, np.float32)
-        views, at = [], 0
-        for shape in shapes:
-            views.append(self.flat[at:at + int(np.prod(shape))].reshape(shape))
-            at += int(np.prod(shape))
+        self.flat, views = flat_views(shapes)
+        self.n_params = len(self.flat)
         (self.w1, self.b1, self.w_ih, self.w_hh, self.b_ih, self.b_hh, self.w2, self.b2) = views
         self.ids = np.eye(n_agents, dtype=np.float32)
         self.reset(1)

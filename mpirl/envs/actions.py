@@ -92,6 +92,11 @@ def discrete(n: int) -> ActionSpec:
     return ActionSpec("discrete", (), (int(n),))
 
 
+def as_spec(action: ActionSpec | int) -> ActionSpec:
+    """An :class:`ActionSpec`, or a number of discrete actions as one."""
+    return action if isinstance(action, ActionSpec) else discrete(int(action))
+
+
 def action_spec(space: gym.Space, env_id: str) -> ActionSpec:
     """The :class:`ActionSpec` of ``space``, or a ConfigError naming ``env.id`` for a space no policy here takes."""
     if isinstance(space, gym.spaces.Discrete):

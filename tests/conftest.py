@@ -273,12 +273,19 @@ def _here(*args: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- the order
 # The modules whose jobs take longest run first: with workers taking whole files (setup.cfg), a long file
 # started last keeps one worker busy while the others have nothing left. Within a file the order is unchanged.
-LONGEST_FIRST = ("test_slurm.py", "test_bench_references.py", "test_qmix_job.py", "test_bench.py", "test_mpi_runs.py",
-                 "test_learning.py", "test_signals.py", "test_impala.py", "test_a3c.py", "test_learners.py",
-                 "test_preflight.py", "test_checkpoint.py", "test_bench_gradients.py", "test_faults.py",
-                 "test_launcher.py", "test_distql.py", "test_types.py", "test_frame_cache.py", "test_analysis.py",
-                 "test_minatar.py", "test_apex_serving.py", "test_frame_stream.py", "test_watch.py", "test_agent.py")
-# (by their summed durations in a whole suite run, pytest --durations=0)
+# pytest-xdist sorts the files by how many tests each holds unless told not to (--no-loadscope-reorder in setup.cfg):
+# without it this order was ignored, and the few-test, long files (the Pendulum learners, the MKL branches, the
+# references' bench) ran last, one worker alone for the suite's last minute.
+LONGEST_FIRST = ("test_slurm.py", "test_a3c.py", "test_bench.py", "test_bench_references.py", "test_mpi_runs.py",
+                 "test_signals.py", "test_impala.py", "test_bench_gradients.py", "test_continuous.py",
+                 "test_learners.py", "test_cpu_kernels.py", "test_analysis.py", "test_distql.py", "test_checkpoint.py",
+                 "test_qmix_job.py", "test_learning.py", "test_faults.py", "test_types.py", "test_preflight.py",
+                 "test_launcher.py", "test_mpich.py", "test_atari_jobs.py", "test_normalization.py",
+                 "test_schedules.py", "test_frame_cache.py", "test_minatar.py", "test_recurrent.py",
+                 "test_apex_serving.py", "test_play.py", "test_frame_stream.py", "test_watch.py",
+                 "test_episode_tally.py")
+# (by their summed durations in whole suite runs, pytest --durations=0, 2026-12-03: test_slurm 368 s, mostly waiting on
+# Slurm, so it runs beside the others' jobs from the start; test_a3c 193 s ... test_episode_tally 15 s)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from types import SimpleNamespace
 
 from mpirl.config import JobConfig
+from mpirl.job import run_control
 from mpirl.job.run_control import RunControl
 
 
@@ -67,9 +67,17 @@ def test_checkpoints_fall_on_multiples_or_every_n_from_the_last():
     assert not rc.checkpoint_due(200) and rc.checkpoint_due(203)
 
 
-def test_a_checkpoint_is_due_after_every_seconds_but_not_twice_at_one_step():
-    rc, _ = control(every_steps=0, every_seconds=0.05)
+def test_a_checkpoint_is_due_after_every_seconds_but_not_twice_at_one_step(monkeypatch):
+    """The cadence is a wall clock: the module's clock is set by hand, so how long the machine takes between two
+    lines (a loaded machine can take more than the cadence) cannot decide the answer."""
+    now = [1000.0]
+    monkeypatch.setattr(run_control, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    rc, _ = control(every_steps=0, every_seconds=0.5)
     rc.saved(7)
+    now[0] += 0.375  # (sums of halves: exact in binary)
     assert not rc.checkpoint_due(8)
-    time.sleep(0.06)  # the cadence is a wall clock: wait past it (no upper bound is asserted)
+    now[0] += 0.125
     assert rc.checkpoint_due(8) and not rc.checkpoint_due(7)
+    rc.saved(8)
+    now[0] += 0.375
+    assert not rc.checkpoint_due(9)  # counted from the last checkpoint, not from the start

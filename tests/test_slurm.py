@@ -317,7 +317,8 @@ def resumed_once(run_dir: Path, job: str, stop_reason: str, suffix: str) -> None
 
 def test_preempted_job_requeues_and_resumes(cluster, tmp_path):
     long = ("--set", "run.train_steps=2000", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
-            "--set", "replay.learning_starts=300")  # preempted at 500: 1,500 steps of margin for the signal
+            "--set", "replay.learning_starts=300", "--set", "log.flush_seconds=0.5")  # preempted at 500: 1,500 steps
+    # of margin for the signal, which follows the rows' flush (every 0.5 s, not the default 2 s) within a second
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 500, "train 500 steps")
@@ -351,7 +352,7 @@ def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
     has trained 200 batches, requeued, resumed from its stop checkpoint, it ends at its 600 train steps with
     every batch's row once."""
     long = ("--set", "run.train_steps=600", "--set", "run.target_return=nan", "--set", "run.env_steps=0",
-            "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0")
+            "--set", "run.wall_seconds=0", "--set", "impala.test_episodes=0", "--set", "log.flush_seconds=0.5")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/impala_cartpole.toml", *long)
     steps = lambda: rows(tmp_path, "learner.h5", "train/train_steps")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(steps()) and steps()[-1] >= 200, "train 200 steps")
@@ -365,17 +366,17 @@ def test_preempted_impala_job_requeues_and_resumes(cluster, tmp_path):
 def test_preempted_allreduce_gradient_job_requeues_and_resumes(cluster, tmp_path):
     """The same template for the gradient family under DD-PPO's allreduce (4 tasks, every one a worker, no server):
     preempted after 200 updates, every rank stops at the same update, rank 0 checkpoints, the job requeues and
-    resumes, and ends at its 1,000 updates with each update's row once."""
-    long = ("--set", "run.train_steps=1000", "--set", "run.target_return=nan", "--set", "run.wall_seconds=0",
-            "--set", "a3c.test_episodes=0", "--set", 'a3c.exchange="allreduce"')
+    resumes, and ends at its 600 updates with each update's row once."""
+    long = ("--set", "run.train_steps=600", "--set", "run.target_return=nan", "--set", "run.wall_seconds=0",
+            "--set", "a3c.test_episodes=0", "--set", 'a3c.exchange="allreduce"', "--set", "log.flush_seconds=0.5")
     job = submit(cluster, tmp_path, "preemptible.sbatch", "jobs/a3c_cartpole.toml", *long)
     version = lambda: rows(tmp_path, "updates.h5", "updates/version")  # noqa: E731
     run_dir = requeued(cluster, job, tmp_path, lambda: len(version()) and version()[-1] >= 200, "make 200 updates")
-    resumed_once(run_dir, job, "train_steps 1000 reached", ".pt")
+    resumed_once(run_dir, job, "train_steps 600 reached", ".pt")
     with h5py.File(run_dir / "run.h5", "r") as f:
         done = f["updates/updates/version"][()]
-    assert np.all(np.diff(done) == 1) and done[-1] == 1000, done  # rows after the checkpoint rewritten
-    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000001000.pt"
+    assert np.all(np.diff(done) == 1) and done[-1] == 600, done  # rows after the checkpoint rewritten
+    assert checkpoint.checkpoints(run_dir)[-1].name == "ckpt-0000000600.pt"
 
 
 def test_job_array_sweeps_architectures_and_seeds(cluster, tmp_path):

@@ -53,7 +53,7 @@ def job(tmp_path_factory):
     """One tiny Ape-X CartPole job with ``log.tensorboard = true``, flushing every half second: the module's."""
     out = tmp_path_factory.mktemp("tensorboard")
     done = run_mpi(3, out, "run.train_steps=300", "run.target_return=nan", "replay.learning_starts=200",
-                   "log.tensorboard=true", "log.interval=0.2", "log.flush_seconds=0.5")
+                   "log.tensorboard=true", "log.interval=0.02", "log.flush_seconds=0.5")
     assert done.proc.returncode == 0, done.output
     yield done
     shutil.rmtree(out, ignore_errors=True)

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from mpirl.agents.dqn import DQNLearner
 from mpirl.replay.quotas import learner_quotas
-from mpirl.replay.shard import importance_weights
+from mpirl.replay.weights import importance_weights
 from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 
 OBS, ACTIONS = 4, 2

@@ -88,7 +88,7 @@ def _passes(modules: dict, op) -> list[tuple]:
 
 def test_apex_bare_step_is_ours_loss_and_passes():
     from mpirl.agents.tensors import to_tensors
-    from mpirl.replay.shard import importance_weights
+    from mpirl.replay.weights import importance_weights
     obs = ((4, 84, 84), np.uint8)
     reply = apex._reply(obs, 4, capacity=128, batch=4)
     ours, bare, learner = apex.steps(obs, 4, [512], cpu, batch=4, reply=reply)

@@ -7,7 +7,7 @@ import torch
 
 from mpirl.agents.dqn import DQNLearner
 from mpirl.bench.learner import _learner, _reply
-from mpirl.replay.shard import importance_weights, linear_schedule
+from mpirl.replay.weights import importance_weights, linear_schedule
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.shard_links import joined
 

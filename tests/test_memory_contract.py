@@ -15,7 +15,7 @@ from mpirl.replay.memory import ReplayMemory
 from mpirl.replay.prioritized import PrioritizedSampler
 from mpirl.replay.ring import RingStore
 from mpirl.replay.samplers import AccMERSampler, UniformSampler
-from mpirl.replay.shard import importance_weights
+from mpirl.replay.weights import importance_weights
 
 CAP, K = 32, 8
 T = 5

@@ -4,7 +4,8 @@ import pytest
 
 from mpirl.replay.nstep import NStepAccumulator
 from mpirl.replay.ring import RingStore
-from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
+from mpirl.replay.shard import PrioritizedShard
+from mpirl.replay.weights import importance_weights, linear_schedule
 from mpirl.replay.sumtree import SumTree, last_unique
 
 SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32),
@@ -415,6 +416,21 @@ def test_importance_weights_follow_the_formula_in_every_case():
         assert np.isnan(w[0]) and w[1] == 0.0  # inf / inf and 1 / inf, as numpy divides
     with pytest.raises(ValueError):
         importance_weights(np.array([0.5]), 0, 0.5)
+
+
+def test_the_learners_side_of_the_replay_never_imports_numba():
+    """A learner of the proposed placement reads batches, weighs them and sends priorities back: none of it is a
+    compiled kernel, so its process never pays numba's import (0.3-0.5 CPU-s a process here). A process of its own,
+    as a rank starts (this one has imported numba for the shards' tests)."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\n"
+            "import mpirl.actor_learner.batch_sources, mpirl.actor_learner.shard_links, mpirl.replay.frame_cache\n"
+            "from mpirl.replay.weights import importance_weights, linear_schedule\n"
+            "importance_weights(np.full(4, 0.25), 4, linear_schedule(0.4, 1.0, 5, 10), smallest=0.25)\n"
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", (out.stdout, out.stderr[-2000:])
 
 
 def test_linear_schedule():

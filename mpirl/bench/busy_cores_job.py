@@ -66,7 +66,7 @@ def apex_cnn(batch: int):
     """One call: the Nature CNN's Ape-X train step on ``batch`` rows with no peers."""
     from mpirl.agents.dqn import DQNLearner
     from mpirl.bench.learner_step_job import ACTIONS, AGENT, OBS, random_batch
-    from mpirl.replay.shard import importance_weights
+    from mpirl.replay.weights import importance_weights
     rng = np.random.default_rng(5)
     fields = random_batch(batch, rng)
     weights = importance_weights(rng.uniform(0.5, 1.0, batch) / batch, batch, 0.4)

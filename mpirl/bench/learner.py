@@ -39,7 +39,7 @@ from mpirl.bench.replay import INSERT, Ours, Stream
 from mpirl.bench.report import MIN_REPS, Row
 from mpirl.config import JobConfig
 from mpirl.replay.frames import framed_fields
-from mpirl.replay.shard import importance_weights
+from mpirl.replay.weights import importance_weights
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.counters import Counters
 from mpirl.actor_learner.shard_links import joined

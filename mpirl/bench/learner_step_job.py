@@ -24,7 +24,7 @@ from mpi4py import MPI
 from mpirl.agents.dqn import DQNLearner
 from mpirl.bench.mpi_entry import main as entry
 from mpirl.replay.quotas import learner_quotas
-from mpirl.replay.shard import importance_weights
+from mpirl.replay.weights import importance_weights
 from mpirl.actor_learner.learner_peers import LearnerPeers, smallest
 
 AGENT = SimpleNamespace(hidden=[512], network="nature", lr=1e-4, adam_eps=1.5e-4, grad_clip=40.0, target_update=2500,

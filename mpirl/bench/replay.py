@@ -45,7 +45,8 @@ from mpirl.bench.report import MIN_REPS, Row
 from mpirl.comm.messages import experience_layout, sample_layout
 from mpirl.replay.frame_stream import FrameWindows, window_frames
 from mpirl.replay.frames import framed_fields
-from mpirl.replay.shard import PrioritizedShard, importance_weights
+from mpirl.replay.shard import PrioritizedShard
+from mpirl.replay.weights import importance_weights
 from mpirl.actor_learner.experience import store_experience
 
 INSERT, BATCH, N_STEP, GAMES = 64, 512, 3, 4

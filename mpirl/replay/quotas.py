@@ -6,7 +6,7 @@
   keeps at least one sample so its priorities keep flowing back.
 
 Importance weights then use each sample's true probability, quota_b / N times
-its probability within shard b (see :func:`mpirl.replay.shard.importance_weights`).
+its probability within shard b (see :func:`mpirl.replay.weights.importance_weights`).
 """
 
 from __future__ import annotations

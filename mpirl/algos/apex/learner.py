@@ -12,7 +12,7 @@ import numpy as np
 from mpirl.agents.dqn import DQNLearner, divergence
 from mpirl.agents.tensors import pick_device
 from mpirl.metrics.writer import MetricsFile
-from mpirl.replay.shard import PrioritizedShard, importance_weights, linear_schedule
+from mpirl.replay.weights import importance_weights, linear_schedule
 from mpirl.job.context import RoleContext
 from mpirl.actor_learner.batch_sources import Batch
 from mpirl.actor_learner.learner_algorithm import LearnerAlgorithm
@@ -27,6 +27,7 @@ class LocalPrioritized:
     """The learner's own prioritized replay, filled from the buffers' dumps."""
 
     def __init__(self, ctx: RoleContext, capacity: int, rows: int):
+        from mpirl.replay.shard import PrioritizedShard  # numba's kernels: the baseline placement's learner alone
         rp = ctx.cfg.replay
         self.shard = PrioritizedShard(ctx.spec, capacity, rp.alpha, rp.priority_eps, dedup_frames=rp.dedup_frames)
         self.batch_size = rows  # the batch, or this learner's part of it (K data-parallel learners)

@@ -8,7 +8,6 @@ The importance weights a learner computes from the sampled probabilities: :mod:`
 """
 from __future__ import annotations
 
-
 from .memory import ReplayMemory, Sample
 from .prioritized import PrioritizedSampler
 from .ring import RingStore, Spec

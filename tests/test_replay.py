@@ -421,11 +421,13 @@ def test_importance_weights_follow_the_formula_in_every_case():
 def test_the_learners_side_of_the_replay_never_imports_numba():
     """A learner of the proposed placement reads batches, weighs them and sends priorities back: none of it is a
     compiled kernel, so its process never pays numba's import (0.3-0.5 CPU-s a process here). A process of its own,
-    as a rank starts (this one has imported numba for the shards' tests)."""
+    as a rank starts (this one has imported numba for the shards' tests), with the replay family's learners'
+    modules (Ape-X's imports the baseline's local shard only where it makes one)."""
     import subprocess
     import sys
     code = ("import sys, numpy as np\n"
-            "import mpirl.actor_learner.batch_sources, mpirl.actor_learner.shard_links, mpirl.replay.frame_cache\n"
+            "import mpirl.actor_learner.learner, mpirl.actor_learner.batch_sources, mpirl.actor_learner.shard_links\n"
+            "import mpirl.algos.apex.learner, mpirl.algos.qmix.learner, mpirl.algos.impala.learner\n"
             "from mpirl.replay.weights import importance_weights, linear_schedule\n"
             "importance_weights(np.full(4, 0.25), 4, linear_schedule(0.4, 1.0, 5, 10), smallest=0.25)\n"
             "print('numba' in sys.modules)")

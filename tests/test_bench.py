@@ -78,7 +78,7 @@ def test_transport_and_actor_benches_run_two_ranks():
     gbs = [r for r in rows if r.unit == "GB/s"]
     assert {r.name.split()[1] for r in gbs} == {"cartpole", "atari"}
     assert all(len(r.values[r.ours]) == len(r.values[r.reference]) == 5 and r.ratio > 0 for r in gbs)
-    rows = actor.run(reps=5, seconds=0.2)
+    rows = actor.run(reps=5, seconds=0.1)
     assert rows and all(r.ratio > 0 and len(r.values[r.ours]) == 5 for r in rows)
 
 

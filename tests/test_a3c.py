@@ -155,11 +155,15 @@ def _read(run_dir: Path) -> dict:
 
 
 def _returns_rose(r: dict) -> None:
-    """From random play to well above it. (The stop's window counts episodes as they reach the deciding rank; the
-    workers' files also hold those played until the stop reached them, so their last 20 may sit a little lower.)"""
+    """From random play to well above it, read from the workers' own files: their first 20 episodes (by time) near
+    random play, and some 20 in a row well above it. Not their last 20: the stop's window counts episodes as they
+    reach the deciding rank, and the workers go on playing until the stop reaches them, with a policy that may already
+    be falling (asynchronous A2C's often does, docs/a3c.md). On a loaded machine that tail ran long enough once here
+    for the last 20 to average 118 (32 to 368) after the window had reached 195."""
     t = np.concatenate([w["time"] for w in r["workers"].values()])
     ret = np.concatenate([w["returns"] for w in r["workers"].values()])[np.argsort(t, kind="stable")]
-    assert ret[:20].mean() < 60 and ret[-20:].mean() >= 150, (ret[:20].mean(), ret[-20:].mean())
+    best = np.convolve(ret, np.ones(20) / 20, mode="valid").max()
+    assert ret[:20].mean() < 60 and best >= 150, (ret[:20].mean(), best, ret[-20:].mean())
 
 
 LEARN = ("run.wall_seconds=0", "run.env_steps=2000000")

@@ -158,7 +158,7 @@ def _returns_rose(r: dict) -> None:
     """From random play to well above it, read from the workers' own files: their first 20 episodes (by time) near
     random play, and some 20 in a row well above it. Not their last 20: the stop's window counts episodes as they
     reach the deciding rank, and the workers go on playing until the stop reaches them, with a policy that may already
-    be falling (asynchronous A2C's often does, docs/a3c.md). On a loaded machine that tail ran long enough once here
+    be falling (asynchronous A2C's can, docs/a3c.md). On a loaded machine that tail ran long enough once here
     for the last 20 to average 118 (32 to 368) after the window had reached 195."""
     t = np.concatenate([w["time"] for w in r["workers"].values()])
     ret = np.concatenate([w["returns"] for w in r["workers"].values()])[np.argsort(t, kind="stable")]

@@ -16,6 +16,7 @@ from mpirl import config
 from mpirl.gradients import messages as msg
 from mpirl.gradients.rules import Rounds, accept, preempted, quorum_of
 from mpirl.job import checkpoint
+from mpirl.metrics.summary import in_time_order, window_means
 
 from conftest import JOBS, finish, ranks_of, run_cli, run_mpi, start_mpi, wait_for
 
@@ -160,9 +161,8 @@ def _returns_rose(r: dict) -> None:
     reach the deciding rank, and the workers go on playing until the stop reaches them, with a policy that may already
     be falling (asynchronous A2C's can, docs/a3c.md). On a loaded machine that tail ran long enough once here
     for the last 20 to average 118 (32 to 368) after the window had reached 195."""
-    t = np.concatenate([w["time"] for w in r["workers"].values()])
-    ret = np.concatenate([w["returns"] for w in r["workers"].values()])[np.argsort(t, kind="stable")]
-    best = np.convolve(ret, np.ones(20) / 20, mode="valid").max()
+    _, ret = in_time_order(list(r["workers"].values()), "returns")
+    best = window_means(ret, 20).max()
     assert ret[:20].mean() < 60 and best >= 150, (ret[:20].mean(), best, ret[-20:].mean())
 
 

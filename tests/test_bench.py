@@ -324,3 +324,16 @@ def test_atari_rows_set_ours_beside_each_library_and_the_best_one_in_like_counts
     busy = rows["Atari pong learner busy: mpirl IMPALA async"]
     assert set(busy.values) == {atari.IMPALA} and busy.target is None  # the libraries' shares unknown here
     assert "Atari pong start-up to the first env step: mpirl IMPALA async" in rows
+
+
+def test_impala_bench_says_when_our_run_trained_nothing_rather_than_failing_on_an_empty_table(tmp_path):
+    """A run whose wall went by in the start-up (the learner's ``train`` table empty, as a loaded machine left one
+    of the Breakout rows' runs) is an error naming the run, its stop and the remedy, not an IndexError."""
+    from mpirl.bench import impala
+    with h5py.File(tmp_path / "run.h5", "w") as f:
+        learner = f.create_group("learner")
+        learner.attrs.update(stop_reason="wall_seconds 6 reached", unroll=20)
+        for column in ("time", "env_steps", "samples_trained"):
+            learner.create_dataset(f"train/{column}", shape=(0,), maxshape=(None,), dtype="f8")
+    with pytest.raises(RuntimeError, match=r"trained nothing before its stop \(wall_seconds 6 reached\).*longer wall"):
+        impala.counts(tmp_path)

@@ -84,18 +84,23 @@ def ours(seed: int, budget: int, wall: float, out: Path) -> dict:
 
 def counts(run_dir: Path) -> dict:
     """Our run's env steps collected and trained (trajectories x unroll) by its learner's last ``train`` row, and
-    that row's seconds from its actors' first env step."""
+    that row's seconds from its actors' first env step. A run whose learner trained nothing (a wall used up by the
+    start-up) is an error that says so, not a rate of zero."""
     import h5py
     with h5py.File(run_dir / "run.h5", "r") as f:
         t = f["learner/train"]
+        if len(t["env_steps"]) == 0:
+            raise RuntimeError(f"{run_dir}: our learner trained nothing before its stop "
+                               f"({f['learner'].attrs.get('stop_reason', 'no stop reason')}); its wall counts from "
+                               f"its start, the ranks' start-up inside it: give it a longer wall")
         steps, seconds = int(t["env_steps"][-1]), float(t["time"][-1]) - first_env_step(run_dir)
         trained = int(t["samples_trained"][-1]) * int(f["learner"].attrs["unroll"])  # trajectories x their steps
     return {"env_steps_sampled": steps, "env_steps_trained": trained, "seconds": seconds}
 
 
-def ours_breakout(seed: int, wall: float, out: Path) -> dict:
-    """``jobs/impala_minatar_breakout.toml`` for ``wall`` seconds (it has no target)."""
-    return counts(launch_run(BREAKOUT_JOB, f"impala-breakout-s{seed}", [f"run.seed={seed}",
+def ours_breakout(seed: int, budget: int, wall: float, out: Path) -> dict:
+    """``jobs/impala_minatar_breakout.toml`` to ``budget`` env steps or for ``wall`` seconds (it has no target)."""
+    return counts(launch_run(BREAKOUT_JOB, f"impala-breakout-s{seed}", [f"run.seed={seed}", f"run.env_steps={budget}",
                                                                          f"run.wall_seconds={wall}"], wall, out))
 
 
@@ -147,13 +152,13 @@ REFERENCES = {  # name -> one seed's run: (seed, budget, wall) -> its JSON
 }
 
 
-BREAKOUT_REFERENCES = {  # name -> one seed's run on MinAtar Breakout: (seed, wall) -> its JSON
-    "RLlib APPO": lambda seed, wall: library("rllib", "rllib_run.py",
-                                             ["appo", seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
-    "RLlib IMPALA": lambda seed, wall: library("rllib", "rllib_run.py",
-                                               ["impala", seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
-    "Sample Factory APPO": lambda seed, wall: library("sample-factory", "sf_run.py",
-                                                      [seed, BREAKOUT_BUDGET, wall, NO_TARGET, BREAKOUT], wall),
+BREAKOUT_REFERENCES = {  # name -> one seed's run on MinAtar Breakout: (seed, budget, wall) -> its JSON
+    "RLlib APPO": lambda seed, budget, wall: library("rllib", "rllib_run.py",
+                                                     ["appo", seed, budget, wall, NO_TARGET, BREAKOUT], wall),
+    "RLlib IMPALA": lambda seed, budget, wall: library("rllib", "rllib_run.py",
+                                                       ["impala", seed, budget, wall, NO_TARGET, BREAKOUT], wall),
+    "Sample Factory APPO": lambda seed, budget, wall: library("sample-factory", "sf_run.py",
+                                                              [seed, budget, wall, NO_TARGET, BREAKOUT], wall),
 }
 
 
@@ -166,16 +171,19 @@ def learner_rate(result: dict) -> float | None:
 
 
 def breakout(reps: int = MIN_REPS, wall: float = 60.0,
-             references: tuple[str, ...] = tuple(BREAKOUT_REFERENCES)) -> list[Row]:
-    """Per seed, ours then every reference on MinAtar Breakout for ``wall`` seconds, back to back; per reference,
-    rows of the env steps/s collected and (where the library's count is read) trained, ours against it."""
+             references: tuple[str, ...] = tuple(BREAKOUT_REFERENCES), budget: int = BREAKOUT_BUDGET) -> list[Row]:
+    """Per seed, ours then every reference on MinAtar Breakout for ``wall`` seconds or to ``budget`` env steps,
+    whichever comes first (by default the wall: a wall of minutes never reaches the budget), back to back; per
+    reference, rows of the env steps/s collected and (where the library's count is read) trained, ours against it.
+    A budget reached first makes the length of each side's run an event rather than a time: the wall is then a
+    deadline, as a test wants on a machine of any load."""
     results: dict[str, list[dict]] = {OURS: [], **{name: [] for name in references}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, reps + 1):
-            results[OURS].append(ours_breakout(seed, wall, Path(tmp)))
+            results[OURS].append(ours_breakout(seed, budget, wall, Path(tmp)))
             for name in references:
-                results[name].append(BREAKOUT_REFERENCES[name](seed, wall))
-    note = f"{BREAKOUT}, {wall:g} s wall"
+                results[name].append(BREAKOUT_REFERENCES[name](seed, budget, wall))
+    note = f"{BREAKOUT}, {wall:g} s wall" + (f" or {budget:,} env steps" if budget != BREAKOUT_BUDGET else "")
     counted = {OURS: "ours each trajectory step once", "RLlib APPO": "RLlib APPO each pass (up to 2 per batch)",
                "RLlib IMPALA": "RLlib IMPALA each pass (1 per batch)",
                "Sample Factory APPO": "Sample Factory each pass (4 epochs)"}

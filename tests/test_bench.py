@@ -157,6 +157,32 @@ def test_bench_command_line_refuses_bad_input(tmp_path, capsys):
         assert proc.returncode == 2 and "--atari-wall" in proc.stderr
     proc = run_cli("bench", "atari", "--game", "tetris")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    for extra, says in ((("--breakout-steps", "0"), "env steps >= 1"), (("--breakout-steps", "1.5"), "invalid int"),
+                        (("--breakout-steps", "100", "--breakout-wall", "0"), "leaves the Breakout rows out")):
+        proc = run_cli("bench", "impala", *extra)
+        assert proc.returncode == 2 and "--breakout-steps" in proc.stderr and says in proc.stderr, proc.stderr
+    proc = run_cli("bench", "replay", "--breakout-steps", "100")
+    assert proc.returncode == 2 and "only `mpirl bench impala`" in proc.stderr, proc.stderr
+
+
+def test_bench_command_line_hands_the_breakout_steps_to_the_impala_bench(tmp_path, monkeypatch, capsys):
+    """``--breakout-steps`` reaches :func:`mpirl.bench.impala.run` (None when left out: the wall alone), and from
+    there the Breakout rows' ``budget``."""
+    from mpirl import cli
+    from mpirl.bench import impala, suite
+    seen = []
+    monkeypatch.setattr(suite, "run", lambda what, reps, out, **opts: seen.append(opts["impala"]) or 0)
+    assert cli.main(["bench", "impala", "--out", str(tmp_path / "a.h5"), "--breakout-steps", "20000"]) == 0
+    assert cli.main(["bench", "impala", "--out", str(tmp_path / "b.h5")]) == 0
+    assert seen == [{"breakout_wall": 60.0, "breakout_steps": 20000}, {"breakout_wall": 60.0, "breakout_steps": None}]
+    budgets, played = [], {"env_steps_sampled": 3000, "seconds": 1.0}  # a CartPole run's figures, no jobs started
+    monkeypatch.setattr(impala, "ours", lambda seed, budget, wall, tmp: played)
+    monkeypatch.setitem(impala.REFERENCES, "Sample Factory APPO", lambda seed, budget, wall: played)
+    monkeypatch.setattr(impala, "crossing_rows", lambda *a, **k: [])
+    monkeypatch.setattr(impala, "breakout", lambda reps, wall, refs, budget: budgets.append((wall, refs, budget)) or [])
+    for steps in (20000, None):
+        impala.run(reps=1, references=("Sample Factory APPO",), breakout_wall=5, breakout_steps=steps)
+    assert budgets == [(5, ("Sample Factory APPO",), 20000), (5, ("Sample Factory APPO",), impala.BREAKOUT_BUDGET)]
 
 
 @pytest.mark.mpi

@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--breakout-wall", type=float, default=60.0, metavar="SECONDS",
                     help="impala: seconds of each MinAtar Breakout throughput run, after the CartPole rows "
                          "(default 60; 0 leaves them out)")
+    sp.add_argument("--breakout-steps", type=int, default=None, metavar="N",
+                    help="impala: end each side's Breakout run at N env steps too, whichever comes first with "
+                         "--breakout-wall (an event, the same count a side; our wall counts our ranks' start-up)")
     sp.add_argument("--tasks", default=",".join(TASKS),
                     help=f"continuous: the rows to run, comma-separated (default all: {','.join(TASKS)}; the MuJoCo "
                          "ones take about 10 minutes a run, novelocity's up to 5)")
@@ -43,6 +46,14 @@ def problem(args, tasks: tuple[str, ...]) -> str | None:
         return f"--reps: at least {least} repetitions make a median with a range, got {args.reps}{alone}"
     if not args.breakout_wall >= 0:
         return f"--breakout-wall: seconds >= 0 (0 leaves the Breakout rows out), got {args.breakout_wall:g}"
+    if args.breakout_steps is not None and args.breakout_steps < 1:
+        return f"--breakout-steps: env steps >= 1 (leave it out for the wall alone), got {args.breakout_steps}"
+    if args.breakout_steps is not None and args.what not in ("impala", "all"):
+        return (f"--breakout-steps: only `mpirl bench impala` (or all) has Breakout rows (got `mpirl bench "
+                f"{args.what}`); leave --breakout-steps out")
+    if args.breakout_steps is not None and args.breakout_wall == 0:
+        return ("--breakout-steps: --breakout-wall 0 leaves the Breakout rows out; give it a wall > 0 or leave "
+                "--breakout-steps out")
     if not (math.isfinite(args.atari_wall) and args.atari_wall > 0):
         return f"--atari-wall: seconds > 0 (each side's own clock from its first env step), got {args.atari_wall:g}"
     if args.device != "all":
@@ -77,6 +88,7 @@ def cmd_bench(args) -> int:
             return bad_input(str(err))
     elif out.exists():
         return bad_input(f"--out: {out} exists; pass a new file name (results are never overwritten)")
-    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall},
+    return run(args.what, args.reps, out, impala={"breakout_wall": args.breakout_wall,
+                                                   "breakout_steps": args.breakout_steps},
                learner={"device": args.device}, continuous={"tasks": tasks}, gpu={"device": args.device},
                atari={"wall": args.atari_wall, "game": args.game})

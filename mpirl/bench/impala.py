@@ -205,10 +205,12 @@ def breakout(reps: int = MIN_REPS, wall: float = 60.0,
 
 
 def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
-        references: tuple[str, ...] = tuple(REFERENCES), breakout_wall: float = 60.0) -> list[Row]:
+        references: tuple[str, ...] = tuple(REFERENCES), breakout_wall: float = 60.0,
+        breakout_steps: int | None = None) -> list[Row]:
     """Per seed, ours then every reference, back to back; per reference, rows of the seconds and the env steps to
     475 and of the env steps/s collected, ours against it. Then, unless ``breakout_wall`` is 0, the MinAtar Breakout
-    rows (:func:`breakout`) against those of ``references`` that have a Breakout run."""
+    rows (:func:`breakout`) against those of ``references`` that have a Breakout run, each side to
+    ``breakout_steps`` env steps or the wall, whichever comes first (None: the wall alone)."""
     results: dict[str, list[dict]] = {OURS: [], **{name: [] for name in references}}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, reps + 1):
@@ -233,7 +235,7 @@ def run(reps: int = MIN_REPS, budget: int = 1_000_000, wall: float = 300.0,
             rows.append(learned)
     on_breakout = tuple(name for name in references if name in BREAKOUT_REFERENCES)
     if breakout_wall > 0 and on_breakout:
-        rows += breakout(reps, breakout_wall, on_breakout)
+        rows += breakout(reps, breakout_wall, on_breakout, budget=breakout_steps or BREAKOUT_BUDGET)
     return rows
 
 
